@@ -1,0 +1,5 @@
+import sys
+
+from prefixroute.edges.cli.main import main
+
+sys.exit(main())

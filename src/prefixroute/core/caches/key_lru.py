@@ -1,0 +1,182 @@
+"""A key-level LRU cache with an optional time-to-live: provider prompt caches and prefix families.
+
+Each key is cached or not on its own (no blocks, no pinning). Two uses:
+
+* provider prompt caching (SPEC section 2): an entry lives ``ttl`` seconds after its last
+  write, or after its last hit when ``refresh_on_hit`` (Anthropic-style 5-minute and 1-hour
+  caches refresh on every read);
+* the fleet exercises of SPEC section 3: a replica that holds at most N prefix families
+  (item 3), or an LRU of 400 blocks where "hit blocks move to the recent end; missed blocks are
+  inserted one by one, evicting the oldest" (item 4): :meth:`access` does exactly that.
+
+Time comes from the ``now`` argument (seconds), never from a clock of its own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Hashable, Sequence
+
+from prefixroute.core.caches.base import CacheEventListener, CacheStats
+from prefixroute.core.errors import ConfigError
+
+
+class KeyLRUCache:
+    """LRU over keys, capacity in entries, optional TTL with optional refresh on hit."""
+
+    def __init__(self, capacity: int, ttl: float | None = None, refresh_on_hit: bool = True,
+                 block_size: int = 1, listener: CacheEventListener | None = None):
+        if not isinstance(capacity, int) or capacity < 0:
+            raise ConfigError(f"capacity must be a non-negative integer, got {capacity!r}")
+        if ttl is not None and ttl <= 0:
+            raise ConfigError(f"ttl must be positive seconds, got {ttl!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block size must be an integer of at least 1, got {block_size!r}")
+        self.capacity = capacity
+        self.ttl = ttl
+        self.refresh_on_hit = refresh_on_hit
+        self.block_size = block_size
+        self.listener = listener
+        self.stats = CacheStats()
+        self.evictions = 0  # entries pushed out by capacity (expiries are counted apart)
+        self.expirations = 0
+        self._expiry: OrderedDict[Hashable, float] = OrderedDict()  # key -> expiry time, LRU order
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._expiry
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.capacity
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._expiry)
+
+    def keys(self) -> list[Hashable]:
+        """Cached keys, least recently used first."""
+        return list(self._expiry)
+
+    # -- single keys --------------------------------------------------------------------------
+    def lookup(self, key: Hashable, now: float = 0.0) -> bool:
+        """Is ``key`` live at ``now``? A hit becomes most recent (and refreshes the TTL when
+        ``refresh_on_hit``); an expired entry is dropped."""
+        expiry = self._expiry.get(key)
+        if expiry is None:
+            return False
+        if expiry <= now:
+            self._drop(key, expired=True)
+            return False
+        self._expiry.move_to_end(key)
+        if self.refresh_on_hit and self.ttl is not None:
+            self._expiry[key] = now + self.ttl
+        return True
+
+    def put(self, key: Hashable, now: float = 0.0) -> list[Hashable]:
+        """Write ``key`` (most recent, fresh TTL); returns the keys evicted to make room."""
+        if self.capacity == 0:
+            return []
+        self._expiry[key] = now + self.ttl if self.ttl is not None else float("inf")
+        self._expiry.move_to_end(key)
+        evicted = []
+        while len(self._expiry) > self.capacity:
+            old, _ = self._expiry.popitem(last=False)
+            evicted.append(old)
+        if evicted:
+            self.evictions += len(evicted)
+            self.stats.evicted_blocks += len(evicted)
+            if self.listener is not None:
+                self.listener.on_removed(evicted)
+        return evicted
+
+    def peek(self, key: Hashable, now: float = 0.0) -> bool:
+        expiry = self._expiry.get(key)
+        return expiry is not None and expiry > now
+
+    def expire(self, now: float) -> int:
+        """Drop every entry whose TTL ran out by ``now``."""
+        dead = [k for k, exp in self._expiry.items() if exp <= now]
+        for key in dead:
+            self._drop(key, expired=True)
+        return len(dead)
+
+    # -- sequences of chained keys ------------------------------------------------------------
+    def access(self, keys: Sequence[Hashable], now: float = 0.0) -> int:
+        """Serve one request: the longest live prefix of ``keys`` hits; every key is then
+        touched or inserted in order. Returns the number of leading keys that hit."""
+        hits = 0
+        prefix = True
+        for key in keys:
+            if self.lookup(key, now):
+                if prefix:
+                    hits += 1
+            else:
+                prefix = False
+                self.put(key, now)
+        if self.listener is not None and hits < len(keys):
+            self.listener.on_stored(list(keys[hits:]), keys[hits - 1] if hits else None, None)
+        self.stats.queried_tokens += len(keys) * self.block_size
+        self.stats.hit_tokens += hits * self.block_size
+        self.stats.stored_blocks += len(keys) - hits
+        return hits
+
+    # -- the common PrefixCache interface -------------------------------------------------------
+    def match(self, keys: Sequence[Hashable], now: float = 0.0) -> int:
+        n = 0
+        for key in keys:
+            if not self.peek(key, now):
+                break
+            n += 1
+        return n
+
+    def admit(self, owner: Hashable, keys: Sequence[Hashable], num_tokens: int,
+              now: float = 0.0) -> int:
+        """Key caches cannot run out of room for a request: hits are counted and touched."""
+        limit = (num_tokens - 1) // self.block_size if num_tokens else 0
+        hits = 0
+        for key in keys[:limit]:
+            if not self.lookup(key, now):
+                break
+            hits += 1
+        self.stats.queried_tokens += num_tokens
+        self.stats.hit_tokens += hits * self.block_size
+        return hits * self.block_size
+
+    def commit(self, owner: Hashable, keys: Sequence[Hashable], computed_tokens: int,
+               now: float = 0.0) -> None:
+        n = min(len(keys), computed_tokens // self.block_size)
+        new = [k for k in keys[:n] if k not in self._expiry]
+        for key in keys[:n]:
+            self.put(key, now)
+        self.stats.stored_blocks += len(new)
+        if new and self.listener is not None:
+            self.listener.on_stored(new, None, None)
+
+    def release(self, owner: Hashable) -> None:
+        pass  # nothing is pinned
+
+    def evict(self, num_blocks: int) -> int:
+        n = min(num_blocks, len(self._expiry))
+        gone = [self._expiry.popitem(last=False)[0] for _ in range(n)]
+        if gone:
+            self.evictions += n
+            self.stats.evicted_blocks += n
+            if self.listener is not None:
+                self.listener.on_removed(gone)
+        return n
+
+    def reset(self) -> bool:
+        self._expiry.clear()
+        if self.listener is not None:
+            self.listener.on_cleared()
+        return True
+
+    def _drop(self, key: Hashable, expired: bool) -> None:
+        del self._expiry[key]
+        if expired:
+            self.expirations += 1
+        if self.listener is not None:
+            self.listener.on_removed([key])

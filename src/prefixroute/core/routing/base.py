@@ -1,0 +1,142 @@
+"""The one interface between a routing policy and whatever runs it (gateway or simulator).
+
+A policy sees a :class:`RequestView` and one :class:`ReplicaView` per candidate replica and
+returns a :class:`Decision`: the chosen replica, the branch it took, every candidate's score
+and a human-readable reason. It never knows whether it runs live or simulated: the gateway
+fills the views from in-flight counts, backend metrics and KV events; the simulator fills them
+from its replica models. Both call :meth:`Policy.route` and then :meth:`Policy.on_routed` on
+the same object.
+
+Policies may keep state (a router's approximate radix tree, cumulative assignments); they are
+constructed by name from :mod:`prefixroute.core.routing.registry` with ``key=value``
+parameters, and each lives in its own module under ``policies/`` with its source and defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Protocol, Sequence
+
+
+class CacheView(Protocol):
+    """What a router believes one replica holds (approximate, event-driven or oracle)."""
+
+    def match(self, keys: Sequence[Hashable]) -> int:
+        """Leading blocks of ``keys`` believed cached on the replica."""
+        ...
+
+
+class _EmptyView:
+    def match(self, keys: Sequence[Hashable]) -> int:
+        return 0
+
+
+EMPTY_VIEW: CacheView = _EmptyView()
+
+
+@dataclass(slots=True)
+class RequestView:
+    """A request as a policy sees it.
+
+    ``block_keys`` are chained keys of the prompt's full blocks (the router's own hashing,
+    :mod:`prefixroute.core.identity.hashing`, already salted per trust group); ``token_ids`` is
+    set when the router tokenized the prompt (SGLang-style routers match on tokens or text);
+    ``routing_key`` is a session or ``prompt_cache_key``-style hint for hash policies.
+    """
+
+    request_id: str
+    num_tokens: int
+    block_size: int
+    block_keys: Sequence[Hashable] = ()
+    token_ids: Sequence[int] | None = None
+    tenant: str = ""
+    routing_key: str | None = None
+    output_tokens_hint: int | None = None
+    now: float = 0.0
+
+    @property
+    def full_blocks(self) -> int:
+        return self.num_tokens // self.block_size
+
+
+@dataclass(slots=True)
+class ReplicaView:
+    """One candidate replica: its load and the router's view of its cache.
+
+    Load fields follow what real routers read: ``in_flight`` (requests sent and not finished,
+    the gateway's own count), ``queued`` / ``running`` (engine ``num_requests_waiting`` /
+    ``num_requests_running``), ``pending_prefill_tokens`` (uncached prompt tokens not yet
+    computed), ``kv_usage`` (0..1, ``vllm:kv_cache_usage_perc``) and ``assignments`` (requests
+    routed here so far). ``cache`` answers prefix lookups; ``capacity_blocks`` is its KV size.
+    """
+
+    index: int
+    name: str = ""
+    healthy: bool = True
+    in_flight: int = 0
+    queued: int = 0
+    running: int = 0
+    pending_prefill_tokens: int = 0
+    kv_usage: float = 0.0
+    assignments: int = 0
+    capacity_blocks: int = 0
+    cache: CacheView = EMPTY_VIEW
+    # Seconds per uncached prompt token, when known (learned online or from a profile).
+    prefill_s_per_token: float | None = None
+
+    @property
+    def load(self) -> int:
+        """The default load signal: requests in flight (queued plus running when known)."""
+        return max(self.in_flight, self.queued + self.running)
+
+
+@dataclass(slots=True)
+class Decision:
+    """A policy's answer: which replica, through which branch, and why.
+
+    ``scores`` maps a replica index to the numbers the policy compared (the gateway's
+    ``/debug/decisions`` and the simulator's traces show them as they are).
+    """
+
+    replica: int
+    branch: str
+    reason: str = ""
+    scores: dict[int, dict[str, float]] = field(default_factory=dict)
+    predicted_cached_tokens: int = 0
+
+
+class Policy(Protocol):
+    name: str
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
+        """Choose among ``replicas`` (all healthy candidates; never empty)."""
+        ...
+
+    def on_routed(self, request: RequestView, decision: Decision) -> None:
+        """The request was sent to ``decision.replica`` (update router-side state)."""
+        ...
+
+    def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
+        """The replica reported ``cached_tokens`` for the request (live feedback)."""
+        ...
+
+
+class BasePolicy:
+    """Defaults for the optional hooks; policies override what they use."""
+
+    name = "base"
+
+    def on_routed(self, request: RequestView, decision: Decision) -> None:
+        pass
+
+    def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
+        pass
+
+    def describe(self) -> dict:
+        """Parameters as configured (shown by the CLI and the gateway)."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+def least_loaded(replicas: Sequence[ReplicaView]) -> ReplicaView:
+    """Lowest load, ties to the lowest index (the tie rule of SPEC section 3 item 3)."""
+    return min(replicas, key=lambda r: (r.load, r.index))

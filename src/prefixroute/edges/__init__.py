@@ -1,0 +1,1 @@
+"""Adapters around the pure core: CLI, HTTP (gateway, emulator server), ZMQ, trace files."""
