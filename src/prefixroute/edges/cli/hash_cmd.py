@@ -1,0 +1,115 @@
+"""``prefixroute hash``: the block hashes an engine will compute and publish for a prompt.
+
+Example: ``prefixroute hash --profile vllm --algo sha256 --block-size 32 --cache-salt S
+tokens.json --json`` prints ``{"block_digests": [hex, ...], "event_block_hashes": [int, ...]}``
+(the second list is what vLLM's KV events carry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from prefixroute.core.errors import ConfigError, InputError
+from prefixroute.core.identity.hashing import (PROFILES, VLLM_ALGOS, BlockHasher,
+                                              resolve_vllm_none_hash_seed)
+from prefixroute.core.identity.identity import Adapter, CacheIdentity, MediaItem
+from prefixroute.edges.cli.common import print_json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("hash", help="block hashes of a prompt, as an engine computes them",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("tokens", metavar="TOKENS",
+                   help="a JSON file holding a list of token ids, or a text file with --tokenizer")
+    p.add_argument("--profile", default="vllm", help=f"one of {', '.join(PROFILES)} (default vllm)")
+    p.add_argument("--algo", default=None,
+                   help=f"vllm: one of {', '.join(VLLM_ALGOS)} (default sha256); native: xxh3_64")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16, "
+                   "vLLM's default on GPUs; the CPU backend needs multiples of 32)")
+    p.add_argument("--cache-salt", default=None, help="the request's cache_salt")
+    p.add_argument("--lora", nargs=2, metavar=("NAME", "PATH"), help="LoRA adapter name and path")
+    p.add_argument("--mm", action="append", default=[], metavar="ID:OFFSET:LENGTH",
+                   help="a multimodal item: identifier, first placeholder position, length")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="Hugging Face tokenizer directory: TOKENS is then text, tokenized as a "
+                        "completions prompt (special tokens added)")
+    p.add_argument("--none-hash-seed", default=None,
+                   help="seed of the first parent hash (default: PYTHONHASHSEED if set, else "
+                        "vLLM's 'vllm-none-hash')")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run)
+
+
+def parse_media(items: list[str]) -> list[MediaItem]:
+    media = []
+    for text in items:
+        parts = text.rsplit(":", 2)
+        if len(parts) != 3:
+            raise ConfigError(f"--mm {text!r}: expected ID:OFFSET:LENGTH")
+        try:
+            media.append(MediaItem(parts[0], int(parts[1]), int(parts[2])))
+        except ValueError:
+            raise ConfigError(f"--mm {text!r}: OFFSET and LENGTH must be integers") from None
+    return sorted(media, key=lambda m: m.offset)
+
+
+def read_token_ids(path: str) -> list[int]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read token file: {exc.strerror}", where=path) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}; "
+                         "give a JSON list of token ids, or text with --tokenizer DIR",
+                         where=f"{path}:{exc.lineno}") from None
+    if isinstance(data, dict):
+        data = data.get("prompt_token_ids", data.get("token_ids", data.get("prompt")))
+    if not isinstance(data, list):
+        raise InputError("expected a JSON list of token ids", where=path)
+    for i, value in enumerate(data):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"token {i} is {value!r}, not a non-negative integer", where=path)
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.block_size < 1:
+        raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
+    if args.profile not in PROFILES:
+        raise ConfigError(f"unknown --profile {args.profile!r}; choose one of {', '.join(PROFILES)}")
+    if args.tokenizer:
+        from prefixroute.edges.tokenization import load_tokenizer
+        try:
+            text = Path(args.tokens).read_text()
+        except OSError as exc:
+            raise InputError(f"cannot read prompt text: {exc.strerror}", where=args.tokens) from None
+        token_ids = load_tokenizer(args.tokenizer).encode(text)
+    else:
+        token_ids = read_token_ids(args.tokens)
+    seed = args.none_hash_seed
+    if args.profile == "vllm" and seed is None:
+        seed = resolve_vllm_none_hash_seed(args.algo or "sha256", os.environ)
+    hasher = BlockHasher(args.profile, args.algo, args.block_size, none_hash_seed=seed)
+    identity = CacheIdentity(cache_salt=args.cache_salt,
+                             adapter=Adapter(*args.lora) if args.lora else None)
+    media = parse_media(args.mm)
+    keys = hasher.block_hashes(token_ids, identity, media)
+    digests = [k.hex() if isinstance(k, bytes) else f"{k:016x}" for k in keys]
+    events = [hasher.event_block_hash(k) for k in keys]
+    if args.json:
+        print_json({"block_digests": digests, "event_block_hashes": events})
+        return 0
+    print(f"{len(token_ids)} tokens, {len(keys)} full blocks of {args.block_size} "
+          f"({args.profile}/{hasher.algo}); {len(token_ids) % args.block_size} tokens in the "
+          f"partial last block get no hash")
+    for i, (digest, event) in enumerate(zip(digests, events)):
+        print(f"block {i:4d}  tokens {i * args.block_size}-{(i + 1) * args.block_size - 1}  "
+              f"{digest}  event id {event}")
+    sys.stdout.flush()
+    return 0

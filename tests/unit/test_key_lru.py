@@ -1,0 +1,34 @@
+"""The key-level LRU / TTL cache, as specifications."""
+
+from prefixroute.core.caches.key_lru import KeyLRUCache
+
+
+def test_access_counts_leading_hits_and_inserts_misses_in_order():
+    cache = KeyLRUCache(capacity=3)
+    assert cache.access(["a", "b"]) == 0
+    assert cache.access(["a", "b", "c"]) == 2
+    assert cache.keys() == ["a", "b", "c"]
+
+
+def test_over_capacity_the_oldest_key_is_evicted():
+    cache = KeyLRUCache(capacity=2)
+    cache.put("a")
+    cache.put("b")
+    cache.lookup("a")  # a is now most recent
+    assert cache.put("c") == ["b"]
+    assert cache.evictions == 1
+
+
+def test_ttl_expires_and_a_hit_refreshes_it():
+    cache = KeyLRUCache(capacity=10, ttl=300)
+    cache.put("p", now=0)
+    assert cache.lookup("p", now=299)         # hit at 299 refreshes to 599
+    assert cache.lookup("p", now=598)
+    assert not cache.lookup("p", now=1000)    # expired
+
+
+def test_without_refresh_the_ttl_runs_from_the_write():
+    cache = KeyLRUCache(capacity=10, ttl=300, refresh_on_hit=False)
+    cache.put("p", now=0)
+    assert cache.lookup("p", now=200)
+    assert not cache.lookup("p", now=300)
