@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: the default suite (unit, property, integration over real
+# sockets; under 10 minutes), then the real-vLLM suite (installs vLLM CPU once, ~75 s, and a
+# tiny local model; then starts real engines). Set PREFIXROUTE_SKIP_VLLM=1 to run only the first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pytest
+if [ "${PREFIXROUTE_SKIP_VLLM:-0}" = "1" ]; then
+  echo "real-vLLM suite skipped (PREFIXROUTE_SKIP_VLLM=1)"
+  exit 0
+fi
+PREFIXROUTE_VLLM_DIR=$(scripts/setup_vllm_cpu.sh)
+export PREFIXROUTE_VLLM_DIR
+set +e
+python -m pytest -m vllm tests/vllm
+rc=$?
+set -e
+# pytest exits 5 when it collects nothing; the vLLM suite always has tests, so that is a failure too.
+exit $rc
