@@ -1,0 +1,136 @@
+"""``prefixroute lint LOG``: volatile content in the static region of a request log, and what it
+costs in token hit rate.
+
+LOG is JSONL, one OpenAI chat or completions body per line, with an optional ``tenant`` field.
+Requests are tokenized as vLLM does (chat template for chat, special tokens for completions)
+with the tokenizer directory given. See :mod:`prefixroute.core.diagnostics.lint` for the rules,
+the static region and the cache model behind the hit rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prefixroute.core.diagnostics.lint import DEFAULT_BLOCK_SIZE, LintReport, lint_requests
+from prefixroute.core.diagnostics.prompts import parse_log
+from prefixroute.core.errors import InputError
+from prefixroute.edges.cli.common import positive_int, print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "lint", help="lint a request log for volatile content in the static region",
+        description=__doc__.splitlines()[0])
+    parser.add_argument("log", metavar="LOG", help="JSONL of OpenAI chat or completions bodies")
+    parser.add_argument("--tokenizer", metavar="DIR",
+                        help="Hugging Face tokenizer directory (needed for text prompts)")
+    parser.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
+                        help="KV block size in tokens (default 16, vLLM's GPU default)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=run)
+
+
+def read_log(path: str):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse_log(handle, source=path)
+    except FileNotFoundError:
+        raise InputError("file not found", where=path) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", where=path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", where=path) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    tokenizer = None
+    if args.tokenizer:
+        from prefixroute.edges.tokenization import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+    requests = read_log(args.log)
+    if tokenizer is None:
+        text = next((r for r in requests if r.prompt_token_ids is None), None)
+        if text is not None:
+            raise InputError("this request has a text prompt: give --tokenizer DIR to tokenize "
+                             "the log as the engine does", where=text.where)
+    report = _lint_with_progress(requests, tokenizer, args.block_size)
+    if args.json:
+        out = {"log": args.log, "tokenizer": args.tokenizer}
+        out.update(report.to_dict())
+        print_json(out)
+    else:
+        print_report(report, args.log)
+    return 0
+
+
+def _lint_with_progress(requests, tokenizer, block_size: int) -> LintReport:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                  "{task.total}"), TimeElapsedColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as progress:
+        tasks: dict[str, int] = {}
+
+        def advance(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=total)
+            progress.update(tasks[stage], completed=done)
+
+        return lint_requests(requests, tokenizer, block_size, progress=advance)
+
+
+def _rate(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def print_report(report: LintReport, source: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    console.print(Text(f"{source}: {report.requests} requests, {len(report.tenants)} tenants, "
+                       f"{report.total_tokens:,} tokens, block size {report.block_size}",
+                       style="bold"))
+    console.print(f"token hit rate now {_rate(report.token_hit_rate_now)}, after moving volatile "
+                  f"parts behind the static region {_rate(report.token_hit_rate_after)}")
+    table = Table(title=None)
+    for column in ("tenant", "requests", "tokens", "static region", "first divergence",
+                   "hit now", "hit after", "findings"):
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for tenant in report.tenants:
+        static = "-"
+        if tenant.static_region_units:
+            static = f"{tenant.static_region_units} lines"
+            if tenant.static_region_tokens is not None:
+                static += f", ~{tenant.static_region_tokens} tok"
+        divergence = tenant.first_divergence
+        where = "-"
+        if divergence["pairs"]:
+            cause = next(iter(divergence["causes"]))
+            where = f"token {divergence['median_token']:g} ({cause})"
+        style = "red" if tenant.findings else "green"
+        table.add_row(tenant.tenant, str(tenant.requests), f"{tenant.total_tokens:,}", static,
+                      where, _rate(tenant.token_hit_rate_now), _rate(tenant.token_hit_rate_after),
+                      Text(str(len(tenant.findings)), style=style))
+    console.print(table)
+    if not report.findings:
+        console.print(Text("no volatile content found in any static region", style="green"))
+    for tenant in report.tenants:
+        if not tenant.findings:
+            continue
+        console.print(Text(f"tenant {tenant.tenant}", style="bold"))
+        for finding in tenant.findings:
+            line = Text("  ")
+            line.append(finding.kind, style="bold red")
+            where = f" at about token {finding.token}" if finding.token is not None else ""
+            line.append(f"{where}: {finding.message}")
+            console.print(line)
+            console.print(Text(f"    e.g. {finding.example_where}: {finding.example}", style="dim"))
+            console.print(Text(f"    fix: {finding.fix}", style="cyan"))
+    console.print(Text(f"hit rates assume an {report.cache_model}", style="dim"))

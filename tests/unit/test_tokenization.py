@@ -1,0 +1,105 @@
+"""Spec of the tokenizer edge: vLLM's tokenization of completions and chat, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from prefixroute.core.errors import InputError
+from prefixroute.edges.tokenization import load_tokenizer
+from tests.helpers.tiny_tokenizer import CHAT_TEMPLATE, copy_with_template
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer_dir):
+    return load_tokenizer(tiny_tokenizer_dir)
+
+
+def test_completions_text_gets_the_bos_of_the_post_processor(tokenizer):
+    bos = tokenizer.tokenizer.token_to_id("<|bos|>")
+    ids = tokenizer.encode("hello world")
+    assert ids[0] == bos
+    assert ids[1:] == tokenizer.encode("hello world", add_special_tokens=False)
+
+
+def test_chat_renders_the_template_and_adds_no_special_tokens(tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    text = tokenizer.apply_chat_template(messages)
+    assert text == "<|system|>Be brief.\n<|user|>Hi\n<|assistant|>"
+    assert tokenizer.encode_chat(messages) == tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(tokenizer.encode_chat(messages)) == text
+
+
+def test_content_parts_render_as_their_text(tokenizer):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                           {"type": "text", "text": "b"}]}]
+    assert tokenizer.apply_chat_template(parts) == "<|user|>a\nb\n<|assistant|>"
+
+
+def test_batches_through_the_segment_cache_equal_one_by_one_encoding(tokenizer):
+    rng = random.Random(0)
+    words = ["<|user|>", "<|assistant|>", " ", "\n", "\n\n", "  x", "def", "Zoë", "12:30", "€",
+             "<|bos|>", "\t", "return", "(a, b)"]
+    texts = ["".join(rng.choice(words) for _ in range(rng.randint(0, 30))) for _ in range(300)]
+    for special in (True, False):
+        expected = [tokenizer.tokenizer.encode(t, add_special_tokens=special).ids for t in texts]
+        assert tokenizer.encode_batch(texts, add_special_tokens=special) == expected
+        assert tokenizer.encode_batch(texts, add_special_tokens=special) == expected  # cached
+
+
+def test_template_helpers_of_transformers_are_available(tiny_tokenizer_dir, tmp_path):
+    template = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}"
+                "{% endif %}{{ bos_token }}{% for m in messages %}{{ m | tojson }}{% endfor %}")
+    tokenizer = load_tokenizer(copy_with_template(tiny_tokenizer_dir, tmp_path, template))
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "é"}]) == (
+        '<|bos|>{"role": "user", "content": "é"}')
+    with pytest.raises(InputError, match="chat template failed: user first"):
+        tokenizer.apply_chat_template([{"role": "system", "content": "x"}])
+
+
+def test_a_chat_template_jinja_file_is_read_when_the_config_has_none(tiny_tokenizer_dir, tmp_path):
+    copy_with_template(tiny_tokenizer_dir, tmp_path, CHAT_TEMPLATE)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    assert load_tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "[x]"
+
+
+def test_a_missing_directory_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="tokenizer directory not found"):
+        load_tokenizer(tmp_path / "nope")
+
+
+def test_a_directory_without_tokenizer_json_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="no tokenizer.json"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_broken_tokenizer_json_is_an_input_error(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(InputError, match="not a valid tokenizer.json"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_broken_config_is_an_input_error(tiny_tokenizer_dir, tmp_path):
+    copy_with_template(tiny_tokenizer_dir, tmp_path, CHAT_TEMPLATE)
+    (tmp_path / "tokenizer_config.json").write_text("{")
+    with pytest.raises(InputError, match="tokenizer_config.json"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_template_that_does_not_compile_is_an_input_error(tiny_tokenizer_dir, tmp_path):
+    with pytest.raises(InputError, match="does not compile"):
+        load_tokenizer(copy_with_template(tiny_tokenizer_dir, tmp_path, "{% for %}"))
+
+
+def test_a_tokenizer_without_template_refuses_chat(tiny_tokenizer_dir, tmp_path):
+    copy_with_template(tiny_tokenizer_dir, tmp_path, CHAT_TEMPLATE)
+    (tmp_path / "tokenizer_config.json").unlink()
+    tokenizer = load_tokenizer(tmp_path)
+    assert tokenizer.encode("x")
+    with pytest.raises(InputError, match="no chat_template"):
+        tokenizer.encode_chat([{"role": "user", "content": "x"}])
