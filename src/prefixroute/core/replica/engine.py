@@ -1,0 +1,529 @@
+"""A step-driven continuous-batching engine over a paged KV block pool: one replica.
+
+The simulator drives it on a manual clock and the engine emulator in real time; it reads no
+clock itself. Callers ``submit(...)`` requests at ``now``, ask :meth:`ReplicaEngine.next_event_time`
+when something a client can see happens next, and call :meth:`ReplicaEngine.advance` with the
+current time to collect events (``first_token``, ``finished`` with the cached tokens vLLM would
+report, ``rejected``).
+
+Scheduling follows vLLM v1's ``Scheduler.schedule()`` (``vllm/v1/core/sched/scheduler.py``):
+
+* a step has a token budget (``max_num_batched_tokens``, 8192 here as vLLM's default for the
+  API server on large GPUs) and at most ``max_num_seqs`` running requests (vLLM default 256);
+* running requests are served first, in order: each gets ``num_tokens - num_computed`` new
+  tokens (one while decoding; a chunk of its prompt while prefilling, capped by the budget:
+  chunked prefill);
+* if a running request needs a block and none is free, the *last* running request is
+  preempted (recompute: its blocks are freed, it goes back to the front of the queue, and when
+  readmitted recomputes prompt and output so far, hitting whatever is still cached);
+* then, if nobody was preempted, waiting requests are admitted first come first served while
+  budget and blocks last; the first one that does not fit stops admission (head-of-line, as
+  vLLM's FCFS queue);
+* full blocks are cached when their tokens are *scheduled* (vLLM caches in
+  ``allocate_slots``), so a request admitted later in the same step may hit them; decode
+  blocks are cached as they fill when the caller gave keys for the output tokens;
+* a request's first token is sampled by the step that computes its last prompt token; the last
+  sampled token never gets KV, so a finished request leaves ``prompt + output - 1`` tokens.
+
+One deliberate difference: :meth:`PagedBlockPool.admit` reserves blocks for the whole prompt at
+admission, where vLLM allocates per scheduled chunk; it only matters when one long prompt would
+fit chunk by chunk but not at once.
+
+A step begins as soon as the engine is free and has work (vLLM's engine loop does not wait),
+so requests arriving while a step runs join the next one. Steps in which every running request
+just decodes one token and nothing else can change are taken together ("decode runs"): the
+engine computes in closed form how many such steps end by a given time, which keeps the cost
+per request roughly constant however many tokens it generates. A decode run is cut at the next
+step boundary when a request arrives; its results are identical to stepping one by one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+from prefixroute.core.caches.paged_pool import PagedBlockPool
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.replica.service_time import ServiceTimeModel
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1 default for `vllm serve` on large GPUs
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM default max_num_seqs
+
+
+@dataclass(slots=True, frozen=True)
+class EngineEvent:
+    """Something a client sees. ``kind`` is ``first_token``, ``finished`` or ``rejected``;
+    ``cached_tokens`` is what vLLM reports in ``usage.prompt_tokens_details.cached_tokens``
+    (the prefix hit at first admission)."""
+
+    kind: str
+    request_id: Hashable
+    time: float
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+class _Seq:
+    """A request inside the engine (vLLM's ``Request``): its tokens and its progress."""
+
+    __slots__ = ("request_id", "prompt", "max_output", "keys", "token_ids", "arrival",
+                 "computed", "generated", "cached_tokens", "num_blocks", "committed",
+                 "prefill_target", "first_token_s", "aborted")
+
+    def __init__(self, request_id, prompt, max_output, keys, token_ids, arrival):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.max_output = max_output
+        self.keys = keys
+        self.token_ids = token_ids
+        self.arrival = arrival
+        self.computed = 0          # tokens with KV (vLLM num_computed_tokens)
+        self.generated = 0         # output tokens sampled so far
+        self.cached_tokens = -1    # prefix hit at first admission (-1: never admitted)
+        self.num_blocks = 0        # blocks held in the pool
+        self.committed = 0         # leading blocks registered as cached
+        self.prefill_target = prompt  # tokens to (re)compute before decoding resumes
+        self.first_token_s: float | None = None
+        self.aborted = False
+
+
+class _Step:
+    """A begun step: what it scheduled and when it ends."""
+
+    __slots__ = ("start", "end", "scheduled")
+
+    def __init__(self, start: float, end: float, scheduled: list):
+        self.start = start
+        self.end = end
+        self.scheduled = scheduled  # [(seq, new_tokens)]
+
+
+class _DecodeRun:
+    """``count`` consecutive pure-decode steps over the same running requests.
+
+    Step j (1-based, counted from ``start``) ends at ``start + T(j)`` with
+    ``T(j) = alpha * j + beta * j * (j - 1)``: every step decodes ``D`` requests whose contexts
+    grow by one token each per step. ``applied`` steps have begun (their blocks allocated and
+    cached); ``count`` may shrink when a request arrives.
+    """
+
+    __slots__ = ("start", "count", "applied", "alpha", "beta")
+
+    def __init__(self, start: float, count: int, alpha: float, beta: float):
+        self.start = start
+        self.count = count
+        self.applied = 1
+        self.alpha = alpha
+        self.beta = beta
+
+    def elapsed(self, steps: int) -> float:
+        return self.alpha * steps + self.beta * steps * (steps - 1)
+
+    @property
+    def end(self) -> float:
+        return self.start + self.elapsed(self.count)
+
+    def ended_by(self, now: float) -> int:
+        """How many of the steps have ended at or before ``now``."""
+        budget = now - self.start
+        if budget < 0:
+            return 0
+        alpha, beta = self.alpha, self.beta
+        if beta > 0:
+            # beta k^2 + (alpha - beta) k - budget <= 0
+            b = alpha - beta
+            k = int((-b + math.sqrt(b * b + 4 * beta * budget)) / (2 * beta))
+        elif alpha > 0:
+            k = int(budget / alpha)
+        else:
+            return self.count
+        k = max(0, min(k, self.count))
+        while k < self.count and self.start + self.elapsed(k + 1) <= now:
+            k += 1
+        while k > 0 and self.start + self.elapsed(k) > now:
+            k -= 1
+        return k
+
+
+class ReplicaEngine:
+    """One replica: a waiting queue, a running batch, a :class:`PagedBlockPool`, and a
+    :class:`ServiceTimeModel` that says how long each step takes."""
+
+    def __init__(self, pool: PagedBlockPool, service: ServiceTimeModel, *,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, name: str = ""):
+        if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be a positive integer, got "
+                              f"{max_num_batched_tokens!r}")
+        if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be a positive integer, got {max_num_seqs!r}")
+        self.pool = pool
+        self.service = service
+        self.block_size = pool.block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.name = name
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._seqs: dict[Hashable, _Seq] = {}
+        self._step: _Step | None = None
+        self._run: _DecodeRun | None = None
+        self._time = 0.0      # the last step boundary processed
+        self._outbox: list[EngineEvent] = []
+        self._pending_prefill = 0
+        # Counters.
+        self.busy_s = 0.0     # time spent in steps
+        self.steps = 0
+        self.preemptions = 0
+        self.finished = 0
+
+    # -- load readouts (what a router may read from /metrics) --------------------------------
+    @property
+    def waiting(self) -> int:
+        """``vllm:num_requests_waiting``."""
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """``vllm:num_requests_running``."""
+        return len(self._running)
+
+    @property
+    def kv_usage(self) -> float:
+        """``vllm:kv_cache_usage_perc`` (0..1): blocks held by running requests."""
+        return self.pool.usage
+
+    @property
+    def pending_prefill_tokens(self) -> int:
+        """Prompt tokens (and tokens to recompute after preemption) not computed yet; a
+        waiting request counts its whole prompt, since its hit is known only at admission."""
+        return self._pending_prefill
+
+    @property
+    def idle(self) -> bool:
+        return self._step is None and self._run is None
+
+    # -- requests -------------------------------------------------------------------------------
+    def submit(self, request_id: Hashable, prompt_tokens: int, output_tokens: int,
+               block_keys: Sequence[Hashable], now: float,
+               token_ids: Sequence[int] | None = None) -> None:
+        """Queue a request arriving at ``now``.
+
+        ``block_keys`` are the chained keys of its full blocks: the prompt's, and optionally
+        further ones for prompt + output tokens (then decode blocks are cached as they fill, as
+        vLLM does). ``token_ids`` (optional) ride along in the pool's ``BlockStored`` events.
+        Events due before ``now`` are kept for the next :meth:`advance`.
+        """
+        if request_id in self._seqs:
+            raise ConfigError(f"request {request_id!r} is already in the engine")
+        if not isinstance(prompt_tokens, int) or prompt_tokens < 1:
+            raise ConfigError(f"request {request_id!r}: prompt_tokens must be >= 1, "
+                              f"got {prompt_tokens!r}")
+        if not isinstance(output_tokens, int) or output_tokens < 1:
+            raise ConfigError(f"request {request_id!r}: output_tokens must be >= 1, "
+                              f"got {output_tokens!r}")
+        self._run_until(now)
+        # The last sampled token never gets KV: prompt + output - 1 slots at most.
+        needed = -(-(prompt_tokens + output_tokens - 1) // self.block_size)
+        if needed > self.pool.capacity_blocks:
+            self._outbox.append(EngineEvent("rejected", request_id, now, 0, prompt_tokens, 0))
+            return
+        seq = _Seq(request_id, prompt_tokens, output_tokens, block_keys, token_ids, now)
+        self._seqs[request_id] = seq
+        self._waiting.append(seq)
+        self._pending_prefill += prompt_tokens
+        if self._step is None and self._run is None:
+            self._begin(max(now, self._time))
+        elif self._run is not None:
+            # Only the step in progress keeps running; the newcomer joins at its end.
+            self._run.count = self._run.applied
+
+    def abort(self, request_id: Hashable, now: float) -> bool:
+        """Drop a request (client went away). A waiting request leaves at once; a running one
+        at the end of the step in progress, freeing its blocks. No event is emitted."""
+        self._run_until(now)
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return False
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+            self._pending_prefill -= max(0, seq.prefill_target - seq.computed)
+            del self._seqs[request_id]
+            return True
+        seq.aborted = True
+        if self._run is not None:
+            self._run.count = self._run.applied
+        return True
+
+    def next_event_time(self) -> float | None:
+        """When the next client-visible event can happen (the end of the step or decode run in
+        progress); ``None`` when idle. Cache changes in between are applied by
+        :meth:`advance` as time passes."""
+        if self._outbox:
+            return self._time
+        if self._run is not None:
+            return self._run.end
+        if self._step is not None:
+            return self._step.end
+        return None
+
+    def advance(self, now: float) -> list[EngineEvent]:
+        """Run every step that ends by ``now``; return the events, in time order."""
+        self._run_until(now)
+        events, self._outbox = self._outbox, []
+        return events
+
+    # -- the step loop ----------------------------------------------------------------------------
+    def _run_until(self, now: float) -> None:
+        while True:
+            run = self._run
+            if run is not None:
+                done = run.ended_by(now)
+                if done == 0:
+                    return
+                full = done >= run.count
+                self._finish_run_steps(run, done)
+                if not full:
+                    return
+                end = self._time
+                self._run = None
+                self._begin(end)
+                continue
+            step = self._step
+            if step is None or step.end > now:
+                return
+            self._end_step(step)
+            self._step = None
+            self._begin(step.end)
+
+    def _begin(self, start: float) -> None:
+        """Schedule one step at ``start`` (vLLM ``schedule()``), or go idle."""
+        self._time = start
+        if not self._running and not self._waiting:
+            return
+        pool = self.pool
+        block_size = self.block_size
+        budget = self.max_num_batched_tokens
+        running = self._running
+        scheduled: list[tuple[_Seq, int]] = []
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            new = min(seq.prompt + seq.generated - seq.computed, budget)
+            if new <= 0:
+                i += 1
+                continue
+            target = seq.computed + new
+            can_schedule = True
+            while target > seq.num_blocks * block_size:
+                if pool.grow(seq.request_id, target):
+                    seq.num_blocks = -(-target // block_size)
+                    break
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    can_schedule = False
+                    break
+            if not can_schedule:
+                break
+            self._cache_blocks(seq, target)
+            scheduled.append((seq, new))
+            budget -= new
+            i += 1
+        admitted = False
+        if not preempted:
+            waiting = self._waiting
+            while waiting and budget > 0 and len(running) < self.max_num_seqs:
+                seq = waiting[0]
+                num_tokens = seq.prompt + seq.generated
+                cached = pool.admit(seq.request_id, seq.keys, num_tokens)
+                if cached is None:
+                    break
+                waiting.popleft()
+                running.append(seq)
+                admitted = True
+                if seq.cached_tokens < 0:
+                    seq.cached_tokens = cached
+                seq.computed = cached
+                seq.num_blocks = -(-num_tokens // block_size)
+                seq.committed = cached // block_size
+                self._pending_prefill -= cached
+                new = min(num_tokens - cached, budget)
+                self._cache_blocks(seq, cached + new)
+                scheduled.append((seq, new))
+                budget -= new
+        if not scheduled:
+            return
+        # Step duration from what was scheduled.
+        prefill_tokens = prefill_context = decode_batch = decode_context = 0
+        for seq, new in scheduled:
+            if new == 1 and seq.generated > 0 and seq.computed + 1 == seq.prompt + seq.generated:
+                decode_batch += 1
+                decode_context += seq.computed + 1
+            else:
+                prefill_tokens += new
+                prefill_context += new * (seq.computed + new)
+        service = self.service
+        duration = service.step_time(prefill_tokens, prefill_context, decode_batch, decode_context)
+        if (prefill_tokens == 0 and not preempted and not admitted
+                and decode_batch == len(running)):
+            count = self._decode_run_length(running)
+            if count >= 2:
+                alpha = duration
+                beta = service.decode_s_per_context_token * decode_batch / 2
+                self._run = _DecodeRun(start, count, alpha, beta)
+                return
+        self._step = _Step(start, start + duration, scheduled)
+
+    def _decode_run_length(self, running: list[_Seq]) -> int:
+        """How many pure-decode steps (including the one just scheduled) can run before
+        anything but time changes: up to the first finish, while free blocks last, and not at
+        all while a queued request might be unblocked by blocks this run would cache."""
+        count = min(seq.max_output - seq.generated for seq in running)
+        if count < 2 or any(seq.aborted for seq in running):
+            return 1
+        block_size = self.block_size
+        if self._waiting and any(len(seq.keys) > seq.committed for seq in running):
+            return 1
+        free = self.pool.free_blocks
+
+        def blocks_needed(steps: int) -> int:
+            # Step j needs slots for computed + j tokens (computed as of the first step).
+            total = 0
+            for seq in running:
+                extra = -(-(seq.computed + steps) // block_size) - seq.num_blocks
+                if extra > 0:
+                    total += extra
+            return total
+
+        if blocks_needed(count) <= free:
+            return count
+        low, high = 1, count  # blocks_needed(low) == 0 <= free: step 1 is already allocated
+        while low < high:
+            mid = (low + high + 1) // 2
+            if blocks_needed(mid) <= free:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def _cache_blocks(self, seq: _Seq, tokens: int) -> None:
+        full = min(tokens // self.block_size, len(seq.keys))
+        if full > seq.committed:
+            self.pool.commit(seq.request_id, seq.keys, tokens, seq.token_ids)
+            seq.committed = full
+
+    def _preempt(self, seq: _Seq) -> None:
+        """vLLM recompute preemption: free the blocks (cached ones stay cached), requeue first."""
+        self.pool.release(seq.request_id)
+        self._pending_prefill -= max(0, seq.prefill_target - seq.computed)
+        seq.computed = 0
+        seq.num_blocks = 0
+        seq.committed = 0
+        seq.prefill_target = seq.prompt + seq.generated
+        self._pending_prefill += seq.prefill_target
+        self._waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def _end_step(self, step: _Step) -> None:
+        end = step.end
+        self.busy_s += end - step.start
+        self.steps += 1
+        self._time = end
+        done = False
+        for seq, new in step.scheduled:
+            before = seq.computed
+            if before < seq.prefill_target:
+                self._pending_prefill -= min(new, seq.prefill_target - before)
+            seq.computed = before + new
+            if seq.computed == seq.prompt + seq.generated:
+                seq.generated += 1
+                if seq.first_token_s is None:
+                    seq.first_token_s = end
+                    self._outbox.append(EngineEvent("first_token", seq.request_id, end,
+                                                    seq.cached_tokens, seq.prompt, 1))
+                if seq.generated >= seq.max_output:
+                    done = True
+            if seq.aborted:
+                done = True
+        if done:
+            self._retire(end)
+
+    def _finish_run_steps(self, run: _DecodeRun, steps: int) -> None:
+        """End the first ``steps`` steps of a decode run (and begin the next one if the run
+        goes on): every running request gains ``steps`` tokens."""
+        target_applied = min(steps + 1, run.count)
+        if target_applied > run.applied:
+            self._apply_run_blocks(run, target_applied)
+        elapsed = run.elapsed(steps)
+        end = run.start + elapsed
+        self.busy_s += elapsed
+        self.steps += steps
+        for seq in self._running:
+            seq.computed += steps
+            seq.generated += steps
+        # Re-base the run on its first unfinished step.
+        run.start = end
+        run.alpha += 2 * run.beta * steps
+        run.count -= steps
+        run.applied -= steps
+        self._time = end
+        if run.count == 0:
+            self._retire(end)
+
+    def _apply_run_blocks(self, run: _DecodeRun, upto: int) -> None:
+        """Begin steps ``applied + 1 .. upto`` of a run: allocate blocks as sequences cross a
+        block boundary and cache decode blocks as they fill, in vLLM's order (step by step,
+        running requests in order, allocation before caching)."""
+        block_size = self.block_size
+        first = run.applied + 1
+        actions: list[tuple[int, int, int, _Seq]] = []
+        for index, seq in enumerate(self._running):
+            base = seq.computed  # tokens as of the run's first unfinished step
+            # grow when base + j exceeds the slots held
+            j = seq.num_blocks * block_size - base + 1
+            j = max(j, first)
+            while j <= upto:
+                if base + j > seq.num_blocks * block_size:
+                    actions.append((j, index, 0, seq))
+                    j += block_size
+                else:
+                    j += 1
+            if len(seq.keys) > seq.committed:
+                j = (seq.committed + 1) * block_size - base
+                while j <= upto:
+                    if j >= first and (base + j) // block_size <= len(seq.keys):
+                        actions.append((j, index, 1, seq))
+                    j += block_size
+        actions.sort(key=lambda a: (a[0], a[1], a[2]))
+        pool = self.pool
+        for j, _, kind, seq in actions:
+            tokens = seq.computed + j
+            if kind == 0:
+                if not pool.grow(seq.request_id, tokens):  # pragma: no cover - pre-checked
+                    raise AssertionError("decode run ran out of blocks")
+                seq.num_blocks = -(-tokens // block_size)
+            else:
+                self._cache_blocks(seq, tokens)
+        run.applied = upto
+
+    def _retire(self, now: float) -> None:
+        """Release requests that finished (or were aborted) at ``now``."""
+        keep = []
+        for seq in self._running:
+            if seq.generated >= seq.max_output or seq.aborted:
+                self.pool.release(seq.request_id)
+                del self._seqs[seq.request_id]
+                if not seq.aborted:
+                    self.finished += 1
+                    self._outbox.append(EngineEvent("finished", seq.request_id, now,
+                                                    seq.cached_tokens, seq.prompt,
+                                                    seq.generated))
+            else:
+                keep.append(seq)
+        self._running[:] = keep
