@@ -23,7 +23,15 @@ class Request:
     only ``hash_ids`` is set (one id per ``block_size`` tokens, the last block possibly partial,
     ``len(hash_ids) == ceil(input_tokens / block_size)``) the ids stand for the tokens.
     ``prefix_group`` names the shared prefix family the request belongs to, when the generator
-    knows it (tenant documents, system prompts); economics reports costs per group.
+    knows it (tenant documents, system prompts); economics reports costs per group. When
+    ``prefix_tokens`` is also set, every request of the group with the same identity starts with
+    the same ``prefix_tokens`` tokens, so their keys are hashed once per group
+    (:mod:`prefixroute.core.simulator.keys`).
+
+    ``output_token_ids`` is the reply the engine will produce, when a generator knows it (a
+    conversation whose next turn contains it): decode blocks then get keys and are cached as
+    they fill, as vLLM caches them. ``namespace`` scopes ``hash_ids`` that are local to one file
+    (agentic-session traces), so equal ids from different files stay different blocks.
     """
 
     request_id: str
@@ -38,7 +46,10 @@ class Request:
     session: str | None = None
     turn: int = 0
     prefix_group: str | None = None
-    block_keys: list = field(default_factory=list)  # filled by keys_for(); see module doc
+    prefix_tokens: int = 0
+    output_token_ids: Sequence[int] | None = None
+    namespace: str = ""
+    block_keys: list = field(default_factory=list)  # filled by keys.fill_block_keys(); module doc
 
     @property
     def full_blocks(self) -> int:

@@ -1,0 +1,541 @@
+"""Workload generators: pure, seeded, token-level request streams.
+
+Each generator yields :class:`~prefixroute.core.simulator.request.Request` objects in arrival
+order with real token ids (``array('I')``), so keys come from the one hashing module. Token
+ids are drawn from disjoint ranges (:class:`TokenSpace`), so two pieces of text share tokens
+only when the scenario says they are the same text.
+
+Scenarios (SPEC sections 3 and 4):
+
+* :func:`five_turn_conversation`: section 3 item 1, one conversation growing over 5 turns;
+* :func:`universal_prefix`: section 3 item 2, 50 requests behind one 200-token system prompt;
+* :func:`skewed_trace`: section 3 item 3, prefix families A=1000, B=800, C=600, D=400 tokens
+  arriving ``AABACABDAACBADABCABA`` (optionally with a burst of a hot prefix E);
+* :func:`seed_fleet`: section 3 item 4, a 1,200-token system prompt, one of 8 tenants'
+  800-token documents and 60 user tokens, with the exact random stream of the SPEC;
+* :func:`design_scenario`: section 4, 200 tenants x 10,000-token prefixes, Zipf-skewed
+  popularity, one hot tenant, 50,000 requests/day (compressible), optionally a timestamp at
+  the top of every prompt;
+* :func:`conversations`: many concurrent sessions whose prompts grow turn by turn;
+* :func:`hot_burst`: steady traffic over a few prefix families plus bursts of one hot prefix;
+* :func:`with_prefixes`: arrival/length shapes (the Azure traces) given prefix families.
+
+:data:`WORKLOADS` names them for the CLI (``--workload NAME[:key=value,...]``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from array import array
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.identity.identity import DEFAULT_IDENTITY, CacheIdentity
+from prefixroute.core.simulator.request import Request
+
+
+class TokenSpace:
+    """Hands out token ids from disjoint ranges: fixed text gets stable ids, fresh text new
+    ones. Ids start at 1 and stay below 2**32 (the hashing packs them as uint32)."""
+
+    def __init__(self) -> None:
+        self._next = 1
+
+    def fresh(self, n: int) -> array:
+        start = self._next
+        self._next += n
+        if self._next >= 1 << 32:
+            raise ConfigError("workload too large: token ids exceed 32 bits")
+        return array("I", range(start, start + n))
+
+    def reserve(self, n: int) -> int:
+        """Set aside ``n`` ids (returned: the first) without materialising them."""
+        start = self._next
+        self._next += n
+        if self._next >= 1 << 32:
+            raise ConfigError("workload too large: token ids exceed 32 bits")
+        return start
+
+
+class Vocabulary:
+    """Token strings to ids, a new id for each new string (SPEC section 3 item 4 tokens are
+    strings; the hashing wants ints)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def ids(self, tokens: Iterable[str]) -> array:
+        table = self._ids
+        out = array("I")
+        for token in tokens:
+            token_id = table.get(token)
+            if token_id is None:
+                token_id = table[token] = len(table) + 1
+            out.append(token_id)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+def _poisson_arrivals(rng: random.Random, rate: float, n: int, start: float = 0.0) -> list[float]:
+    if rate <= 0:
+        raise ConfigError(f"arrival rate must be positive, got {rate!r}")
+    t = start
+    out = []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if value is None or value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value!r}")
+
+
+# -- SPEC section 3 item 1 ------------------------------------------------------------------------
+def five_turn_conversation(prompts: Sequence[int] = (400, 700, 1000, 1400, 1700),
+                           replies: Sequence[int] = (100, 100, 150, 100, 100),
+                           gap_s: float = 60.0, block_size: int = 16,
+                           identity: CacheIdentity = DEFAULT_IDENTITY) -> Iterator[Request]:
+    """One conversation: turn k's prompt is turn k-1's prompt, its reply, and new user text.
+
+    The replies are known, so decode blocks get keys (the last sampled token has no KV: SPEC
+    reuse by turn 0, 496, 784, 1136, 1488 with 16-token blocks on one replica).
+    """
+    space = TokenSpace()
+    sequence = array("I")
+    for turn, prompt_len in enumerate(prompts):
+        if prompt_len <= len(sequence):
+            raise ConfigError(f"turn {turn + 1}: prompt of {prompt_len} tokens must extend the "
+                              f"previous {len(sequence)} tokens")
+        sequence = sequence + space.fresh(prompt_len - len(sequence))
+        reply = space.fresh(replies[turn] if turn < len(replies) else 1)
+        yield Request(f"conv-t{turn + 1}", turn * gap_s, len(sequence), len(reply), block_size,
+                      token_ids=sequence, identity=identity, session="conv", turn=turn,
+                      output_token_ids=reply)
+        sequence = sequence + reply
+
+
+# -- SPEC section 3 item 2 ------------------------------------------------------------------------
+def universal_prefix(requests: int = 50, prefix_tokens: int = 200, user_tokens: int = 40,
+                     output_tokens: int = 32, rate: float = 5.0, block_size: int = 16,
+                     seed: int = 0) -> Iterator[Request]:
+    """``requests`` requests behind one shared system prompt, each with its own user text."""
+    _check_positive(requests=requests, prefix_tokens=prefix_tokens, rate=rate)
+    rng = random.Random(f"universal-prefix/{seed}")
+    space = TokenSpace()
+    system = space.fresh(prefix_tokens)
+    for i, arrival in enumerate(_poisson_arrivals(rng, rate, requests)):
+        tokens = system + space.fresh(user_tokens)
+        yield Request(f"up-{i}", arrival, len(tokens), output_tokens, block_size,
+                      token_ids=tokens, prefix_group="system", prefix_tokens=prefix_tokens)
+
+
+# -- SPEC section 3 item 3 ------------------------------------------------------------------------
+SKEWED_FAMILIES = {"A": 1000, "B": 800, "C": 600, "D": 400}
+SKEWED_ARRIVALS = "AABACABDAACBADABCABA"
+
+
+def skewed_trace(arrivals: str = SKEWED_ARRIVALS, hot_burst: int = 0, hot_tokens: int = 1200,
+                 user_tokens: int = 16, output_tokens: int = 16, gap_s: float = 1.0,
+                 block_size: int = 16) -> Iterator[Request]:
+    """Prefix families A..D (and a hot E of ``hot_tokens``, ``hot_burst`` requests appended)
+    arriving one per ``gap_s`` in the order of ``arrivals``."""
+    space = TokenSpace()
+    families = dict(SKEWED_FAMILIES)
+    if hot_burst:
+        families["E"] = hot_tokens
+    prefixes = {name: space.fresh(length) for name, length in families.items()}
+    order = arrivals + "E" * hot_burst
+    for i, family in enumerate(order):
+        if family not in prefixes:
+            raise ConfigError(f"unknown prefix family {family!r}; families: "
+                              f"{', '.join(prefixes)}")
+        tokens = prefixes[family] + space.fresh(user_tokens)
+        yield Request(f"skew-{i}", i * gap_s, len(tokens), output_tokens, block_size,
+                      token_ids=tokens, tenant=family, prefix_group=family,
+                      prefix_tokens=families[family])
+
+
+# -- SPEC section 3 item 4 ------------------------------------------------------------------------
+FLEET_TENANTS = "ABCDEFGH"
+FLEET_SYSTEM_TOKENS = 1200
+FLEET_DOCUMENT_TOKENS = 800
+FLEET_USER_TOKENS = 60
+# The SPEC leaves the static text open; ours is s0..s1199 and tenant T's document T0..T799.
+# With these strings the MD5 prefix-aware routing spreads the 8 tenants 2-2-2-2 over the 4
+# replicas, so every replica warms up once: 96.82% (a layout that left one replica empty
+# would give 96.84%; both print as the SPEC's 96.8%).
+FLEET_SYSTEM = tuple(f"s{i}" for i in range(FLEET_SYSTEM_TOKENS))
+FLEET_DOCUMENTS = {t: tuple(f"{t}{i}" for i in range(FLEET_DOCUMENT_TOKENS))
+                   for t in FLEET_TENANTS}
+
+
+@dataclass(slots=True)
+class FleetPrompt:
+    """One SPEC section 3 item 4 prompt: ``[head] + system + document[tenant] + user``."""
+
+    tenant: str
+    user: list[str]
+    head: str | None = None
+
+    def tokens(self) -> list[str]:
+        head = [self.head] if self.head is not None else []
+        return head + list(FLEET_SYSTEM) + list(FLEET_DOCUMENTS[self.tenant]) + self.user
+
+    def __len__(self) -> int:
+        return (FLEET_SYSTEM_TOKENS + FLEET_DOCUMENT_TOKENS + len(self.user)
+                + (self.head is not None))
+
+
+def draw_fleet_prompt(rng: random.Random, volatile: bool = False) -> FleetPrompt:
+    """Draw one prompt from ``rng`` exactly as the SPEC says: the tenant
+    (``choice("ABCDEFGH")``), 60 user tokens ``u{randint(0, 10**6)}``, then, for the volatile
+    run only, a head token ``time={randint(0, 10**6)}``."""
+    tenant = rng.choice(FLEET_TENANTS)
+    user = [f"u{rng.randint(0, 10 ** 6)}" for _ in range(FLEET_USER_TOKENS)]
+    head = f"time={rng.randint(0, 10 ** 6)}" if volatile else None
+    return FleetPrompt(tenant, user, head)
+
+
+class FleetEncoder:
+    """Token strings of fleet prompts to ids, and their leading text, without rebuilding the
+    2,000 static tokens for every request (they are encoded once per tenant)."""
+
+    def __init__(self, vocabulary: Vocabulary | None = None):
+        self.vocabulary = vocabulary if vocabulary is not None else Vocabulary()
+        self._static: dict[str, array] = {}
+        self._static_text: dict[str, list[str]] = {}
+
+    def static_ids(self, tenant: str) -> array:
+        ids = self._static.get(tenant)
+        if ids is None:
+            ids = self._static[tenant] = self.vocabulary.ids(
+                FLEET_SYSTEM + FLEET_DOCUMENTS[tenant])
+        return ids
+
+    def ids(self, prompt: FleetPrompt) -> array:
+        vocabulary = self.vocabulary
+        out = vocabulary.ids([prompt.head]) if prompt.head is not None else array("I")
+        out += self.static_ids(prompt.tenant)
+        out += vocabulary.ids(prompt.user)
+        return out
+
+    def leading_text(self, prompt: FleetPrompt, n: int) -> str:
+        """``' '.join`` of the first ``n`` tokens (what prefix-aware routing hashes)."""
+        key = (prompt.tenant, n - (prompt.head is not None))
+        cached = self._static_text.get(key)
+        if cached is None:
+            static = FLEET_SYSTEM + FLEET_DOCUMENTS[prompt.tenant]
+            cached = self._static_text[key] = [" ".join(static[:key[1]])]
+        text = cached[0]
+        static_len = FLEET_SYSTEM_TOKENS + FLEET_DOCUMENT_TOKENS
+        if key[1] > static_len:
+            text = " ".join([text] + prompt.user[:key[1] - static_len])
+        if prompt.head is not None:
+            text = prompt.head + " " + text
+        return text
+
+
+def seed_fleet(requests: int = 2000, seed: int = 3, volatile: bool = False, rate: float = 20.0,
+               output_tokens: int = 16, block_size: int = 16,
+               rng: random.Random | None = None,
+               encoder: FleetEncoder | None = None) -> Iterator[Request]:
+    """SPEC section 3 item 4 prompts (same random stream as the SPEC for ``seed`` 3), arriving
+    as a Poisson process of ``rate`` requests/s with ``output_tokens`` each (the SPEC gives no
+    timing; these are ours). Pass ``rng``/``encoder`` to continue a shared stream."""
+    _check_positive(requests=requests, rate=rate, output_tokens=output_tokens)
+    rng = rng if rng is not None else random.Random(seed)
+    timing = random.Random(f"seed-fleet-arrivals/{seed}")
+    encoder = encoder if encoder is not None else FleetEncoder()
+    static = FLEET_SYSTEM_TOKENS + FLEET_DOCUMENT_TOKENS
+    t = 0.0
+    for i in range(requests):
+        prompt = draw_fleet_prompt(rng, volatile)
+        ids = encoder.ids(prompt)
+        yield Request(f"fleet-{i}", t, len(ids), output_tokens, block_size, token_ids=ids,
+                      tenant=prompt.tenant, prefix_group=None if volatile else prompt.tenant,
+                      prefix_tokens=0 if volatile else static)
+        t += timing.expovariate(rate)
+
+
+# -- SPEC section 4 -------------------------------------------------------------------------------
+SECONDS_PER_DAY = 86_400.0
+
+
+def zipf_weights(n: int, exponent: float) -> list[float]:
+    """Popularity of ranks 1..n proportional to 1 / rank**exponent, normalised."""
+    raw = [1.0 / (rank ** exponent) for rank in range(1, n + 1)]
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+def design_scenario(requests: int = 5000, tenants: int = 200, prefix_tokens: int = 10_000,
+                    requests_per_day: float = 50_000, compress: float = 1.0,
+                    zipf_exponent: float = 1.2, hot_tenant_share: float = 0.25,
+                    user_tokens_min: int = 100, user_tokens_max: int = 600,
+                    output_tokens_min: int = 50, output_tokens_max: int = 400,
+                    timestamp_at_top: bool = False, block_size: int = 16,
+                    seed: int = 0) -> Iterator[Request]:
+    """SPEC section 4's multi-tenant assistant.
+
+    ``tenants`` prefixes of ``prefix_tokens`` tokens; tenant 0 is the hot one and gets
+    ``hot_tenant_share`` of the traffic, the others share the rest by Zipf
+    (``zipf_exponent``; with the defaults the least popular tenants recur less than hourly).
+    Requests arrive as a Poisson process of ``requests_per_day`` per day, ``compress`` times
+    faster (24 plays a day in an hour); ``requests`` of them are generated (50,000 is a whole
+    day). With ``timestamp_at_top`` every prompt starts with a fresh timestamp token, so no
+    prefix is ever shared (the release that dropped the hit rate to zero).
+    """
+    _check_positive(requests=requests, tenants=tenants, prefix_tokens=prefix_tokens,
+                    requests_per_day=requests_per_day, compress=compress)
+    if not 0 <= hot_tenant_share < 1:
+        raise ConfigError(f"hot_tenant_share must be in [0, 1), got {hot_tenant_share!r}")
+    if user_tokens_min < 1 or user_tokens_max < user_tokens_min:
+        raise ConfigError("user tokens: need 1 <= user_tokens_min <= user_tokens_max")
+    if output_tokens_min < 1 or output_tokens_max < output_tokens_min:
+        raise ConfigError("output tokens: need 1 <= output_tokens_min <= output_tokens_max")
+    rng = random.Random(f"design-scenario/{seed}")
+    space = TokenSpace()
+    prefixes: dict[int, array] = {}
+    weights = [hot_tenant_share] + [w * (1 - hot_tenant_share)
+                                    for w in zipf_weights(tenants - 1, zipf_exponent)] \
+        if tenants > 1 else [1.0]
+    cumulative = []
+    acc = 0.0
+    for w in weights:
+        acc += w
+        cumulative.append(acc)
+    rate = requests_per_day / SECONDS_PER_DAY * compress
+    t = 0.0
+    clock_token_base = space.reserve(10_000_001)  # timestamps get ids of their own
+    for i in range(requests):
+        tenant = min(_bisect(cumulative, rng.random() * acc), tenants - 1)
+        prefix = prefixes.get(tenant)
+        if prefix is None:
+            prefix = prefixes[tenant] = space.fresh(prefix_tokens)
+        user = space.fresh(rng.randint(user_tokens_min, user_tokens_max))
+        output = rng.randint(output_tokens_min, output_tokens_max)
+        if timestamp_at_top:
+            stamp = array("I", [clock_token_base + 1 + int(t) % 10_000_000])
+            tokens = stamp + prefix + user
+        else:
+            tokens = prefix + user
+        yield Request(f"design-{i}", t, len(tokens), output, block_size, token_ids=tokens,
+                      tenant=f"tenant-{tenant:03d}",
+                      prefix_group=None if timestamp_at_top else f"tenant-{tenant:03d}",
+                      prefix_tokens=0 if timestamp_at_top else prefix_tokens)
+        t += rng.expovariate(rate)
+
+
+def _bisect(cumulative: list[float], x: float) -> int:
+    lo, hi = 0, len(cumulative)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cumulative[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+# -- multi-turn conversations ---------------------------------------------------------------------
+def conversations(sessions: int = 40, turns: int = 6, system_tokens: int = 400,
+                  user_tokens_min: int = 30, user_tokens_max: int = 300,
+                  reply_tokens_min: int = 30, reply_tokens_max: int = 300,
+                  think_time_s: float = 20.0, session_rate: float = 0.5, block_size: int = 16,
+                  seed: int = 0) -> Iterator[Request]:
+    """Concurrent chat sessions behind one system prompt; each turn's prompt is the previous
+    prompt, the previous reply and a new user message (append-only, SPEC section 2).
+
+    Sessions start as a Poisson process (``session_rate``/s); a user thinks
+    exponentially-distributed ``think_time_s`` (mean) between turns. Replies are known, so the
+    engine caches decode blocks; a turn that arrives before the previous reply finished (open
+    loop) cannot hit those blocks.
+    """
+    _check_positive(sessions=sessions, turns=turns, system_tokens=system_tokens,
+                    think_time_s=think_time_s, session_rate=session_rate)
+    rng = random.Random(f"conversations/{seed}")
+    space = TokenSpace()
+    system = space.fresh(system_tokens)
+    out: list[Request] = []
+    starts = _poisson_arrivals(rng, session_rate, sessions)
+    for s, start in enumerate(starts):
+        sequence = system
+        t = start
+        for turn in range(turns):
+            sequence = sequence + space.fresh(rng.randint(user_tokens_min, user_tokens_max))
+            reply = space.fresh(rng.randint(reply_tokens_min, reply_tokens_max))
+            out.append(Request(f"chat-{s}-{turn}", t, len(sequence), len(reply), block_size,
+                               token_ids=sequence, tenant=f"user-{s}", session=f"chat-{s}",
+                               turn=turn, prefix_group="system", prefix_tokens=system_tokens,
+                               output_token_ids=reply))
+            sequence = sequence + reply
+            t += rng.expovariate(1.0 / think_time_s)
+    out.sort(key=lambda r: (r.arrival_s, r.request_id))
+    return iter(out)
+
+
+# -- hot-prefix bursts ----------------------------------------------------------------------------
+def hot_burst(duration_s: float = 120.0, families: int = 8, family_tokens: int = 1000,
+              base_rate: float = 4.0, hot_tokens: int = 1500, bursts: int = 3,
+              burst_size: int = 60, burst_window_s: float = 3.0, user_tokens: int = 50,
+              output_tokens: int = 32, block_size: int = 16, seed: int = 0) -> Iterator[Request]:
+    """Steady Poisson traffic (``base_rate``/s) spread uniformly over ``families`` prefixes,
+    plus ``bursts`` bursts, evenly spaced, of ``burst_size`` requests for one hot prefix within
+    ``burst_window_s`` each: the case where pure affinity piles a queue on one replica."""
+    _check_positive(duration_s=duration_s, families=families, base_rate=base_rate)
+    rng = random.Random(f"hot-burst/{seed}")
+    space = TokenSpace()
+    prefixes = [space.fresh(family_tokens) for _ in range(families)]
+    hot = space.fresh(hot_tokens)
+    events: list[tuple[float, str, int]] = []
+    t = rng.expovariate(base_rate)
+    while t < duration_s:
+        events.append((t, "base", rng.randrange(families)))
+        t += rng.expovariate(base_rate)
+    for b in range(bursts):
+        begin = duration_s * (b + 1) / (bursts + 1)
+        for _ in range(burst_size):
+            events.append((begin + rng.random() * burst_window_s, "hot", -1))
+    events.sort()
+    for i, (t, kind, family) in enumerate(events):
+        if kind == "hot":
+            prefix, group, length = hot, "hot", hot_tokens
+        else:
+            prefix, group, length = prefixes[family], f"family-{family}", family_tokens
+        tokens = prefix + space.fresh(user_tokens)
+        yield Request(f"burst-{i}", t, len(tokens), output_tokens, block_size, token_ids=tokens,
+                      tenant=group, prefix_group=group, prefix_tokens=length)
+
+
+# -- shapes + prefixes (Azure) --------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A request without content: when, how long a prompt, how many output tokens."""
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    where: str = ""
+
+
+def with_prefixes(shapes: Iterable[Shape], prefixes: int = 20, prefix_tokens: int = 1000,
+                  max_prefix_fraction: float = 0.8, zipf_exponent: float = 1.0,
+                  block_size: int = 16, seed: int = 0) -> Iterator[Request]:
+    """Give arrival/length shapes (traces without content, e.g. Azure) a prefix structure:
+    each request starts with one of ``prefixes`` shared prefixes, chosen by Zipf popularity,
+    of ``min(prefix_tokens, max_prefix_fraction x input)`` tokens; the rest is fresh text."""
+    _check_positive(prefixes=prefixes, prefix_tokens=prefix_tokens)
+    if not 0 < max_prefix_fraction <= 1:
+        raise ConfigError(f"max_prefix_fraction must be in (0, 1], got {max_prefix_fraction!r}")
+    rng = random.Random(f"with-prefixes/{seed}")
+    space = TokenSpace()
+    families = [space.fresh(prefix_tokens) for _ in range(prefixes)]
+    cumulative = []
+    acc = 0.0
+    for w in zipf_weights(prefixes, zipf_exponent):
+        acc += w
+        cumulative.append(acc)
+    for i, shape in enumerate(shapes):
+        family = min(_bisect(cumulative, rng.random() * acc), prefixes - 1)
+        shared = min(prefix_tokens, int(shape.input_tokens * max_prefix_fraction))
+        tokens = families[family][:shared] + space.fresh(shape.input_tokens - shared)
+        yield Request(shape.where or f"shape-{i}", shape.arrival_s, shape.input_tokens,
+                      shape.output_tokens, block_size, token_ids=tokens,
+                      prefix_group=f"prefix-{family}/{shared}", prefix_tokens=shared)
+
+
+# -- the catalogue the CLI uses -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workload:
+    """A named generator with the fleet it is meant for (overridable from the CLI)."""
+
+    name: str
+    factory: Callable[..., Iterable[Request]]
+    replicas: int
+    cache_blocks: int | None  # usable KV blocks per replica; None: from the engine profile
+    description: str
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("seed-fleet", seed_fleet, 4, 400,
+             "SPEC 3.4: 8 tenants' 2,000-token prefixes, 4 replicas of 400 x 16-token blocks"),
+    Workload("design-scenario", design_scenario, 8, None,
+             "SPEC 4: 200 tenants x 10,000-token prefixes, Zipf + one hot tenant"),
+    Workload("universal-prefix", universal_prefix, 5, None,
+             "SPEC 3.2: 50 requests behind one 200-token system prompt, 5 replicas"),
+    Workload("hot-burst", hot_burst, 4, 2000,
+             "steady traffic over 8 prefixes plus bursts of one hot prefix"),
+    Workload("conversations", conversations, 4, 2000,
+             "concurrent multi-turn chats growing turn by turn"),
+    Workload("skewed-trace", skewed_trace, 3, None,
+             "SPEC 3.3: families A-D arriving AABACABDAACBADABCABA"),
+    Workload("five-turn", five_turn_conversation, 1, None,
+             "SPEC 3.1: one five-turn conversation"),
+)}
+
+
+def _convert(text: str, default):
+    if isinstance(default, bool):
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true/false, got {text!r}")
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    if isinstance(default, str):
+        return text
+    raise ValueError("this parameter cannot be set from the command line")
+
+
+def workload_parameters(name: str) -> dict[str, object]:
+    workload = _get(name)
+    return {k: p.default for k, p in inspect.signature(workload.factory).parameters.items()
+            if p.default is not inspect.Parameter.empty
+            and isinstance(p.default, (bool, int, float, str))}
+
+
+def _get(name: str) -> Workload:
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise ConfigError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}") from None
+
+
+def make_workload(name: str, params: dict[str, str] | None = None,
+                  **overrides) -> Iterable[Request]:
+    """Build a named workload; ``params`` are ``key=value`` strings from the command line,
+    ``overrides`` typed values (``seed``, ``block_size``) applied when the generator has them."""
+    workload = _get(name)
+    allowed = workload_parameters(name)
+    kwargs: dict[str, object] = {}
+    for key, text in (params or {}).items():
+        if key not in allowed:
+            raise ConfigError(f"workload {name!r} has no parameter {key!r}; its parameters: "
+                              f"{', '.join(allowed)}")
+        try:
+            kwargs[key] = _convert(text, allowed[key])
+        except ValueError as exc:
+            raise ConfigError(f"workload {name!r} parameter {key!r}: {exc}") from None
+    for key, value in overrides.items():
+        if key in allowed and key not in kwargs and value is not None:
+            kwargs[key] = value
+    try:
+        return workload.factory(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"workload {name!r}: {exc}") from None
+
+
+__all__ = ["TokenSpace", "Vocabulary", "five_turn_conversation", "universal_prefix",
+           "skewed_trace", "seed_fleet", "draw_fleet_prompt", "FleetPrompt", "FleetEncoder", "design_scenario",
+           "conversations", "hot_burst", "with_prefixes", "Shape", "WORKLOADS", "Workload",
+           "make_workload", "workload_parameters", "zipf_weights"]
