@@ -180,6 +180,35 @@ def test_a_rewritten_earlier_turn_is_found_and_not_repaired_by_layout():
     assert tenant.token_hit_rate_after == tenant.token_hit_rate_now
 
 
+def test_a_resent_last_turn_that_was_trimmed_is_a_rewritten_turn():
+    system = {"role": "system", "content": "You are a support assistant."}
+    question = "Where is my order 123456? It has not arrived and I need it for Friday."
+    bodies = [
+        {"messages": [system, {"role": "user", "content": question}]},
+        {"messages": [system, {"role": "user", "content": question[:30]},
+                      {"role": "assistant", "content": "It ships today."},
+                      {"role": "user", "content": "Thanks!"}]},
+    ]
+    finding, = lint_requests(chats(bodies), CharEncoder()).tenants[0].findings
+    assert finding.kind == REWRITTEN_TURN
+    assert finding.token == len("<system>You are a support assistant.\n<user>") + 30
+
+
+def test_interleaved_conversations_that_append_are_not_rewrites():
+    system = {"role": "system", "content": "You are a support assistant."}
+
+    def turn(question: str, *history: str) -> dict:
+        messages = [system]
+        for n, text in enumerate(history):
+            messages.append({"role": "user" if n % 2 == 0 else "assistant", "content": text})
+        return {"messages": messages + [{"role": "user", "content": question}]}
+
+    bodies = [turn("Where is order 1?"), turn("Can I pay with PayPal?"),
+              turn("And the tracking number?", "Where is order 1?", "It ships today."),
+              turn("And in euros?", "Can I pay with PayPal?", "Yes.")]
+    assert lint_requests(chats(bodies), CharEncoder()).tenants[0].findings == []
+
+
 def test_requests_with_a_different_static_region_are_a_changed_template():
     old = "You are a support assistant.\nBe brief.\n\n"
     new = "You are a sales assistant.\nBe brief.\n\n"

@@ -32,7 +32,7 @@ from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from prefixroute.core.diagnostics.prompts import CHAT, Prompt, PromptRequest
+from prefixroute.core.diagnostics.prompts import CHAT, Prompt, PromptRequest, flatten_content
 from prefixroute.core.errors import InputError
 
 TEXT_CACHE_SIZE = 1024  # whole texts: the gateway re-tokenizes the same prompt on retries
@@ -187,8 +187,6 @@ class LoadedTokenizer:
             raise InputError("the tokenizer has no chat_template (tokenizer_config.json or "
                              "chat_template.jinja); give the prompt as text or token ids",
                              where=str(self.path))
-        from prefixroute.core.diagnostics.prompts import flatten_content
-
         flat = []
         for message in messages:
             message = dict(message)
@@ -248,18 +246,12 @@ class LoadedTokenizer:
         splitter = re.compile("(" + "|".join(re.escape(c) for c in contents) + ")")
         probe = _PROBE.replace("<|a|>", contents[0]).replace("<|b|>", contents[-1])
         whole = self.tokenizer.encode(probe, add_special_tokens=False).ids
-        self._splitter = splitter
-        self._segments = OrderedDict()
-        try:
-            pieces = splitter.split(probe)
-            joined: list[int] = []
-            for i, piece in enumerate(pieces):
-                if i % 2:
-                    joined.append(self._added_ids[piece])
-                elif piece:
-                    joined.extend(self.tokenizer.encode(piece, add_special_tokens=False).ids)
-        finally:
-            self._splitter = None
+        joined: list[int] = []
+        for i, piece in enumerate(splitter.split(probe)):
+            if i % 2:
+                joined.append(self._added_ids[piece])
+            elif piece:
+                joined.extend(self.tokenizer.encode(piece, add_special_tokens=False).ids)
         return splitter if joined == whole else None
 
 

@@ -39,6 +39,7 @@ import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+from difflib import SequenceMatcher
 from typing import Callable, Sequence
 
 from prefixroute.core.diagnostics.diff import common_prefix_length
@@ -53,6 +54,9 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs (SPEC section 2 
 ENCODE_CHUNK = 1000  # requests per tokenizer call: large enough for parallelism, small for progress
 CONTEXT_TOKENS = 12  # tokens decoded either side of a divergence to name what changed
 MAX_SHUFFLE_SEGMENTS = 64  # how far a reordered run of messages is followed
+CONVERSATION_ROLES = ("user", "assistant", "tool", "function")
+MIN_DERIVED_CHARS = 12  # shorter messages are too short to call one rewritten from the other
+MAX_COMPARED_CHARS = 2000  # characters of a message compared when looking for a rewrite
 
 REORDERED_TOOLS = "reordered tool list"
 TOOL_KEY_ORDER = "tool schema key order"
@@ -337,7 +341,12 @@ def _analyse_static(analysis: _TenantAnalysis, parsed: list[_Parsed], shapes: _S
                         _snippet(parsed[example].unit_lines[unit]), None, FIXES[kind]),
                 example, previous, (unit, span.start)))
 
-    # Requests whose static region differs from the majority's: a changed template or prompt.
+    # Requests whose static region differs from the majority's in the template's own parts (a
+    # system prompt, the tools, a completions prompt): a changed template. Differences in user
+    # and assistant turns are other conversations, not template changes.
+    outside = [i for i in outside
+               if _role_at(parsed[i], common_prefix_length(parsed[i].unit_ids, head))
+               not in CONVERSATION_ROLES]
     if outside:
         first = parsed[outside[0]]
         at = common_prefix_length(first.unit_ids, head)
@@ -354,6 +363,12 @@ def _analyse_static(analysis: _TenantAnalysis, parsed: list[_Parsed], shapes: _S
         analysis.pending.append(_Pending(
             Finding(CHANGED_TEMPLATE, message, len(outside), first.request.where, theirs, None,
                     FIXES[CHANGED_TEMPLATE]), outside[0], analysis.reference))
+
+
+def _role_at(parsed: _Parsed, unit: int) -> str | None:
+    if unit >= len(parsed.unit_segment):
+        return None
+    return parsed.segments[parsed.unit_segment[unit]][0]
 
 
 def _where_in_request(parsed: _Parsed, segment: int, role: str, line_number: int) -> str:
@@ -450,11 +465,52 @@ def _analyse_order(analysis: _TenantAnalysis, parsed: list[_Parsed]) -> None:
                 _snippet(p.segments[start][1]), None, FIXES[SHUFFLED_EXAMPLES]), i, previous))
 
 
+def _derived(a: str, b: str) -> bool:
+    """Whether one message looks rewritten from the other (trimmed, summarised, edited): a
+    common run of characters covers at least half of the shorter one."""
+    a, b = a[:MAX_COMPARED_CHARS], b[:MAX_COMPARED_CHARS]
+    shorter = min(len(a), len(b))
+    if shorter < MIN_DERIVED_CHARS:
+        return False
+    match = SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b))
+    return match.size * 2 >= shorter
+
+
+def _continued(parsed: list[_Parsed], p: _Parsed, latest: dict, by_length: dict) -> tuple[int, int] | None:
+    """(earlier request, its message count) that ``p`` continues, if any.
+
+    A request continues an earlier one when it repeats that request's last user turn at the same
+    position (up to volatile values). Failing that, when the latest earlier request two messages
+    shorter ends with a user turn that ``p`` holds rewritten (a client that trims or summarises
+    the turn it resends), with an assistant reply after it.
+    """
+    messages = p.request.messages or ()
+    ids = p.segment_ids[p.message_offset:]
+    for position in range(len(messages) - 2, 0, -1):
+        if messages[position]["role"] == "user":
+            earlier = latest.get((position, ids[position]))
+            if earlier is not None:
+                return earlier, position + 1
+            break
+    earlier = by_length.get(len(messages) - 2)
+    if earlier is None or messages[len(messages) - 2]["role"] != "assistant":
+        return None
+    before = parsed[earlier].request.messages
+    differing = [k for k in range(len(before)) if
+                 parsed[earlier].segment_ids[parsed[earlier].message_offset + k] != ids[k]]
+    if differing and all(before[k]["role"] == messages[k]["role"] and
+                         _derived(before[k]["content"], messages[k]["content"])
+                         for k in differing):
+        return earlier, len(before)
+    return None
+
+
 def _analyse_turns(analysis: _TenantAnalysis, parsed: list[_Parsed]) -> None:
-    """A request continues an earlier one when it repeats that request's last user turn at the
-    same position; every message before it should then be unchanged (up to volatile values,
-    which the static analysis reports)."""
+    """Conversations must grow by appending: every message a continued request repeats from
+    the one it continues must be unchanged (up to volatile values, which the static analysis
+    reports)."""
     latest: dict[tuple[int, int], int] = {}
+    by_length: dict[int, int] = {}
     count = 0
     example = None
     for i in analysis.members:
@@ -463,29 +519,27 @@ def _analyse_turns(analysis: _TenantAnalysis, parsed: list[_Parsed]) -> None:
             continue
         messages = p.request.messages or ()
         ids = p.segment_ids[p.message_offset:]
-        for position in range(len(messages) - 2, 0, -1):
-            if messages[position]["role"] != "user":
-                continue
-            earlier = latest.get((position, ids[position]))
-            if earlier is None:
-                continue
+        link = _continued(parsed, p, latest, by_length)
+        if link is not None:
+            earlier, length = link
             before = parsed[earlier].segment_ids[parsed[earlier].message_offset:]
-            changed = common_prefix_length(before, ids)
-            if changed < position:
+            changed = common_prefix_length(before[:length], ids[:length])
+            # The same messages in another order are a shuffle (reported above), not a rewrite.
+            if changed < length and Counter(before[:length]) != Counter(ids[:length]):
                 count += 1
                 if example is None:
                     example = (i, earlier, changed)
-            break
         if messages and messages[-1]["role"] == "user":
             latest[(len(messages) - 1, ids[-1])] = i
+            by_length[len(messages)] = i
     if example is None:
         return
     i, earlier, changed = example
     p = parsed[i]
     role = p.request.messages[changed]["role"]
     message = (f"{count} requests continue an earlier conversation with an earlier turn "
-               f"changed: {p.request.where} repeats the last turn of "
-               f"{parsed[earlier].request.where} but message {changed} ({role}) differs")
+               f"changed: {p.request.where} continues {parsed[earlier].request.where} but "
+               f"message {changed} ({role}) differs")
     analysis.pending.append(_Pending(
         Finding(REWRITTEN_TURN, message, count, p.request.where,
                 _snippet(p.request.messages[changed]["content"]), None, FIXES[REWRITTEN_TURN]),

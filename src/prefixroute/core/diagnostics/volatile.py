@@ -66,8 +66,16 @@ class Span:
     text: str
 
 
+# Every candidate holds a digit, an "@" or a cue word (a random UUID without any digit has odds
+# near 1e-14): texts without any skip the full pattern, which is ten times slower.
+_MAYBE = re.compile(r"[\d@]|\b(?:[Uu]ser|[Nn]ame|[Cc]ustomer|[Cc]lient|[Aa]ccount|[Hh]ello|[Hh]i"
+                    r"|[Dd]ear|talking|speaking|logged|signed)")
+
+
 def find_volatile_spans(text: str) -> list[Span]:
     """Every candidate volatile value in ``text``, left to right, non-overlapping."""
+    if not _MAYBE.search(text):
+        return []
     spans = []
     for match in _PATTERN.finditer(text):
         group = match.lastgroup
