@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from prefixroute.core.diagnostics.lint import (CHANGED_TEMPLATE, CHANGED_TOOLS, REORDERED_TOOLS,
+from prefixroute.core.diagnostics.lint import (AFTER_STATIC_REGION, CHANGED_TEMPLATE, CHANGED_TOOLS, REORDERED_TOOLS,
                                                REWRITTEN_TURN, SHUFFLED_EXAMPLES, TOOL_KEY_ORDER,
                                                lint_requests)
 from prefixroute.core.diagnostics.prompts import (Prompt, PromptRequest, parse_body, parse_log)
@@ -223,6 +223,18 @@ def test_a_clean_layout_has_no_findings():
     report = lint_requests(chats(fixtures.clean(8)), CharEncoder())
     assert report.tenants[0].findings == []
     assert report.token_hit_rate_after == report.token_hit_rate_now
+
+
+def test_a_clean_layout_diverges_only_after_the_static_region():
+    report = lint_requests(chats(fixtures.clean(8)), CharEncoder())
+    assert report.tenants[0].first_divergence["causes"] == {AFTER_STATIC_REGION: 7}
+
+
+def test_divergences_are_explained_by_the_rule_that_caused_them():
+    tools = lint_requests(chats(fixtures.shuffled_tools(6)), CharEncoder())
+    assert tools.tenants[0].first_divergence["causes"] == {REORDERED_TOOLS: 5}
+    examples = lint_requests(chats(fixtures.shuffled_examples(6)), CharEncoder())
+    assert examples.tenants[0].first_divergence["causes"] == {SHUFFLED_EXAMPLES: 5}
 
 
 def test_the_report_has_stable_json_keys():

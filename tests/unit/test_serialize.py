@@ -75,3 +75,8 @@ def test_no_tools_stay_none():
 def test_tools_must_be_a_list():
     with pytest.raises(InputError):
         canonical_tools({"name": "a"})  # type: ignore[arg-type]
+
+
+def test_a_nan_inside_a_tool_names_the_tool():
+    with pytest.raises(InputError, match=r"\$\.tools\[1\]\.function"):
+        canonical_tools([tool("a"), {"type": "function", "function": {"name": "b", "x": math.nan}}])

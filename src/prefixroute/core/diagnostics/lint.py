@@ -64,6 +64,7 @@ CHANGED_TOOLS = "changed tool definitions"
 SHUFFLED_EXAMPLES = "shuffled few-shot examples"
 REWRITTEN_TURN = "rewritten earlier turn"
 CHANGED_TEMPLATE = "changed template"
+AFTER_STATIC_REGION = "after the static region"  # a divergence where requests should differ
 
 FIXES = {
     TIMESTAMP: "move the time to the end of the prompt (after the static region), or drop it",
@@ -216,8 +217,11 @@ def _parse(request: PromptRequest, shapes: _Shapes) -> _Parsed:
     segment_ids: list[int] = []
     for index, (role, text) in enumerate(segments):
         start = len(unit_ids)
-        if role == "tools" and request.kind == CHAT:
-            unit_ids.append(shapes.tools_unit(tools_raw, request.tools))
+        if index < offset:  # the tool list: one unit, compared in canonical form
+            try:
+                unit_ids.append(shapes.tools_unit(tools_raw, request.tools))
+            except InputError as exc:
+                raise InputError(f"tools: {exc}", where=request.where, field="tools") from None
             unit_lines.append(text)
             unit_segment.append(index)
         else:
@@ -274,6 +278,8 @@ class _TenantAnalysis:
     reference: int | None = None
     head: list[int] = field(default_factory=list)  # the static region's unit ids
     fix_tools: bool = False  # tools came in another order or key order: serialise canonically
+    pair_causes: dict[int, str] = field(default_factory=dict)  # request -> why it differs from
+    # the one before, when a structural rule explains it (the tokens alone only say "changed")
     volatile_units: set[int] = field(default_factory=set)
     shuffles: list[tuple[int, int, Counter]] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
@@ -404,6 +410,7 @@ def _analyse_tools(analysis: _TenantAnalysis, parsed: list[_Parsed], shapes: _Sh
                     found[TOOL_KEY_ORDER] = (f"the schema of {changed[0]!r} lists the same keys "
                                              "in another order")
             analysis.fix_tools = analysis.fix_tools or CHANGED_TOOLS not in found
+            analysis.pair_causes[i] = next(iter(found))
             for kind, detail in found.items():
                 counts[kind] += 1
                 examples.setdefault(kind, (i, previous_index, detail))
@@ -443,6 +450,7 @@ def _analyse_order(analysis: _TenantAnalysis, parsed: list[_Parsed]) -> None:
             start = common_prefix_length(a, b)
             run = _reordered_run(a, b, start) if start < min(len(a), len(b)) else 0
             if run:
+                analysis.pair_causes.setdefault(i, SHUFFLED_EXAMPLES)
                 count += 1
                 if example is None:
                     example = (i, previous, start, run)
@@ -768,6 +776,11 @@ def lint_requests(requests: Sequence[PromptRequest], encoder: PromptEncoder | No
     for i, ids in zip(fixed_index, _encode(fixed_requests, encoder, "tokenize fixed", progress)):
         ids_after[i] = ids
 
+    static_tokens = {tenant: _static_tokens(analysis, ids_after)
+                     for tenant, analysis in analyses.items()}
+    predecessor = {}  # request -> the tenant's request before it, the pair the rules compared
+    for members in tenants.values():
+        predecessor.update(zip(members[1:], members))
     reused_now = [0] * len(requests)
     reused_after = [0] * len(requests)
     divergence: dict[int, tuple[int, str]] = {}  # request -> (token, kind) vs its predecessor
@@ -781,7 +794,13 @@ def lint_requests(requests: Sequence[PromptRequest], encoder: PromptEncoder | No
                 a, b = ids_now[previous], ids_now[i]
                 at = common_prefix_length(a, b)
                 if at < min(len(a), len(b)):
-                    divergence[i] = (at, _divergence_kind(encoder, a, b, at))
+                    kind = _divergence_kind(encoder, a, b, at)
+                    if kind == CHANGED_CONTENT and previous == predecessor.get(i):
+                        kind = analyses[requests[i].tenant].pair_causes.get(i, kind)
+                    static = static_tokens[requests[i].tenant]
+                    if static is not None and at >= static:  # where requests should differ
+                        kind = AFTER_STATIC_REGION
+                    divergence[i] = (at, kind)
             previous = i
 
     reports = []
@@ -804,7 +823,7 @@ def lint_requests(requests: Sequence[PromptRequest], encoder: PromptEncoder | No
             token_hit_rate_now=now / total if total else 0.0,
             token_hit_rate_after=after / total if total else 0.0,
             static_region_units=analysis.static_units,
-            static_region_tokens=_static_tokens(analysis, ids_after),
+            static_region_tokens=static_tokens[tenant],
             static_region_shared_by=len(analysis.shared_by),
             first_divergence={
                 "pairs": len(points),

@@ -69,8 +69,11 @@ def canonical_tools(tools: list[Any] | None) -> list[Any] | None:
         return None
     if not isinstance(tools, list):
         raise InputError("tools must be a list", field="tools")
-    keyed = [(tool_name(tool), canonical_json(tool), canonical(tool, f"$.tools[{i}]"))
-             for i, tool in enumerate(tools)]
+    keyed = []
+    for i, tool in enumerate(tools):
+        clean = canonical(tool, f"$.tools[{i}]")
+        text = json.dumps(clean, separators=SEPARATORS, ensure_ascii=False, allow_nan=False)
+        keyed.append((tool_name(tool), text, clean))
     keyed.sort(key=lambda item: (item[0], item[1]))
     return [item[2] for item in keyed]
 

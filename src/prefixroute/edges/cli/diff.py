@@ -1,4 +1,6 @@
-"""``prefixroute diff A B``: where two prompts part, at token and block level, and what it costs.
+"""Diff two prompts at token and block level: where they part and what it costs.
+
+Usage: ``prefixroute diff A B``.
 
 A and B are files holding prompt text, OpenAI chat JSON (a message list, or a body with
 ``messages`` and optional ``tools``), or a JSON list of token ids; the format is detected unless

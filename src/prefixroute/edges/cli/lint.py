@@ -1,5 +1,6 @@
-"""``prefixroute lint LOG``: volatile content in the static region of a request log, and what it
-costs in token hit rate.
+"""Lint a request log for volatile content in the static region, and what it costs in hits.
+
+Usage: ``prefixroute lint LOG``.
 
 LOG is JSONL, one OpenAI chat or completions body per line, with an optional ``tenant`` field.
 Requests are tokenized as vLLM does (chat template for chat, special tokens for completions)
