@@ -1,0 +1,333 @@
+"""The gateway as an ASGI app (Starlette): OpenAI-compatible endpoints in front of replicas.
+
+Endpoints:
+
+``POST /v1/completions``, ``POST /v1/chat/completions``
+    authenticate (``Authorization: Bearer KEY``), rate-limit, check and salt the body, tokenize
+    and hash, wait for a slot in the bounded queue, route, send (with retries), relay.
+``GET /v1/models``
+    the union of the backends' models (authenticated, as OpenAI's).
+``GET /health``
+    ``ok`` (every replica healthy), ``degraded`` (some) or ``unavailable`` (none: 503).
+``GET /metrics``
+    Prometheus text (:mod:`prefixroute.edges.gateway.metrics`).
+``GET /debug/decisions?n=N``
+    the last N routing decisions with candidates, scores and reasons; a tenant sees its own,
+    an ``admin`` tenant sees all and the replicas' state.
+
+Every refusal is an OpenAI-style error object with the right status; an accepted request gets
+the replica's answer or a clear error (``proxy``), and is logged as one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from prefixroute.core.clock import Clock, MonotonicClock
+from prefixroute.core.routing.registry import create_policy
+from prefixroute.edges.gateway.admission import AdmissionQueue
+from prefixroute.edges.gateway.backends import BackendPool
+from prefixroute.edges.gateway.config import GatewayConfig
+from prefixroute.edges.gateway.errors import GatewayError
+from prefixroute.edges.gateway.metrics import GatewayMetrics
+from prefixroute.edges.gateway.prompts import CHARS, PromptPreparer
+from prefixroute.edges.gateway.proxy import Job, Proxy
+from prefixroute.edges.gateway.router import GatewayRouter
+from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
+from prefixroute.edges.gateway.tenants import TenantRegistry
+
+log = logging.getLogger("prefixroute.gateway")
+
+DEFAULT_DECISIONS_SHOWN = 20
+
+
+class Gateway:
+    """Everything one gateway process holds; ``app`` is its ASGI application.
+
+    ``transport`` replaces the network to the backends (tests use ``httpx.MockTransport``);
+    ``tokenizer`` is a loaded tokenizer (``edges.tokenization``) or ``None`` for character
+    blocks; ``clock`` drives rate limits, breakers and latencies.
+    """
+
+    def __init__(self, config: GatewayConfig, *, tokenizer: Any = None,
+                 transport: httpx.AsyncBaseTransport | None = None, clock: Clock | None = None):
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        self.metrics = GatewayMetrics()
+        self.tenants = TenantRegistry(config.tenants, config.server_secret, self.clock)
+        self.pool = BackendPool(config, self.clock, self.metrics)
+        policy = create_policy(config.policy, seed=config.seed,
+                               num_replicas=len(config.backends),
+                               block_size=config.hashing.block_size)
+        self.router = GatewayRouter(policy, self.pool.backends, self.metrics, self.clock,
+                                    config.decisions_kept)
+        self.prompts = PromptPreparer(config.hashing, tokenizer)
+        self.admission = AdmissionQueue(config.limits.max_concurrent, config.limits.max_queued,
+                                        config.limits.queue_timeout_s)
+        self._transport = transport
+        self.client: httpx.AsyncClient | None = None
+        self.proxy: Proxy | None = None
+        self.open_requests = 0
+        self.draining = False
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.prometheus, methods=["GET"]),
+                Route("/debug/decisions", self.debug_decisions, methods=["GET"]),
+            ],
+            exception_handlers={HTTPException: self._http_exception,
+                                Exception: self._unexpected},
+            lifespan=self._lifespan)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette):
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def start(self) -> None:
+        t = self.config.timeouts
+        self.client = httpx.AsyncClient(
+            transport=self._transport,
+            timeout=httpx.Timeout(connect=t.connect_s, read=t.read_s, write=t.write_s,
+                                  pool=t.pool_s),
+            # Admission bounds concurrency; the pool must not add a second, hidden queue.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self.proxy = Proxy(self.client, self.router, self.metrics, self.clock,
+                           retries=self.config.retries, block_size=self.config.hashing.block_size)
+        await self.pool.start(self.client)
+        log.info("gateway started", extra={"fields": {
+            "event": "started", "policy": self.config.policy,
+            "tokenization": self.prompts.mode,
+            "replicas": [b.status() for b in self.pool.backends]}})
+
+    async def stop(self) -> None:
+        """Drain: the server stops accepting first; open requests (streams included) get up
+        to ``shutdown_grace_s`` to finish before the backend connections close."""
+        self.draining = True
+        deadline = self.clock.now() + self.config.shutdown_grace_s
+        while self.open_requests and self.clock.now() < deadline:
+            await asyncio.sleep(0.05)
+        await self.pool.stop()
+        if self.client is not None:
+            await self.client.aclose()
+        log.info("gateway stopped", extra={"fields": {
+            "event": "stopped", "unfinished_requests": self.open_requests}})
+
+    # -- generation endpoints -------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, COMPLETIONS)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, CHAT)
+
+    async def _generate(self, request: Request, endpoint: str) -> Response:
+        started = self.clock.now()
+        request_id = f"pr-{uuid.uuid4().hex}"
+        tenant_name = "-"
+        self.open_requests += 1
+        try:
+            tenant = self.tenants.authenticate(request.headers.get("authorization"))
+            tenant_name = tenant.name
+            try:
+                self.tenants.check_rate(tenant)
+            except GatewayError:
+                self.metrics.rate_limited.labels(tenant.name).inc()
+                raise
+            body = parse_json_body(await self._read_body(request))
+            checked = check_request(endpoint, body, tenant, self.tenants,
+                                    self.config.caller_cache_salt)
+            backends = self.pool.serving(checked.model)
+            if not backends:
+                known = ", ".join(self.pool.models()) or "none yet"
+                raise GatewayError(404, f"the model {checked.model!r} does not exist on any "
+                                   f"replica; available: {known}", param="model",
+                                   code="model_not_found")
+            adapter = next((b.adapters[checked.model] for b in backends
+                            if checked.model in b.adapters), None)
+            prompt = self.prompts.prepare(checked, adapter)
+            if prompt.fallback_reason:
+                self.metrics.tokenize_fallbacks.inc()
+            self.metrics.queue_depth.set(self.admission.waiting + 1)
+            try:
+                await self.admission.acquire()
+            finally:
+                self.metrics.queue_depth.set(self.admission.waiting)
+        except GatewayError as error:
+            self.open_requests -= 1
+            self._account(endpoint, str(error.status), started, request_id, tenant_name,
+                          error=error.message)
+            return error.response(request_id)
+        except Exception as exc:  # a bug of ours: answer 500, never a dropped connection
+            self.open_requests -= 1
+            log.error("unexpected error before routing", exc_info=exc, extra={"fields": {
+                "event": "internal_error", "request_id": request_id}})
+            error = GatewayError(500, "internal error in the gateway; the request was not "
+                                 "sent", code="internal_error")
+            self._account(endpoint, "500", started, request_id, tenant_name, error=str(exc))
+            return error.response(request_id)
+        except BaseException:
+            self.open_requests -= 1
+            raise
+
+        self.metrics.active.set(self.admission.active)
+        self.metrics.overhead.observe(self.clock.now() - started)
+        job = Job(request_id, tenant.name, checked, prompt, backends, started)
+        assert self.proxy is not None
+        return await self.proxy.forward(job, self._job_done)
+
+    def _job_done(self, job: Job) -> None:
+        self.admission.release()
+        self.open_requests -= 1
+        self.metrics.active.set(self.admission.active)
+        endpoint = job.checked.endpoint
+        if job.ttft_s is not None:
+            self.metrics.ttft.labels(endpoint).observe(job.ttft_s)
+        self._account(endpoint, job.status, job.started, job.request_id, job.tenant, job=job)
+
+    def _account(self, endpoint: str, status: str, started: float, request_id: str,
+                 tenant: str, *, error: str | None = None, job: Job | None = None) -> None:
+        latency = self.clock.now() - started
+        self.metrics.requests.labels(endpoint, status).inc()
+        self.metrics.latency.labels(endpoint).observe(latency)
+        fields: dict[str, Any] = {"event": "request", "request_id": request_id,
+                                  "endpoint": endpoint, "tenant": tenant, "status": status,
+                                  "latency_ms": round(latency * 1000, 3)}
+        if job is not None:
+            fields.update({"model": job.checked.model, "stream": job.checked.stream,
+                           "replica": job.replica, "attempts": job.attempts,
+                           "prompt_tokens": job.prompt.num_tokens,
+                           "tokenization": job.prompt.mode,
+                           "predicted_cached_tokens": job.predicted_cached_tokens,
+                           "cached_tokens": job.cached_tokens,
+                           "ttft_ms": None if job.ttft_s is None else round(job.ttft_s * 1000, 3)})
+            if job.failures:
+                fields["failures"] = job.failures
+        if error is not None:
+            fields["error"] = error
+        log.info("request", extra={"fields": fields})
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.config.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise GatewayError(400, "bad Content-Length header",
+                                   code="invalid_body") from None
+            if size > limit:
+                raise GatewayError(413, f"the request body is {size} bytes; the limit is "
+                                   f"{limit}", code="body_too_large")
+        chunks = []
+        total = 0
+        try:
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > limit:
+                    raise GatewayError(413, f"the request body exceeds the limit of {limit} "
+                                       "bytes", code="body_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise GatewayError(400, "the client closed the connection while sending the body",
+                               code="client_disconnected") from None
+        return b"".join(chunks)
+
+    # -- other endpoints ------------------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self.tenants.authenticate(request.headers.get("authorization"))
+        except GatewayError as error:
+            return error.response()
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "prefixroute"}
+                for name in self.pool.models()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        backends = self.pool.backends
+        up = sum(1 for b in backends if b.available())
+        if self.draining:
+            status, code = "draining", 503
+        elif up == len(backends):
+            status, code = "ok", 200
+        elif up:
+            status, code = "degraded", 200
+        else:
+            status, code = "unavailable", 503
+        return JSONResponse({"status": status, "replicas_available": up,
+                             "replicas": len(backends)}, status_code=code)
+
+    async def prometheus(self, request: Request) -> Response:
+        self.metrics.queue_depth.set(self.admission.waiting)
+        return Response(self.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def debug_decisions(self, request: Request) -> Response:
+        try:
+            tenant = self.tenants.authenticate(request.headers.get("authorization"))
+            text = request.query_params.get("n", str(DEFAULT_DECISIONS_SHOWN))
+            try:
+                n = int(text)
+            except ValueError:
+                raise GatewayError(400, f"n must be an integer, got {text!r}", param="n",
+                                   code="invalid_value") from None
+            if n < 1:
+                raise GatewayError(400, "n must be at least 1", param="n", code="invalid_value")
+        except GatewayError as error:
+            return error.response()
+        n = min(n, self.config.decisions_kept)
+        out: dict[str, Any] = {
+            "policy": self.config.policy, "block_size": self.config.hashing.block_size,
+            "tokenization": self.prompts.mode if self.prompts.mode != CHARS
+            else "character blocks",
+            "decisions": self.router.recent(n, None if tenant.admin else tenant.name)}
+        if tenant.admin:
+            out["replicas"] = [b.status() for b in self.pool.backends]
+        return JSONResponse(out)
+
+    # -- errors ---------------------------------------------------------------------------
+
+    async def _http_exception(self, request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404:
+            error = GatewayError(404, f"no such endpoint: {request.method} {request.url.path}",
+                                 code="unknown_url")
+        elif exc.status_code == 405:
+            error = GatewayError(405, f"method {request.method} is not allowed on "
+                                 f"{request.url.path}", code="method_not_allowed")
+        else:
+            error = GatewayError(exc.status_code, str(exc.detail))
+        return error.response()
+
+    async def _unexpected(self, request: Request, exc: Exception) -> Response:
+        log.error("unexpected error", exc_info=exc, extra={"fields": {
+            "event": "internal_error", "path": request.url.path}})
+        return GatewayError(500, "internal error in the gateway; the request was not "
+                            "completed", code="internal_error").response()
+
+
+def create_app(config: GatewayConfig, **kwargs: Any) -> Starlette:
+    """The ASGI app of a :class:`Gateway` (``kwargs`` as its constructor)."""
+    return Gateway(config, **kwargs).app
+
+
+__all__ = ["Gateway", "create_app"]

@@ -1,0 +1,423 @@
+"""One backend replica as the gateway sees it: health, load, circuit breaker and cache view.
+
+The cache view is what the routing policy matches a request's block keys against:
+
+* with ``kv_events`` configured, an :class:`EventView` fed by the engine's KV events (exact up
+  to event delay), plus the keys of requests in flight there, whose ``BlockStored`` events are
+  still to come (without them, a burst of requests sharing a new prefix would scatter before
+  the first one's events arrive);
+* otherwise an :class:`ApproximateView`: the blocks this gateway sent there, LRU-bounded by the
+  replica's KV size when known (``capacity_blocks`` in the config, else ``num_gpu_blocks`` from
+  the engine's ``vllm:cache_config_info``).
+
+Load comes from the gateway's own in-flight count and the engine's Prometheus gauges
+(``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``),
+scraped every ``health.metrics_interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from collections import Counter
+from typing import Any, Hashable, Sequence
+
+import httpx
+
+from prefixroute.core.clock import Clock
+from prefixroute.core.identity.hashing import vllm_event_block_hash
+from prefixroute.core.identity.identity import Adapter
+from prefixroute.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
+from prefixroute.core.routing.base import ReplicaView
+from prefixroute.core.routing.views import ApproximateView, EventView
+from prefixroute.edges.gateway.breaker import STATE_CODES, CircuitBreaker
+from prefixroute.edges.gateway.config import BackendConfig, GatewayConfig
+from prefixroute.edges.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("prefixroute.gateway")
+
+_LOW64 = (1 << 64) - 1
+_GPU_MEDIA = (None, "GPU")
+_NUM_GPU_BLOCKS = re.compile(r'num_gpu_blocks="(\d+)"')
+ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc")
+
+
+class LiveEventView:
+    """An engine's KV-event view, plus the keys of requests in flight on it."""
+
+    def __init__(self, events: EventView):
+        self.events = events
+        self._pending: Counter[Hashable] = Counter()
+
+    def match(self, keys: Sequence[Hashable]) -> int:
+        n = self.events.match(keys)
+        if n == len(keys) or not self._pending:
+            return n
+        pending, events = self._pending, self.events
+        for key in keys[n:]:
+            if key in pending or events.match((key,)):
+                n += 1
+            else:
+                break
+        return n
+
+    def add_pending(self, keys: Sequence[Hashable]) -> None:
+        self._pending.update(keys)
+
+    def remove_pending(self, keys: Sequence[Hashable]) -> None:
+        pending = self._pending
+        for key in keys:
+            left = pending[key] - 1
+            if left > 0:
+                pending[key] = left
+            else:
+                pending.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+def parse_engine_metrics(text: str) -> dict[str, float]:
+    """The engine gauges routing reads, summed over label sets (one per engine in
+    data-parallel setups), and ``num_gpu_blocks`` from ``vllm:cache_config_info``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ENGINE_GAUGES:
+            try:
+                value = float(line.rsplit("}", 1)[-1].split()[0])
+            except (IndexError, ValueError):
+                continue
+            out[name] = out.get(name, 0.0) + value
+        elif name == "vllm:cache_config_info":
+            found = _NUM_GPU_BLOCKS.search(line)
+            if found:
+                out["num_gpu_blocks"] = float(found.group(1))
+    return out
+
+
+class Backend:
+    """State of one replica. All methods run on the event loop thread."""
+
+    def __init__(self, index: int, config: BackendConfig, gateway: GatewayConfig,
+                 clock: Clock, metrics: GatewayMetrics):
+        self.index = index
+        self.config = config
+        self.name = config.name
+        self.url = config.url
+        self.models: set[str] = set(config.models)
+        self.adapters = {name: Adapter(name, path) for name, path in config.adapters.items()}
+        self.models.update(self.adapters)
+        self.breaker = CircuitBreaker(clock, gateway.circuit_breaker.failure_threshold,
+                                      gateway.circuit_breaker.open_s)
+        self._metrics = metrics
+        self._unhealthy_after = gateway.health.unhealthy_after
+        self.healthy = True  # until a check says otherwise; the first probe runs at start
+        self.health_failures = 0
+        self.last_health_error: str | None = None
+        self.in_flight = 0
+        self.assignments = 0
+        self.pending_prefill_tokens = 0
+        self.queued = 0
+        self.running = 0
+        self.kv_usage = 0.0
+        self.num_gpu_blocks: int | None = None
+        self.headers: dict[str, str] = {}
+        if config.api_key_env and os.environ.get(config.api_key_env):
+            self.headers["authorization"] = f"Bearer {os.environ[config.api_key_env]}"
+        self.view: LiveEventView | ApproximateView
+        if config.kv_events is not None:
+            self.view = LiveEventView(EventView())
+        else:
+            self.view = ApproximateView(config.capacity_blocks)
+        self.subscriber: Any = None  # a KVEventSubscriber, set by the pool
+        self.loop: asyncio.AbstractEventLoop | None = None  # where event batches are applied
+        for gauge in (metrics.in_flight, metrics.healthy, metrics.breaker):
+            gauge.labels(self.name)
+        self._publish_state()
+
+    # -- routing --------------------------------------------------------------------------
+
+    @property
+    def uses_events(self) -> bool:
+        return isinstance(self.view, LiveEventView)
+
+    def serves(self, model: str) -> bool:
+        return model in self.models
+
+    def available(self) -> bool:
+        return self.healthy and self.breaker.available()
+
+    def replica_view(self) -> ReplicaView:
+        capacity = self.config.capacity_blocks or self.num_gpu_blocks or 0
+        return ReplicaView(index=self.index, name=self.name, healthy=self.healthy,
+                           in_flight=self.in_flight, queued=self.queued, running=self.running,
+                           pending_prefill_tokens=self.pending_prefill_tokens,
+                           kv_usage=self.kv_usage, assignments=self.assignments,
+                           capacity_blocks=capacity, cache=self.view)
+
+    def dispatch(self, keys: Sequence[Hashable], uncached_tokens: int) -> None:
+        """A request is being sent here: count it and note its blocks as (soon) held."""
+        self.in_flight += 1
+        self.assignments += 1
+        self.pending_prefill_tokens += uncached_tokens
+        self.breaker.on_dispatch()
+        if isinstance(self.view, LiveEventView):
+            self.view.add_pending(keys)
+        else:
+            self.view.record(keys)
+        self._metrics.in_flight.labels(self.name).set(self.in_flight)
+
+    def prefill_done(self, uncached_tokens: int) -> None:
+        """The first byte arrived: the engine has finished this request's prefill."""
+        self.pending_prefill_tokens = max(0, self.pending_prefill_tokens - uncached_tokens)
+
+    def finish(self, keys: Sequence[Hashable], *, stored: bool, matched_before: int) -> None:
+        """The request left. ``stored``: the engine ran it, so its blocks are cached there;
+        otherwise forget what dispatch recorded beyond what was held before."""
+        self.in_flight -= 1
+        if isinstance(self.view, LiveEventView):
+            self.view.remove_pending(keys)
+        elif not stored:
+            self.view.correct(keys, matched_before)
+        if not stored:
+            self.assignments -= 1
+        self._metrics.in_flight.labels(self.name).set(self.in_flight)
+        self._metrics.view_blocks.labels(self.name).set(len(self.view))
+
+    def record_success(self) -> None:
+        self.breaker.record_success()
+        self._publish_state()
+
+    def record_failure(self, reason: str) -> None:
+        was_open = self.breaker.state
+        self.breaker.record_failure()
+        self._metrics.backend_failures.labels(self.name, reason).inc()
+        if self.breaker.state != was_open and self.breaker.state == "open":
+            log.warning("circuit breaker opened", extra={"fields": {
+                "event": "breaker_open", "replica": self.name, "reason": reason,
+                "open_s": self.breaker.open_s}})
+        self._publish_state()
+
+    def _publish_state(self) -> None:
+        self._metrics.healthy.labels(self.name).set(1 if self.healthy else 0)
+        self._metrics.breaker.labels(self.name).set(STATE_CODES[self.breaker.state])
+
+    # -- health and load ------------------------------------------------------------------
+
+    async def check_health(self, client: httpx.AsyncClient, timeout: float) -> bool:
+        try:
+            response = await client.get(f"{self.url}/health", headers=self.headers,
+                                        timeout=timeout)
+            ok = response.status_code == 200
+            error = None if ok else f"GET /health answered {response.status_code}"
+        except httpx.HTTPError as exc:
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        if ok:
+            if not self.healthy:
+                log.info("replica healthy again", extra={"fields": {
+                    "event": "replica_healthy", "replica": self.name}})
+            self.healthy, self.health_failures, self.last_health_error = True, 0, None
+            if not self.config.models:
+                await self._discover_models(client, timeout)
+        else:
+            self.health_failures += 1
+            self.last_health_error = error
+            if self.healthy and self.health_failures >= self._unhealthy_after:
+                self.healthy = False
+                log.warning("replica unhealthy", extra={"fields": {
+                    "event": "replica_unhealthy", "replica": self.name, "error": error}})
+        self._publish_state()
+        return ok
+
+    async def _discover_models(self, client: httpx.AsyncClient, timeout: float) -> None:
+        try:
+            response = await client.get(f"{self.url}/v1/models", headers=self.headers,
+                                        timeout=timeout)
+            data = response.json().get("data") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        if isinstance(data, list):
+            found = {m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"),
+                                                                                 str)}
+            self.models = found | set(self.adapters)
+
+    async def scrape_metrics(self, client: httpx.AsyncClient, timeout: float) -> None:
+        try:
+            response = await client.get(f"{self.url}/metrics", headers=self.headers,
+                                        timeout=timeout)
+        except httpx.HTTPError:
+            return
+        if response.status_code != 200:
+            return
+        values = parse_engine_metrics(response.text)
+        self.queued = int(values.get("vllm:num_requests_waiting", self.queued))
+        self.running = int(values.get("vllm:num_requests_running", self.running))
+        self.kv_usage = float(values.get("vllm:kv_cache_usage_perc", self.kv_usage))
+        blocks = values.get("num_gpu_blocks")
+        if blocks and self.num_gpu_blocks is None:
+            self.num_gpu_blocks = int(blocks)
+            self._size_approximate_view()
+
+    def _size_approximate_view(self) -> None:
+        """Bound an empty approximate view by the engine's KV size once it is known (block 0
+        is vLLM's reserved null block, so N blocks hold N - 1)."""
+        if isinstance(self.view, ApproximateView) and self.config.capacity_blocks is None \
+                and len(self.view) == 0 and self.num_gpu_blocks and self.num_gpu_blocks > 1:
+            self.view = ApproximateView(self.num_gpu_blocks - 1)
+
+    # -- KV events ------------------------------------------------------------------------
+
+    def deliver_events(self, received: Any) -> None:
+        """The subscriber's callback (its own thread): hand the batch to the event loop, where
+        the view is read, so the view is only ever touched from one thread."""
+        loop = self.loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self.apply_events, received)
+        except RuntimeError:  # the loop closed during shutdown
+            pass
+
+    def apply_events(self, received: Any) -> None:
+        """One batch from the subscriber (called on the loop thread)."""
+        if not isinstance(self.view, LiveEventView):
+            return
+        events = self.view.events
+        if received.restarted:
+            events.on_cleared()  # vLLM sends no AllBlocksCleared when it restarts
+            self._metrics.kv_events.labels(self.name, "restart").inc()
+        if received.missing_before:
+            self._metrics.kv_event_gaps.labels(self.name).inc(received.missing_before)
+        for event in received.batch.events:
+            if isinstance(event, BlockStored):
+                if event.medium in _GPU_MEDIA:
+                    events.on_stored([_key(h) for h in event.block_hashes],
+                                     None if event.parent_block_hash is None
+                                     else _key(event.parent_block_hash), event.token_ids)
+                    self._metrics.kv_events.labels(self.name, "stored").inc()
+            elif isinstance(event, BlockRemoved):
+                if event.medium in _GPU_MEDIA:
+                    events.on_removed([_key(h) for h in event.block_hashes])
+                    self._metrics.kv_events.labels(self.name, "removed").inc()
+            elif isinstance(event, AllBlocksCleared):
+                events.on_cleared()
+                self._metrics.kv_events.labels(self.name, "cleared").inc()
+        self._metrics.view_blocks.labels(self.name).set(len(self.view))
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "url": self.url, "healthy": self.healthy,
+                "breaker": self.breaker.state, "in_flight": self.in_flight,
+                "queued": self.queued, "running": self.running, "kv_usage": self.kv_usage,
+                "models": sorted(self.models), "view": "events" if self.uses_events
+                else "approximate", "view_blocks": len(self.view),
+                "last_health_error": self.last_health_error}
+
+
+def _key(value: int | bytes) -> int:
+    """An event's block id as the router's key: the unsigned low 64 bits of the digest."""
+    if isinstance(value, (bytes, bytearray)):
+        return vllm_event_block_hash(bytes(value))
+    return value & _LOW64
+
+
+class BackendPool:
+    """All backends, their periodic health checks and metric scrapes, and KV subscribers."""
+
+    def __init__(self, config: GatewayConfig, clock: Clock, metrics: GatewayMetrics):
+        self.config = config
+        self.backends = [Backend(i, b, config, clock, metrics)
+                         for i, b in enumerate(config.backends)]
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
+
+    def open_event_streams(self) -> None:
+        """Bind or connect every configured KV event subscriber (before serving, so a port
+        that is taken is a start-up error, not a silent stale view)."""
+        from prefixroute.core.errors import ConfigError
+        from prefixroute.edges.kvevents.zmq import KVEventSubscriber
+
+        for backend in self.backends:
+            events = backend.config.kv_events
+            if events is None or backend.subscriber is not None:
+                continue
+            try:
+                backend.subscriber = KVEventSubscriber(
+                    events.endpoint, bind=events.bind, topic=events.topic,
+                    replay_endpoint=events.replay_endpoint, on_batch=backend.deliver_events,
+                    skip_unknown_events=True)
+            except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
+                self.close_event_streams()
+                raise ConfigError(f"backend {backend.name}: cannot "
+                                  f"{'bind' if events.bind else 'connect'} KV events endpoint "
+                                  f"{events.endpoint}: {exc}") from None
+
+    async def start(self, client: httpx.AsyncClient) -> None:
+        loop = asyncio.get_running_loop()
+        self.open_event_streams()
+        for backend in self.backends:
+            backend.loop = loop
+            if backend.subscriber is not None:
+                backend.subscriber.start()
+        timeout = self.config.timeouts.health_s
+        # One probe round before serving: models discovered, dead replicas known.
+        await asyncio.gather(*(self._probe(b, client, timeout) for b in self.backends))
+        for backend in self.backends:
+            self._tasks.append(asyncio.create_task(self._health_loop(backend, client)))
+            self._tasks.append(asyncio.create_task(self._metrics_loop(backend, client)))
+
+    async def _probe(self, backend: Backend, client: httpx.AsyncClient, timeout: float) -> None:
+        await backend.check_health(client, timeout)
+        if backend.healthy:
+            await backend.scrape_metrics(client, timeout)
+
+    async def _health_loop(self, backend: Backend, client: httpx.AsyncClient) -> None:
+        interval = self.config.health.interval_s
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), interval)
+                return
+            except asyncio.TimeoutError:
+                pass
+            await backend.check_health(client, self.config.timeouts.health_s)
+
+    async def _metrics_loop(self, backend: Backend, client: httpx.AsyncClient) -> None:
+        interval = self.config.health.metrics_interval_s
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), interval)
+                return
+            except asyncio.TimeoutError:
+                pass
+            if backend.healthy:
+                await backend.scrape_metrics(client, self.config.timeouts.health_s)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.close_event_streams()
+
+    def close_event_streams(self) -> None:
+        for backend in self.backends:
+            if backend.subscriber is not None:
+                backend.subscriber.stop()
+                backend.subscriber = None
+
+    def serving(self, model: str) -> list[Backend]:
+        return [b for b in self.backends if b.serves(model)]
+
+    def models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for backend in self.backends:
+            for model in sorted(backend.models):
+                seen.setdefault(model, None)
+        return list(seen)
+

@@ -1,0 +1,571 @@
+"""The gateway's configuration: ``gateway.yaml``, read once at start and validated whole.
+
+Every field, its default and where the default comes from is in ``docs/gateway.md``; the
+defaults also live here, next to the code that reads them, as ``DEFAULTS``. A bad file never
+starts a half-configured gateway: :func:`load_config` raises :class:`InputError` naming the
+file, the line and the field (``gateway.yaml:14: must be at least 1 (field
+'backends[0].url')``), which the CLI turns into exit code 2.
+
+Secrets never sit in the file itself: tenants' API keys are stored as SHA-256 hex digests (a
+leaked config does not leak keys), and the server secret that salts each trust group comes
+from an environment variable or a file the config names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from prefixroute.core.errors import ConfigError, InputError
+from prefixroute.core.identity.hashing import VLLM_ALGOS
+from prefixroute.core.identity.identity import MIN_SECRET_BYTES
+from prefixroute.core.routing.registry import create_policy, policy_names
+
+SALT_POLICIES = ("reject", "strip")
+DEFAULT_RETRIES = 2  # a third replica before giving up; vLLM router and SGLang router retry too
+DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+DEFAULT_DECISIONS_KEPT = 1000
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+
+
+def default_policy_spec() -> str:
+    """The policy a gateway routes with when the config names none: the one place this is
+    decided. ``prefixroute`` (the project's own default, SPEC section 1) once it is
+    registered; until then ``hybrid`` (affinity capped by load, SPEC section 3 item 3), and
+    ``least_loaded`` if even that is missing."""
+    names = policy_names()
+    for name in ("prefixroute", "hybrid", "least_loaded"):
+        if name in names:
+            return name
+    return names[0]
+
+
+def hash_api_key(key: str) -> str:
+    """The form an API key is stored in: SHA-256 of its UTF-8 bytes, lowercase hex
+    (``printf %s "$KEY" | sha256sum``)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+# -- the configuration ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsConfig:
+    """Where a backend publishes KV events (vLLM ``--kv-events-config``).
+
+    ``bind``: vLLM *connects* to a concrete tcp address, so the gateway must bind it; with
+    ``tcp://*:PORT`` vLLM binds and the gateway connects to ``127.0.0.1:PORT`` (SPEC
+    section 5). ``auto`` (the default) follows that rule from the endpoint's text.
+    """
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = "kv"
+    bind: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    name: str
+    url: str
+    models: tuple[str, ...] = ()  # empty: discovered from the backend's /v1/models
+    adapters: dict[str, str] = field(default_factory=dict)  # LoRA name -> path (hash key)
+    kv_events: KVEventsConfig | None = None
+    capacity_blocks: int | None = None  # KV blocks of the replica, for the approximate view
+    api_key_env: str | None = None  # the backend's own API key, read from this env var
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A token bucket: ``requests_per_second`` refill, ``burst`` capacity."""
+
+    requests_per_second: float
+    burst: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    name: str
+    api_key_hashes: tuple[str, ...]
+    trust_group: str
+    rate_limit: RateLimit | None = None
+    admin: bool = False  # may read every tenant's routing decisions at /debug/decisions
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = 2.0
+    read_s: float = 600.0
+    write_s: float = 30.0
+    pool_s: float = 5.0
+    health_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_concurrent: int = 512
+    max_queued: int = 1024
+    queue_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    interval_s: float = 2.0
+    metrics_interval_s: float = 1.0
+    unhealthy_after: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    failure_threshold: int = 5
+    open_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class HashingConfig:
+    block_size: int = 16
+    algo: str = "sha256"
+    none_hash_seed: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    backends: tuple[BackendConfig, ...]
+    tenants: tuple[TenantConfig, ...]
+    server_secret: bytes = field(repr=False)
+    policy: str
+    source: str = "<config>"
+    tokenizer: Path | None = None
+    hashing: HashingConfig = HashingConfig()
+    timeouts: Timeouts = Timeouts()
+    limits: Limits = Limits()
+    health: HealthConfig = HealthConfig()
+    circuit_breaker: BreakerConfig = BreakerConfig()
+    retries: int = DEFAULT_RETRIES
+    caller_cache_salt: str = "reject"
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    decisions_kept: int = DEFAULT_DECISIONS_KEPT
+    seed: int = 0
+
+
+# -- reading YAML with line numbers ----------------------------------------------------------
+
+
+class _Mapping(dict):
+    """A YAML mapping that remembers the line of each key (1-based)."""
+
+    line: int = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[Any, int] = {}
+
+
+class _Sequence(list):
+    line: int = 0
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
+    loader.flatten_mapping(node)
+    out = _Mapping()
+    out.line = node.start_mark.line + 1
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in out:
+            raise InputError(f"duplicate key {key!r}",
+                             where=f"{node.start_mark.name}:{key_node.start_mark.line + 1}")
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> _Sequence:
+    out = _Sequence(loader.construct_object(child, deep=True) for child in node.value)
+    out.line = node.start_mark.line + 1
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+class _Reader:
+    """Typed access to one mapping, with errors that name file, line and field path."""
+
+    def __init__(self, source: str, data: Any, path: str, line: int):
+        self.source = source
+        self.path = path
+        self.line = getattr(data, "line", line)
+        if not isinstance(data, dict):
+            self.fail(f"expected a mapping, got {_kind(data)}")
+        self.data = data
+        self.lines: dict = getattr(data, "lines", {})
+        self.used: set[str] = set()
+
+    def child_path(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, message: str, key: str | None = None, line: int | None = None) -> None:
+        field_path = self.child_path(key) if key is not None else (self.path or None)
+        if line is None:
+            line = self.lines.get(key, self.line) if key is not None else self.line
+        raise InputError(message, where=f"{self.source}:{line}", field=field_path)
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        value = self.data.get(key)
+        return default if value is None else value
+
+    def string(self, key: str, default: str | None = None, *, required: bool = False,
+               choices: tuple[str, ...] | None = None) -> str | None:
+        value = self.raw(key)
+        if value is None:
+            if required:
+                self.fail("is required", key)
+            return default
+        if not isinstance(value, str) or not value:
+            self.fail(f"expected a non-empty string, got {_kind(value)}", key)
+        if choices and value not in choices:
+            self.fail(f"must be one of {', '.join(choices)}, got {value!r}", key)
+        return value
+
+    def integer(self, key: str, default: int | None, *, minimum: int = 0) -> int | None:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"expected an integer, got {_kind(value)}", key)
+        if value < minimum:
+            self.fail(f"must be at least {minimum}, got {value}", key)
+        return value
+
+    def number(self, key: str, default: float, *, positive: bool = True) -> float:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            self.fail(f"expected a number, got {_kind(value)}", key)
+        if positive and value <= 0:
+            self.fail(f"must be greater than 0, got {value}", key)
+        return float(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.fail(f"expected true or false, got {_kind(value)}", key)
+        return value
+
+    def section(self, key: str) -> "_Reader":
+        value = self.raw(key, {})
+        return _Reader(self.source, value, self.child_path(key), self.lines.get(key, self.line))
+
+    def sequence(self, key: str, *, required: bool = False) -> list:
+        value = self.raw(key)
+        if value is None:
+            if required:
+                self.fail("is required (a list)", key)
+            return []
+        if not isinstance(value, list):
+            self.fail(f"expected a list, got {_kind(value)}", key)
+        return value
+
+    def item_line(self, key: str, item: Any) -> int:
+        return getattr(item, "line", self.lines.get(key, self.line))
+
+    def finish(self) -> None:
+        """Unknown keys are typos: refuse them rather than silently ignore a setting."""
+        for key in self.data:
+            if key not in self.used:
+                known = ", ".join(sorted(self.used))
+                self.fail(f"unknown key {key!r} (known here: {known})", str(key),
+                          self.lines.get(key, self.line))
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"a boolean ({value})"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"[:60]
+
+
+# -- sections --------------------------------------------------------------------------------
+
+
+def _check_url(reader: _Reader, key: str, url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        reader.fail(f"expected an http:// or https:// URL with a host, got {url!r}", key)
+    try:
+        parts.port
+    except ValueError:
+        reader.fail(f"bad port in {url!r}", key)
+    return url.rstrip("/")
+
+
+def _check_zmq_endpoint(reader: _Reader, key: str, endpoint: str) -> str:
+    if not re.match(r"^(tcp://[^:]+:\d+|ipc://.+|inproc://.+)$", endpoint):
+        reader.fail(f"expected a ZMQ endpoint like tcp://127.0.0.1:5557, got {endpoint!r}", key)
+    return endpoint
+
+
+def _kv_events(reader: _Reader) -> KVEventsConfig:
+    endpoint = _check_zmq_endpoint(reader, "endpoint", reader.string("endpoint", required=True))
+    replay = reader.string("replay_endpoint")
+    if replay is not None:
+        replay = _check_zmq_endpoint(reader, "replay_endpoint", replay)
+        if "*" in replay:
+            reader.fail("the gateway connects to the replay socket: give a concrete address "
+                        "(vLLM binds it)", "replay_endpoint")
+    topic = reader.string("topic", "kv")
+    bind_value = reader.raw("bind", "auto")
+    if bind_value == "auto":
+        bind = "*" not in endpoint
+    elif isinstance(bind_value, bool):
+        bind = bind_value
+    else:
+        reader.fail(f"expected true, false or auto, got {_kind(bind_value)}", "bind")
+    if "*" in endpoint:
+        if bind:
+            reader.fail("cannot bind a wildcard the engine binds; use bind: false", "bind")
+        endpoint = endpoint.replace("*", "127.0.0.1")
+    reader.finish()
+    return KVEventsConfig(endpoint, replay, topic, bind)
+
+
+def _backend(reader: _Reader, index: int) -> BackendConfig:
+    url = _check_url(reader, "url", reader.string("url", required=True))
+    name = reader.string("name", f"r{index}")
+    if not _NAME.match(name):
+        reader.fail("names are 1-64 letters, digits or _.:@-", "name")
+    models_raw = reader.raw("models", [])
+    if isinstance(models_raw, str):
+        models_raw = [models_raw]
+    if not isinstance(models_raw, list) or not all(isinstance(m, str) and m for m in models_raw):
+        reader.fail("expected a list of model names", "models")
+    adapters_raw = reader.raw("adapters", {})
+    if not isinstance(adapters_raw, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in adapters_raw.items()):
+        reader.fail("expected a mapping of LoRA adapter name to its path, as vLLM was "
+                    "started with (--lora-modules NAME=PATH)", "adapters")
+    kv_events = None
+    if reader.has("kv_events"):
+        kv_events = _kv_events(reader.section("kv_events"))
+    else:
+        reader.used.add("kv_events")
+    capacity = reader.integer("capacity_blocks", None, minimum=1)
+    api_key_env = reader.string("api_key_env")
+    reader.finish()
+    return BackendConfig(name, url, tuple(dict.fromkeys(models_raw)), dict(adapters_raw),
+                         kv_events, capacity, api_key_env)
+
+
+def _tenant(reader: _Reader) -> TenantConfig:
+    name = reader.string("name", required=True)
+    if not _NAME.match(name):
+        reader.fail("names are 1-64 letters, digits or _.:@-", "name")
+    hashes: list[str] = []
+    single = reader.raw("api_key_sha256")
+    many = reader.raw("api_keys_sha256", [])
+    if single is not None:
+        many = [single, *many] if isinstance(many, list) else many
+    if not isinstance(many, list) or not many:
+        reader.fail("needs api_key_sha256 (or a list api_keys_sha256): the SHA-256 hex of "
+                    "each key, e.g. printf %s \"$KEY\" | sha256sum", "api_key_sha256")
+    for value in many:
+        if not isinstance(value, str) or not _HEX64.match(value.lower()):
+            reader.fail("an API key is stored as 64 hex characters (its SHA-256), not in the "
+                        "clear", "api_key_sha256" if single is not None else "api_keys_sha256")
+        hashes.append(value.lower())
+    trust_group = reader.string("trust_group", name)
+    rate_limit = None
+    if reader.has("rate_limit"):
+        rl = reader.section("rate_limit")
+        rps = rl.number("requests_per_second", 0.0)
+        if not rl.has("requests_per_second"):
+            rl.fail("is required", "requests_per_second")
+        burst = rl.integer("burst", max(1, int(rps)), minimum=1)
+        rl.finish()
+        rate_limit = RateLimit(rps, burst)
+    else:
+        reader.used.add("rate_limit")
+    admin = reader.boolean("admin", False)
+    reader.finish()
+    return TenantConfig(name, tuple(hashes), trust_group, rate_limit, admin)
+
+
+def _server_secret(reader: _Reader, base: Path) -> bytes:
+    env = reader.string("env")
+    file = reader.string("file")
+    reader.finish()
+    if (env is None) == (file is None):
+        reader.fail("give exactly one of env (an environment variable) or file (a path)")
+    if env is not None:
+        value = os.environ.get(env)
+        if value is None:
+            reader.fail(f"environment variable {env} is not set", "env")
+        secret = value.encode("utf-8")
+        where = f"environment variable {env}"
+    else:
+        path = (base / file).resolve() if not Path(file).is_absolute() else Path(file)
+        try:
+            secret = path.read_bytes().rstrip(b"\r\n")
+        except OSError as exc:
+            reader.fail(f"cannot read the secret file {path}: {exc.strerror}", "file")
+        where = f"secret file {path}"
+    if len(secret) < MIN_SECRET_BYTES:
+        reader.fail(f"{where} holds {len(secret)} bytes; the server secret needs at least "
+                    f"{MIN_SECRET_BYTES} (256 bits), e.g. openssl rand -hex 32",
+                    "env" if env is not None else "file")
+    return secret
+
+
+def parse_config(data: Any, source: str = "<config>", base: Path | None = None) -> GatewayConfig:
+    """Validate an already parsed config mapping (``load_config`` adds the file reading)."""
+    base = base or Path.cwd()
+    top = _Reader(source, data, "", 1)
+
+    backends_raw = top.sequence("backends", required=True)
+    if not backends_raw:
+        top.fail("needs at least one backend", "backends")
+    backends = []
+    for i, item in enumerate(backends_raw):
+        reader = _Reader(source, item, f"backends[{i}]", top.item_line("backends", item))
+        backends.append(_backend(reader, i))
+    names = [b.name for b in backends]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            top.fail(f"backend name {name!r} is used twice", "backends",
+                     top.item_line("backends", backends_raw[i]))
+
+    tenants_raw = top.sequence("tenants", required=True)
+    if not tenants_raw:
+        top.fail("needs at least one tenant (every request is authenticated)", "tenants")
+    tenants = []
+    seen_keys: dict[str, str] = {}
+    for i, item in enumerate(tenants_raw):
+        reader = _Reader(source, item, f"tenants[{i}]", top.item_line("tenants", item))
+        tenant = _tenant(reader)
+        for digest in tenant.api_key_hashes:
+            if digest in seen_keys:
+                reader.fail(f"this API key already belongs to tenant {seen_keys[digest]!r}",
+                            "api_key_sha256")
+            seen_keys[digest] = tenant.name
+        tenants.append(tenant)
+    if len({t.name for t in tenants}) != len(tenants):
+        top.fail("tenant names must be unique", "tenants")
+
+    if not top.has("server_secret"):
+        top.fail("is required: {env: VARIABLE} or {file: PATH} holding at least "
+                 f"{MIN_SECRET_BYTES} bytes", "server_secret")
+    secret = _server_secret(top.section("server_secret"), base)
+
+    hashing_reader = top.section("hashing")
+    hashing = HashingConfig(
+        block_size=hashing_reader.integer("block_size", HashingConfig().block_size, minimum=1),
+        algo=hashing_reader.string("algo", HashingConfig().algo, choices=VLLM_ALGOS),
+        none_hash_seed=hashing_reader.string("none_hash_seed"))
+    if hashing.algo.startswith("xxhash") and hashing.none_hash_seed is None:
+        hashing_reader.fail("vLLM seeds xxhash with a random per-process value unless "
+                            "PYTHONHASHSEED is set; set it on the engine and give it here",
+                            "none_hash_seed")
+    hashing_reader.finish()
+
+    policy = top.string("policy") or default_policy_spec()
+    try:
+        create_policy(policy, seed=0, num_replicas=len(backends), block_size=hashing.block_size)
+    except ConfigError as exc:
+        top.fail(str(exc), "policy")
+
+    tokenizer = None
+    tokenizer_text = top.string("tokenizer")
+    if tokenizer_text is not None:
+        tokenizer = Path(tokenizer_text)
+        if not tokenizer.is_absolute():
+            tokenizer = (base / tokenizer).resolve()
+        if not (tokenizer / "tokenizer.json").is_file():
+            top.fail(f"no tokenizer.json in {tokenizer}", "tokenizer")
+
+    t = top.section("timeouts")
+    timeouts = Timeouts(t.number("connect_s", Timeouts().connect_s),
+                        t.number("read_s", Timeouts().read_s),
+                        t.number("write_s", Timeouts().write_s),
+                        t.number("pool_s", Timeouts().pool_s),
+                        t.number("health_s", Timeouts().health_s))
+    t.finish()
+    lim = top.section("limits")
+    limits = Limits(lim.integer("max_body_bytes", Limits().max_body_bytes, minimum=1024),
+                    lim.integer("max_concurrent", Limits().max_concurrent, minimum=1),
+                    lim.integer("max_queued", Limits().max_queued, minimum=0),
+                    lim.number("queue_timeout_s", Limits().queue_timeout_s))
+    lim.finish()
+    h = top.section("health")
+    health = HealthConfig(h.number("interval_s", HealthConfig().interval_s),
+                          h.number("metrics_interval_s", HealthConfig().metrics_interval_s),
+                          h.integer("unhealthy_after", HealthConfig().unhealthy_after, minimum=1))
+    h.finish()
+    cb = top.section("circuit_breaker")
+    breaker = BreakerConfig(cb.integer("failure_threshold", BreakerConfig().failure_threshold,
+                                       minimum=1),
+                            cb.number("open_s", BreakerConfig().open_s))
+    cb.finish()
+
+    config = GatewayConfig(
+        backends=tuple(backends), tenants=tuple(tenants), server_secret=secret, policy=policy,
+        source=source, tokenizer=tokenizer, hashing=hashing, timeouts=timeouts, limits=limits,
+        health=health, circuit_breaker=breaker,
+        retries=top.integer("retries", DEFAULT_RETRIES, minimum=0),
+        caller_cache_salt=top.string("caller_cache_salt", "reject", choices=SALT_POLICIES),
+        shutdown_grace_s=top.number("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S),
+        decisions_kept=top.integer("decisions_kept", DEFAULT_DECISIONS_KEPT, minimum=1),
+        seed=top.integer("seed", 0, minimum=0))
+    top.finish()
+    return config
+
+
+def load_config(path: str | os.PathLike) -> GatewayConfig:
+    """Read and validate ``gateway.yaml``; :class:`InputError` (file:line, field) if bad."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("config file not found", where=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the config: {exc}", where=str(path)) from None
+    loader = _LineLoader(text)
+    loader.name = str(path)  # marks (and so our line numbers) name the file
+    try:
+        data = loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise InputError(f"not valid YAML: {exc.problem or exc}", where=f"{path}{line}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"not valid YAML: {exc}", where=str(path)) from None
+    finally:
+        loader.dispose()
+    if data is None:
+        raise InputError("the config is empty", where=str(path))
+    return parse_config(data, str(path), path.parent)

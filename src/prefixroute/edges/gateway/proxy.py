@@ -1,0 +1,335 @@
+"""Sending one request to the replicas: route, send, retry, relay.
+
+An attempt that fails before the first byte reaches the caller (connect error, timeout, a 5xx
+answer, a stream that breaks before its first event) is retried on a replica not yet tried, up
+to ``retries`` more times. For a stream, the gateway reads the replica's first event *before*
+answering the caller, so a replica that accepts the connection and then fails is still
+retried. Once bytes have reached the caller, a failure ends the stream with an OpenAI-style
+error event (``data: {"error": ...}``, then ``data: [DONE]``): the caller is never left with a
+silently truncated answer.
+
+Streams pass through event by event as the replica sends them. The gateway asks the replica for
+the usage chunk (``stream_options.include_usage``) to learn ``cached_tokens``, and drops that
+chunk again when the caller did not ask for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import httpx
+from starlette.responses import Response, StreamingResponse
+
+from prefixroute.core.clock import Clock
+from prefixroute.edges.gateway.backends import Backend
+from prefixroute.edges.gateway.errors import GatewayError, sse_error
+from prefixroute.edges.gateway.metrics import GatewayMetrics
+from prefixroute.edges.gateway.prompts import PreparedPrompt
+from prefixroute.edges.gateway.router import Attempt, GatewayRouter
+from prefixroute.edges.gateway.sanitize import CHAT, CheckedRequest
+
+log = logging.getLogger("prefixroute.gateway")
+
+PATHS = {CHAT: "/v1/chat/completions", "completions": "/v1/completions"}
+_ERROR_SNIPPET = 300
+
+
+@dataclass(slots=True)
+class Job:
+    """One accepted request on its way through the gateway."""
+
+    request_id: str
+    tenant: str
+    checked: CheckedRequest
+    prompt: PreparedPrompt
+    backends: list[Backend]
+    started: float
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+    replica: str | None = None
+    status: str = "pending"
+    ttft_s: float | None = None
+    cached_tokens: int | None = None
+    predicted_cached_tokens: int | None = None
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that always closes its relay, however the send ends (client
+    gone, server shutting down, or never started): the upstream response and the request's
+    slot are released at once rather than whenever the generator is collected."""
+
+    def __init__(self, relay: "SSERelay", **kwargs: Any):
+        super().__init__(relay.events(), **kwargs)
+        self.relay = relay
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            await self.relay.close()
+
+
+class Proxy:
+    def __init__(self, client: httpx.AsyncClient, router: GatewayRouter,
+                 metrics: GatewayMetrics, clock: Clock, *, retries: int, block_size: int):
+        self.client = client
+        self.router = router
+        self.metrics = metrics
+        self.clock = clock
+        self.retries = retries
+        self.block_size = block_size
+
+    async def forward(self, job: Job, on_done: Callable[[Job], None]) -> Response:
+        """Answer ``job``: the replica's response, relayed, or a clear error.
+
+        ``on_done(job)`` runs exactly once, when the answer is complete (for a stream: when the
+        stream ends, however it ends)."""
+        handed_off = False
+        try:
+            response = await self._attempts(job, on_done)
+            handed_off = isinstance(response, ClosingStreamingResponse)
+            return response
+        finally:
+            if not handed_off:
+                on_done(job)
+
+    async def _attempts(self, job: Job, on_done: Callable[[Job], None]) -> Response:
+        body = job.checked.body
+        payload = json.dumps(body, ensure_ascii=False).encode()
+        path = PATHS[job.checked.endpoint]
+        tried: set[int] = set()
+        last_5xx: tuple[int, bytes, str] | None = None
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        routing_key = body.get("prompt_cache_key") or body.get("user")
+        for attempt_no in range(self.retries + 1):
+            candidates = [b for b in job.backends if b.index not in tried and b.available()]
+            if not candidates:  # health checks may lag a recovery; the breaker still guards
+                candidates = [b for b in job.backends
+                              if b.index not in tried and b.breaker.available()]
+            if not candidates:
+                break
+            if attempt_no:
+                self.metrics.retries.labels(job.failures[-1].split(":", 1)[0]).inc()
+            attempt = self.router.route(
+                request_id=job.request_id, tenant=job.tenant, model=job.checked.model,
+                prompt=job.prompt, block_size=self.block_size, candidates=candidates,
+                attempt=attempt_no, routing_key=routing_key if isinstance(routing_key, str)
+                else None, max_tokens=max_tokens if isinstance(max_tokens, int) else None)
+            backend = attempt.backend
+            tried.add(backend.index)
+            job.attempts += 1
+            job.replica = backend.name
+            job.predicted_cached_tokens = attempt.predicted_cached_tokens
+            headers = {"content-type": "application/json", "x-request-id": job.request_id,
+                       **backend.headers}
+            request = self.client.build_request("POST", backend.url + path, content=payload,
+                                                headers=headers)
+            try:
+                upstream = await self.client.send(request, stream=True)
+            except httpx.TimeoutException:
+                self._failed(job, attempt, "timeout", "timed out waiting for the replica")
+                continue
+            except httpx.TransportError as exc:
+                self._failed(job, attempt, "connect", f"{type(exc).__name__}: {exc}")
+                continue
+
+            status = upstream.status_code
+            if status >= 500:
+                content = await _read_quietly(upstream)
+                self._failed(job, attempt, f"http_{status}", content[:_ERROR_SNIPPET].decode(
+                    "utf-8", "replace"))
+                last_5xx = (status, content, upstream.headers.get("content-type", ""))
+                continue
+            if status >= 400:  # the replica refused the request itself: pass it on, no retry
+                content = await _read_quietly(upstream)
+                self.router.refused(attempt)
+                job.status = str(status)
+                return Response(content, status_code=status, headers=_reply_headers(
+                    upstream, job), media_type=upstream.headers.get("content-type"))
+
+            if job.checked.stream:
+                try:
+                    first = await _first_chunk(upstream)
+                except (httpx.TimeoutException, httpx.TransportError) as exc:
+                    await upstream.aclose()
+                    reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream"
+                    self._failed(job, attempt, reason, f"stream broke before its first "
+                                 f"event: {type(exc).__name__}")
+                    continue
+                self.router.first_byte(attempt)
+                relay = SSERelay(job, attempt, upstream, first, self, on_done)
+                return ClosingStreamingResponse(relay, status_code=status,
+                                                headers=_reply_headers(upstream, job),
+                                                media_type="text/event-stream")
+            try:
+                content = await upstream.aread()
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                await upstream.aclose()
+                reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "read"
+                self._failed(job, attempt, reason, f"response broke: {type(exc).__name__}")
+                continue
+            self.router.first_byte(attempt)
+            usage = _usage_of(content)
+            self.router.succeeded(attempt, usage)
+            job.cached_tokens = attempt.record.reported_cached_tokens
+            job.status = str(status)
+            return Response(content, status_code=status, headers=_reply_headers(upstream, job),
+                            media_type=upstream.headers.get("content-type", "application/json"))
+
+        if last_5xx is not None and _is_openai_error(last_5xx[1]):
+            job.status = str(last_5xx[0])
+            return Response(last_5xx[1], status_code=last_5xx[0],
+                            headers={"x-request-id": job.request_id},
+                            media_type=last_5xx[2] or "application/json")
+        tried_text = "; ".join(job.failures) if job.failures else "none is available"
+        error = GatewayError(503 if last_5xx is None else 502,
+                             f"no replica could serve model {job.checked.model!r} after "
+                             f"{job.attempts} attempt(s): {tried_text}",
+                             code="replicas_unavailable", headers={"retry-after": "1"})
+        job.status = str(error.status)
+        return error.response(job.request_id)
+
+    def _failed(self, job: Job, attempt: Attempt, reason: str, detail: str) -> None:
+        self.router.failed(attempt, reason)
+        job.failures.append(f"{reason}: {attempt.backend.name}: {detail}")
+        log.warning("attempt failed", extra={"fields": {
+            "event": "attempt_failed", "request_id": job.request_id,
+            "replica": attempt.backend.name, "reason": reason, "detail": detail[:200],
+            "attempt": job.attempts}})
+
+
+class SSERelay:
+    """Relays one replica stream to the caller, event by event."""
+
+    def __init__(self, job: Job, attempt: Attempt, upstream: httpx.Response, first: bytes,
+                 proxy: Proxy, on_done: Callable[[Job], None]):
+        self.job = job
+        self.attempt = attempt
+        self.upstream = upstream
+        self.first = first
+        self.proxy = proxy
+        self.on_done = on_done
+        self.usage: dict | None = None
+        self._closed = False
+
+    async def close(self) -> None:
+        """Release everything once: the attempt (as abandoned if it did not end), the upstream
+        response, and the job (``on_done``)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.attempt.finished:
+            self.proxy.router.abandoned(self.attempt, started=True)
+            self.job.status = "client_closed"
+        try:
+            await self.upstream.aclose()
+        finally:
+            self.on_done(self.job)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        job, proxy = self.job, self.proxy
+        router = proxy.router
+        buffer = b""
+        sent_any = False
+        try:
+            chunks = self.upstream.aiter_raw()
+            pending = self.first
+            while True:
+                buffer += pending
+                while True:
+                    cut = buffer.find(b"\n\n")
+                    if cut < 0:
+                        break
+                    event, buffer = buffer[:cut + 2], buffer[cut + 2:]
+                    out = self._filter(event)
+                    if out:
+                        if not sent_any:
+                            sent_any = True
+                            job.ttft_s = proxy.clock.now() - job.started
+                        yield out
+                try:
+                    pending = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+            if buffer.strip():
+                yield buffer
+            router.succeeded(self.attempt, self.usage)
+            job.cached_tokens = self.attempt.record.reported_cached_tokens
+            job.status = "200"
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            # Bytes already reached the caller: no retry possible, so say so in the stream.
+            reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream"
+            proxy._failed(job, self.attempt, reason, f"stream broke midway: "
+                          f"{type(exc).__name__}")
+            job.status = "stream_error"
+            yield sse_error(f"the replica's stream broke midway ({type(exc).__name__}); the "
+                            "answer is incomplete", code="stream_interrupted")
+        finally:
+            await self.close()
+
+    def _filter(self, event: bytes) -> bytes | None:
+        """Pick up usage; drop the usage-only chunk the caller did not ask for."""
+        if b'"usage"' not in event or b'"prompt_tokens"' not in event:
+            return event
+        data = event.strip()
+        if data.startswith(b"data:"):
+            try:
+                obj = json.loads(data[5:])
+            except ValueError:
+                return event
+            if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
+                self.usage = obj["usage"]
+                if not self.job.checked.caller_wants_usage:
+                    if not obj.get("choices"):
+                        return None
+                    obj["usage"] = None
+                    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+        return event
+
+
+async def _first_chunk(upstream: httpx.Response) -> bytes:
+    async for chunk in upstream.aiter_raw():
+        if chunk:
+            return chunk
+    return b""
+
+
+async def _read_quietly(upstream: httpx.Response) -> bytes:
+    try:
+        return await upstream.aread()
+    except httpx.HTTPError:
+        return b""
+    finally:
+        await upstream.aclose()
+
+
+def _usage_of(content: bytes) -> dict | None:
+    if b'"usage"' not in content:
+        return None
+    try:
+        obj = json.loads(content)
+    except ValueError:
+        return None
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _is_openai_error(content: bytes) -> bool:
+    try:
+        obj = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("error"), dict) \
+        and isinstance(obj["error"].get("message"), str)
+
+
+def _reply_headers(upstream: httpx.Response, job: Job) -> dict[str, str]:
+    headers = {"x-request-id": job.request_id}
+    if job.checked.stream:
+        headers["cache-control"] = "no-cache"
+    return headers
+

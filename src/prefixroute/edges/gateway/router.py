@@ -1,0 +1,203 @@
+"""Routing live requests with the same policy objects the simulator runs.
+
+For each attempt the router builds one :class:`RequestView` (the prompt's salted block keys)
+and a :class:`ReplicaView` per candidate (load and cache view, from
+:mod:`prefixroute.edges.gateway.backends`), calls ``policy.route`` then ``policy.on_routed``,
+and keeps the decision (candidates, scores, branch, reason) for ``/debug/decisions``. When the
+engine answers, the reported ``cached_tokens`` go back to the policy (``on_completed``) and into
+the predicted-versus-reported metrics.
+
+The policy never learns it runs live: everything it sees is in the two views.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixroute.core.clock import Clock
+from prefixroute.core.routing.base import Decision, RequestView, least_loaded
+from prefixroute.edges.gateway.backends import Backend
+from prefixroute.edges.gateway.metrics import GatewayMetrics
+from prefixroute.edges.gateway.prompts import PreparedPrompt
+
+log = logging.getLogger("prefixroute.gateway")
+
+
+def predicted_cached_tokens(num_tokens: int, matched_blocks: int, block_size: int) -> int:
+    """Tokens a replica holding ``matched_blocks`` leading blocks will report as cached: the
+    engine recomputes a fully cached prompt's last token, so at most ``floor((n - 1) / B) * B``
+    (SPEC section 2)."""
+    if num_tokens <= 0:
+        return 0
+    return min(matched_blocks * block_size, (num_tokens - 1) // block_size * block_size)
+
+
+@dataclass(slots=True)
+class DecisionRecord:
+    """One routing decision as ``/debug/decisions`` shows it."""
+
+    request_id: str
+    tenant: str
+    model: str
+    attempt: int
+    time: float
+    policy: str
+    replica: str
+    branch: str
+    reason: str
+    num_tokens: int
+    full_blocks: int
+    tokenization: str
+    predicted_cached_tokens: int
+    candidates: list[dict[str, Any]]
+    reported_cached_tokens: int | None = None
+    outcome: str = "pending"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One try of a request on one replica."""
+
+    backend: Backend
+    request: RequestView
+    decision: Decision
+    record: DecisionRecord
+    matched_blocks: int
+    predicted_cached_tokens: int
+    uncached_tokens: int
+    prefill_pending: bool = True
+    finished: bool = field(default=False)
+
+
+class GatewayRouter:
+    def __init__(self, policy: Any, backends: list[Backend], metrics: GatewayMetrics,
+                 clock: Clock, decisions_kept: int = 1000):
+        self.policy = policy
+        self.policy_name = getattr(policy, "name", type(policy).__name__)
+        self.backends = backends
+        self._metrics = metrics
+        self._clock = clock
+        self.decisions: deque[DecisionRecord] = deque(maxlen=decisions_kept)
+
+    def route(self, *, request_id: str, tenant: str, model: str, prompt: PreparedPrompt,
+              block_size: int, candidates: list[Backend], attempt: int,
+              routing_key: str | None = None, max_tokens: int | None = None) -> Attempt:
+        """Choose among ``candidates`` (non-empty) and count the request as sent there."""
+        request = RequestView(request_id=request_id, num_tokens=prompt.num_tokens,
+                              block_size=block_size, block_keys=prompt.block_keys,
+                              token_ids=prompt.token_ids, tenant=tenant,
+                              routing_key=routing_key, output_tokens_hint=max_tokens,
+                              now=self._clock.now())
+        views = [b.replica_view() for b in candidates]
+        by_index = {b.index: b for b in candidates}
+        decision = self.policy.route(request, views)
+        backend = by_index.get(decision.replica)
+        if backend is None:  # a policy bug must not lose the request
+            fallback = least_loaded(views)
+            log.error("policy chose a replica that was not a candidate", extra={"fields": {
+                "event": "policy_error", "policy": self.policy_name,
+                "chosen": decision.replica, "candidates": sorted(by_index)}})
+            decision = Decision(fallback.index, "policy_error_least_loaded",
+                                f"policy chose replica {decision.replica}, not a candidate; "
+                                f"least-loaded replica {fallback.index} instead",
+                                decision.scores)
+            backend = by_index[fallback.index]
+        self.policy.on_routed(request, decision)
+
+        matched = backend.view.match(prompt.block_keys) if prompt.block_keys else 0
+        predicted = predicted_cached_tokens(prompt.num_tokens, matched, block_size)
+        uncached = max(0, prompt.num_tokens - predicted)
+        record = DecisionRecord(
+            request_id=request_id, tenant=tenant, model=model, attempt=attempt,
+            time=self._clock.now(), policy=self.policy_name, replica=backend.name,
+            branch=decision.branch, reason=decision.reason, num_tokens=prompt.num_tokens,
+            full_blocks=len(prompt.block_keys), tokenization=prompt.mode,
+            predicted_cached_tokens=predicted,
+            candidates=[{"replica": b.name, "index": b.index, "in_flight": b.in_flight,
+                         "queued": b.queued, "running": b.running, "kv_usage": b.kv_usage,
+                         "assignments": b.assignments,
+                         "scores": decision.scores.get(b.index, {})} for b in candidates])
+        self.decisions.append(record)
+        self._metrics.decisions.labels(self.policy_name, decision.branch).inc()
+        backend.dispatch(prompt.block_keys, uncached)
+        return Attempt(backend, request, decision, record, matched, predicted, uncached)
+
+    def first_byte(self, attempt: Attempt) -> None:
+        if attempt.prefill_pending:
+            attempt.prefill_pending = False
+            attempt.backend.prefill_done(attempt.uncached_tokens)
+
+    def succeeded(self, attempt: Attempt, usage: dict | None) -> None:
+        """The replica answered (2xx). ``usage`` is the response's usage object, if any."""
+        if attempt.finished:
+            return
+        self._finish(attempt, stored=True, outcome="ok")
+        backend = attempt.backend
+        backend.record_success()
+        cached = _cached_tokens(usage)
+        if cached is None:
+            return
+        attempt.record.reported_cached_tokens = cached
+        replica = backend.name
+        self._metrics.predicted_cached.labels(replica).inc(attempt.predicted_cached_tokens)
+        self._metrics.reported_cached.labels(replica).inc(cached)
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if isinstance(prompt_tokens, int):
+            self._metrics.prompt_tokens.labels(replica).inc(prompt_tokens)
+        self.policy.on_completed(attempt.request, backend.index, cached)
+
+    def refused(self, attempt: Attempt) -> None:
+        """The replica answered with a 4xx: alive, but it did not run (or cache) the prompt."""
+        if attempt.finished:
+            return
+        self._finish(attempt, stored=False, outcome="refused")
+        attempt.backend.record_success()
+
+    def failed(self, attempt: Attempt, reason: str) -> None:
+        """Connect error, timeout or 5xx: counts against the replica's circuit breaker."""
+        if attempt.finished:
+            return
+        self._finish(attempt, stored=False, outcome=f"failed:{reason}")
+        attempt.backend.record_failure(reason)
+
+    def abandoned(self, attempt: Attempt, *, started: bool) -> None:
+        """The caller went away (or the stream broke after bytes reached it)."""
+        if attempt.finished:
+            return
+        self._finish(attempt, stored=started, outcome="abandoned")
+        attempt.backend.breaker.release()
+
+    def _finish(self, attempt: Attempt, *, stored: bool, outcome: str) -> None:
+        attempt.finished = True
+        self.first_byte(attempt)
+        attempt.record.outcome = outcome
+        attempt.backend.finish(attempt.request.block_keys, stored=stored,
+                               matched_before=attempt.matched_blocks)
+
+    def recent(self, n: int, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The last ``n`` decisions, newest first (one tenant's only, unless ``None``)."""
+        out = []
+        for record in reversed(self.decisions):
+            if tenant is None or record.tenant == tenant:
+                out.append(record.as_dict())
+                if len(out) >= n:
+                    break
+        return out
+
+
+def _cached_tokens(usage: Any) -> int | None:
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, dict):
+        return None
+    cached = details.get("cached_tokens")
+    if isinstance(cached, bool) or not isinstance(cached, int):
+        return None
+    return cached

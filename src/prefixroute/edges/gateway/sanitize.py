@@ -1,0 +1,177 @@
+"""What a caller's request body may and may not carry, and what the gateway adds to it.
+
+The gateway is the only party that sets cache identity: it injects the trust group's secret
+``cache_salt``, refuses (or strips, by config) a salt the caller sent, refuses caller-supplied
+multimodal ``uuid`` overrides (in vLLM they replace media-byte hashing, so a colliding id could
+reuse KV derived from someone else's media), and gives inline media (``data:`` URLs, base64
+audio) a trust-group-scoped identity of its own (SPEC section 2). Media fetched by URL keeps the
+engine's own content hashing: the gateway does not fetch it, and naming it by URL would go stale
+when the bytes behind the URL change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from prefixroute.edges.gateway.errors import GatewayError
+from prefixroute.edges.gateway.tenants import Tenant, TenantRegistry
+
+COMPLETIONS = "completions"
+CHAT = "chat"
+
+# Content-part types that carry media, and where their payload sits.
+_MEDIA_PARTS = {"image_url": "image_url", "video_url": "video_url", "audio_url": "audio_url",
+                "input_audio": "input_audio", "image_pil": None, "image_embeds": None}
+# Top-level fields through which a caller could set media identity directly.
+_IDENTITY_FIELDS = ("multi_modal_uuids", "mm_uuids", "multi_modal_hashes")
+
+
+@dataclass(slots=True)
+class CheckedRequest:
+    """A body that passed the checks, with the gateway's fields added."""
+
+    endpoint: str
+    body: dict
+    model: str
+    stream: bool
+    caller_wants_usage: bool  # streaming: the caller asked for the usage chunk itself
+
+
+def parse_json_body(raw: bytes) -> dict:
+    if not raw:
+        raise GatewayError(400, "the request body is empty; expected a JSON object",
+                           code="invalid_body")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GatewayError(400, f"the request body is not valid JSON: {exc}",
+                           code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "the request body must be a JSON object", code="invalid_body")
+    return body
+
+
+def check_request(endpoint: str, body: dict, tenant: Tenant, registry: TenantRegistry,
+                  caller_cache_salt: str = "reject") -> CheckedRequest:
+    """Validate the body for ``endpoint`` (``completions`` or ``chat``) and add the trust
+    group's salt and media identities. Raises :class:`GatewayError` (400) on bad input."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise GatewayError(400, "'model' is required and must be a non-empty string",
+                           param="model", code="invalid_value")
+    if endpoint == COMPLETIONS:
+        _check_prompt(body.get("prompt"))
+    else:
+        _check_messages(body.get("messages"))
+        for part in _content_parts(body["messages"]):
+            _check_media_part(part, tenant, registry)
+    for name in _IDENTITY_FIELDS:
+        if name in body:
+            raise GatewayError(400, f"'{name}' is not accepted: media identities are assigned "
+                               "by the gateway", param=name, code="caller_media_uuid")
+    if "cache_salt" in body:
+        if caller_cache_salt == "reject":
+            raise GatewayError(400, "'cache_salt' is set by the gateway for your trust group "
+                               "and may not be supplied", param="cache_salt",
+                               code="caller_cache_salt")
+        del body["cache_salt"]
+    body["cache_salt"] = tenant.cache_salt
+
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise GatewayError(400, "'stream' must be true or false", param="stream",
+                           code="invalid_type")
+    caller_wants_usage = False
+    if stream:
+        options = body.get("stream_options")
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise GatewayError(400, "'stream_options' must be an object",
+                               param="stream_options", code="invalid_type")
+        caller_wants_usage = bool(options.get("include_usage"))
+        # The gateway needs the engine's cached_tokens to correct its cache views; it asks
+        # for the usage chunk and drops it again if the caller did not ask for it.
+        body["stream_options"] = {**options, "include_usage": True}
+    return CheckedRequest(endpoint, body, model, stream, caller_wants_usage)
+
+
+def _check_prompt(prompt: Any) -> None:
+    ok = isinstance(prompt, str) or (
+        isinstance(prompt, list) and prompt and (
+            all(isinstance(p, str) for p in prompt)
+            or all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+            or all(isinstance(p, list) and p and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt)))
+    if not ok:
+        raise GatewayError(400, "'prompt' is required: a string, a list of strings, a list of "
+                           "token ids or a list of token-id lists", param="prompt",
+                           code="invalid_value")
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "'messages' is required and must be a non-empty list",
+                           param="messages", code="invalid_value")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise GatewayError(400, f"messages[{i}] must be an object with a string 'role'",
+                               param=f"messages[{i}]", code="invalid_value")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise GatewayError(400, f"messages[{i}].content must be a string or a list of "
+                               "content parts", param=f"messages[{i}].content",
+                               code="invalid_value")
+        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
+            raise GatewayError(400, f"messages[{i}].content parts must be objects",
+                               param=f"messages[{i}].content", code="invalid_value")
+
+
+def _content_parts(messages: list) -> list[dict]:
+    parts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts.extend(content)
+    return parts
+
+
+def _check_media_part(part: dict, tenant: Tenant, registry: TenantRegistry) -> None:
+    if _has_uuid(part):
+        raise GatewayError(400, "caller-supplied multimodal 'uuid' is not accepted: media "
+                           "identities are assigned by the gateway", param="uuid",
+                           code="caller_media_uuid")
+    kind = part.get("type")
+    if kind not in _MEDIA_PARTS:
+        return
+    digest = _inline_media_digest(part, _MEDIA_PARTS[kind])
+    if digest is not None:
+        part["uuid"] = registry.media_uuid(tenant, digest)
+
+
+def _has_uuid(value: Any, depth: int = 0) -> bool:
+    if depth > 3 or not isinstance(value, dict):
+        return False
+    if "uuid" in value:
+        return True
+    return any(_has_uuid(v, depth + 1) for v in value.values())
+
+
+def _inline_media_digest(part: dict, field: str | None) -> str | None:
+    """SHA-256 of media that travels inside the request (a ``data:`` URL or base64 audio);
+    ``None`` for media the engine fetches itself."""
+    payload = part.get(field) if field else None
+    if isinstance(payload, dict):
+        url = payload.get("url")
+        if isinstance(url, str) and url.startswith("data:"):
+            return hashlib.sha256(url.encode()).hexdigest()
+        data = payload.get("data")
+        if isinstance(data, str):  # input_audio: {"data": base64, "format": "wav"}
+            text = f"{payload.get('format', '')}\x00{data}"
+            return hashlib.sha256(text.encode()).hexdigest()
+    elif isinstance(payload, str) and payload.startswith("data:"):
+        return hashlib.sha256(payload.encode()).hexdigest()
+    return None

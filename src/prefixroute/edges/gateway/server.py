@@ -1,0 +1,57 @@
+"""Running the gateway: uvicorn with uvloop and httptools on a socket bound up front.
+
+The listening socket is bound before uvicorn starts, so a port that is taken is a clear
+start-up error (exit 2), not a log line from inside the server. SIGTERM or SIGINT starts a
+graceful shutdown: uvicorn stops accepting connections and gives open requests (streams
+included) ``shutdown_grace_s`` to finish; then the gateway closes its backend connections and
+KV event subscribers.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import uvicorn
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.edges.gateway.app import Gateway
+from prefixroute.edges.gateway.config import GatewayConfig
+from prefixroute.edges.gateway.logs import setup_json_logging
+
+KEEP_ALIVE_S = 75  # longer than common client idle pools, so clients close first (nginx: 75 s)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: GatewayConfig, host: str, port: int, *, log_level: str = "info") -> int:
+    tokenizer = None
+    if config.tokenizer is not None:
+        from prefixroute.edges.tokenization import load_tokenizer
+
+        tokenizer = load_tokenizer(config.tokenizer)
+    log_config = setup_json_logging(log_level)
+    gateway = Gateway(config, tokenizer=tokenizer)
+    sock = bind_socket(host, port)
+    try:
+        gateway.pool.open_event_streams()
+        server = uvicorn.Server(uvicorn.Config(
+            gateway.app, loop="uvloop", http="httptools", lifespan="on",
+            log_config=log_config, log_level=log_level, access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=int(config.shutdown_grace_s + 0.999)))
+        server.run(sockets=[sock])
+    finally:
+        gateway.pool.close_event_streams()
+        sock.close()
+    return 0 if server.started else 1

@@ -1,0 +1,107 @@
+"""Tenants: who is calling, which trust group's secret salt their requests carry, how fast
+they may call.
+
+A tenant is found by the SHA-256 of the bearer key it presents (keys are stored only as
+digests). Its trust group's cache salt is ``derive_trust_group_salt(server_secret, group)``
+(HMAC-SHA256, :mod:`prefixroute.core.identity.identity`): only requests of one trust group can
+share cached KV on the engines, and no caller can compute another group's salt from its name
+(SPEC section 2, "Tenant isolation"). Media identities are derived the same way, scoped to the
+trust group, so a caller cannot pick one that collides with another group's media.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from dataclasses import dataclass
+
+from prefixroute.core.clock import Clock
+from prefixroute.core.identity.identity import derive_trust_group_salt
+from prefixroute.edges.gateway.config import RateLimit, TenantConfig, hash_api_key
+from prefixroute.edges.gateway.errors import GatewayError
+
+
+class TokenBucket:
+    """``rate`` tokens a second up to ``burst``; one request takes one token.
+
+    Time comes from an injected clock, so tests step it by hand.
+    """
+
+    def __init__(self, limit: RateLimit, clock: Clock):
+        self.rate = limit.requests_per_second
+        self.burst = float(limit.burst)
+        self._clock = clock
+        self._tokens = self.burst
+        self._at = clock.now()
+
+    def try_take(self) -> float:
+        """Take a token: 0.0 on success, else the seconds until one is available."""
+        now = self._clock.now()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / self.rate
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    trust_group: str
+    cache_salt: str
+    admin: bool
+    bucket: TokenBucket | None
+
+
+class TenantRegistry:
+    """API key digest -> tenant, with each trust group's salt derived once at start."""
+
+    def __init__(self, tenants: tuple[TenantConfig, ...], server_secret: bytes, clock: Clock):
+        self._secret = server_secret
+        self._by_digest: dict[str, Tenant] = {}
+        self.tenants: list[Tenant] = []
+        for config in tenants:
+            bucket = TokenBucket(config.rate_limit, clock) if config.rate_limit else None
+            tenant = Tenant(config.name, config.trust_group,
+                            derive_trust_group_salt(server_secret, config.trust_group),
+                            config.admin, bucket)
+            self.tenants.append(tenant)
+            for digest in config.api_key_hashes:
+                self._by_digest[digest] = tenant
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        """The tenant of an ``Authorization: Bearer KEY`` header, or a 401 error."""
+        if not authorization:
+            raise GatewayError(401, "missing API key: send 'Authorization: Bearer KEY'",
+                               code="missing_api_key")
+        scheme, _, key = authorization.strip().partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise GatewayError(401, "the Authorization header must be 'Bearer KEY'",
+                               code="invalid_api_key")
+        # A dict lookup on a SHA-256 digest: the presented key's hash, not the key, is what
+        # gets compared, so lookup timing says nothing useful about stored keys.
+        tenant = self._by_digest.get(hash_api_key(key))
+        if tenant is None:
+            raise GatewayError(401, "incorrect API key provided", code="invalid_api_key")
+        return tenant
+
+    def check_rate(self, tenant: Tenant) -> None:
+        """Take one request from the tenant's bucket, or raise 429 with Retry-After."""
+        if tenant.bucket is None:
+            return
+        wait = tenant.bucket.try_take()
+        if wait > 0:
+            raise GatewayError(429, f"rate limit of {tenant.bucket.rate:g} requests per second "
+                               f"(burst {tenant.bucket.burst:g}) exceeded for this API key; "
+                               f"retry in {wait:.2f} s", code="rate_limit_exceeded",
+                               headers={"retry-after": str(max(1, math.ceil(wait)))})
+
+    def media_uuid(self, tenant: Tenant, content_digest: str) -> str:
+        """The identity a media item gets on the engines: HMAC of its content digest under the
+        server secret and the trust group. Equal media share cache inside a group only; a
+        caller can neither choose nor predict it (SPEC section 2)."""
+        message = f"prefixroute-media/v1/{tenant.trust_group}\x00{content_digest}".encode()
+        return "pr-" + hmac.new(self._secret, message, hashlib.sha256).hexdigest()

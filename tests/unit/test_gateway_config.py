@@ -1,0 +1,155 @@
+"""gateway.yaml: what loads, what is refused, and how the refusal names file, line and field."""
+
+import textwrap
+
+import pytest
+
+from prefixroute.core.errors import InputError
+from prefixroute.core.routing.registry import policy_names
+from prefixroute.edges.gateway.config import (default_policy_spec, hash_api_key, load_config)
+
+SECRET = "s" * 32
+KEY_A = hash_api_key("key-a")
+
+
+def write(tmp_path, text, name="gateway.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+MINIMAL = f"""\
+server_secret: {{env: PR_TEST_SECRET}}
+backends:
+  - url: http://127.0.0.1:8001
+    models: [tiny]
+tenants:
+  - name: a
+    api_key_sha256: {KEY_A}
+"""
+
+
+@pytest.fixture(autouse=True)
+def secret_env(monkeypatch):
+    monkeypatch.setenv("PR_TEST_SECRET", SECRET)
+
+
+def error_of(tmp_path, text) -> str:
+    with pytest.raises(InputError) as info:
+        load_config(write(tmp_path, text))
+    return str(info.value)
+
+
+def test_minimal_config_fills_documented_defaults(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.backends[0].name == "r0"
+    assert config.backends[0].models == ("tiny",)
+    assert config.tenants[0].trust_group == "a"  # defaults to the tenant's name
+    assert config.server_secret == SECRET.encode()
+    assert config.hashing.block_size == 16 and config.hashing.algo == "sha256"
+    assert config.retries == 2
+    assert config.caller_cache_salt == "reject"
+    assert config.limits.max_body_bytes == 4 * 1024 * 1024
+    assert config.policy == default_policy_spec()
+
+
+def test_default_policy_is_decided_in_one_place():
+    names = policy_names()
+    expected = next(n for n in ("prefixroute", "hybrid", "least_loaded") if n in names)
+    assert default_policy_spec() == expected
+
+
+def test_example_config_in_the_repo_is_valid(monkeypatch):
+    monkeypatch.setenv("PREFIXROUTE_SERVER_SECRET", SECRET)
+    config = load_config("examples/gateway.yaml")
+    assert [b.name for b in config.backends] == ["r0", "r1"]
+    assert config.backends[0].kv_events.bind is True  # a concrete tcp address: vLLM connects
+    assert config.tenants[0].api_key_hashes == (hash_api_key("sk-acme-example-key"),)
+
+
+def test_missing_backends_names_the_field(tmp_path):
+    message = error_of(tmp_path, MINIMAL.replace("backends:", "other:"))
+    assert "gateway.yaml:" in message and "'backends'" in message
+
+
+def test_bad_backend_url_names_file_line_and_field(tmp_path):
+    message = error_of(tmp_path, MINIMAL.replace("http://127.0.0.1:8001", "ftp://x"))
+    assert "gateway.yaml:3:" in message
+    assert "backends[0].url" in message
+
+
+def test_unknown_key_is_a_typo_not_ignored(tmp_path):
+    message = error_of(tmp_path, MINIMAL + "retrys: 3\n")
+    assert "gateway.yaml:8:" in message and "unknown key 'retrys'" in message
+
+
+def test_plain_text_api_key_is_refused(tmp_path):
+    message = error_of(tmp_path, MINIMAL.replace(KEY_A, "key-a"))
+    assert "64 hex characters" in message and "tenants[0].api_key_sha256" in message
+
+
+def test_same_key_for_two_tenants_is_refused(tmp_path):
+    text = MINIMAL + f"  - name: b\n    api_key_sha256: {KEY_A}\n"
+    assert "already belongs to tenant 'a'" in error_of(tmp_path, text)
+
+
+def test_short_server_secret_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PR_TEST_SECRET", "short")
+    message = error_of(tmp_path, MINIMAL)
+    assert "at least 32" in message and "server_secret.env" in message
+
+
+def test_unset_secret_variable_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("PR_TEST_SECRET")
+    assert "PR_TEST_SECRET is not set" in error_of(tmp_path, MINIMAL)
+
+
+def test_server_secret_from_a_file_relative_to_the_config(tmp_path):
+    (tmp_path / "secret.txt").write_text("f" * 40 + "\n")
+    text = MINIMAL.replace("{env: PR_TEST_SECRET}", "{file: secret.txt}")
+    assert load_config(write(tmp_path, text)).server_secret == b"f" * 40
+
+
+def test_unknown_policy_is_refused_with_the_known_ones(tmp_path):
+    message = error_of(tmp_path, MINIMAL + "policy: nope\n")
+    assert "unknown policy 'nope'" in message and "field 'policy'" in message
+
+
+def test_policy_parameters_are_checked(tmp_path):
+    assert "no parameter" in error_of(tmp_path, MINIMAL + "policy: hybrid:bogus=1\n")
+
+
+def test_xxhash_needs_the_engines_hash_seed(tmp_path):
+    message = error_of(tmp_path, MINIMAL + "hashing: {algo: xxhash}\n")
+    assert "PYTHONHASHSEED" in message and "hashing.none_hash_seed" in message
+
+
+def test_wildcard_kv_endpoint_means_connect(tmp_path):
+    text = MINIMAL.replace("    models: [tiny]\n", "    models: [tiny]\n    kv_events:\n"
+                           "      endpoint: tcp://*:5557\n")
+    events = load_config(write(tmp_path, text)).backends[0].kv_events
+    assert events.bind is False and events.endpoint == "tcp://127.0.0.1:5557"
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    message = error_of(tmp_path, MINIMAL + "limits: [unclosed\n")
+    assert "not valid YAML" in message and "gateway.yaml:" in message
+
+
+def test_duplicate_key_is_refused(tmp_path):
+    assert "duplicate key 'retries'" in error_of(tmp_path, MINIMAL + "retries: 1\nretries: 2\n")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(InputError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_tokenizer_directory_must_hold_tokenizer_json(tmp_path):
+    (tmp_path / "tok").mkdir()
+    assert "no tokenizer.json" in error_of(tmp_path, MINIMAL + "tokenizer: tok\n")
+
+
+def test_rate_limit_needs_a_rate(tmp_path):
+    text = MINIMAL + "    rate_limit: {burst: 3}\n"
+    assert "tenants[0].rate_limit.requests_per_second" in error_of(tmp_path, text)

@@ -1,0 +1,167 @@
+"""Tenants: authentication, trust-group salts, media identities, rate limits, body checks."""
+
+import pytest
+
+from prefixroute.core.clock import ManualClock
+from prefixroute.core.identity.identity import derive_trust_group_salt
+from prefixroute.edges.gateway.config import RateLimit, TenantConfig, hash_api_key
+from prefixroute.edges.gateway.errors import GatewayError
+from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
+from prefixroute.edges.gateway.tenants import TenantRegistry, TokenBucket
+
+SECRET = b"k" * 32
+
+
+def registry(clock=None, rate=None):
+    tenants = (
+        TenantConfig("alice", (hash_api_key("key-alice"),), "team-1", rate),
+        TenantConfig("bob", (hash_api_key("key-bob"),), "team-1"),
+        TenantConfig("carol", (hash_api_key("key-carol"), hash_api_key("key-carol-2")),
+                     "team-2"),
+    )
+    return TenantRegistry(tenants, SECRET, clock or ManualClock())
+
+
+def test_bearer_key_finds_its_tenant():
+    assert registry().authenticate("Bearer key-carol-2").name == "carol"
+
+
+@pytest.mark.parametrize("header, code", [
+    (None, "missing_api_key"), ("", "missing_api_key"), ("Basic abc", "invalid_api_key"),
+    ("Bearer", "invalid_api_key"), ("Bearer wrong", "invalid_api_key"),
+])
+def test_missing_or_unknown_key_is_401(header, code):
+    with pytest.raises(GatewayError) as info:
+        registry().authenticate(header)
+    assert info.value.status == 401 and info.value.code == code
+
+
+def test_error_body_has_the_openai_shape():
+    error = GatewayError(401, "no", code="invalid_api_key")
+    assert error.body() == {"error": {"message": "no", "type": "authentication_error",
+                                      "param": None, "code": "invalid_api_key"}}
+
+
+def test_salt_is_the_hmac_of_the_trust_group():
+    reg = registry()
+    alice = reg.authenticate("Bearer key-alice")
+    assert alice.cache_salt == derive_trust_group_salt(SECRET, "team-1")
+    assert len(alice.cache_salt) == 64
+
+
+def test_one_trust_group_shares_a_salt_and_another_does_not():
+    reg = registry()
+    alice, bob, carol = (reg.authenticate(f"Bearer key-{n}") for n in ("alice", "bob", "carol"))
+    assert alice.cache_salt == bob.cache_salt
+    assert alice.cache_salt != carol.cache_salt
+
+
+def test_salt_depends_on_the_server_secret():
+    tenants = (TenantConfig("alice", (hash_api_key("key-alice"),), "team-1"),)
+    other = TenantRegistry(tenants, b"z" * 32, ManualClock())
+    assert other.authenticate("Bearer key-alice").cache_salt != \
+        registry().authenticate("Bearer key-alice").cache_salt
+
+
+def test_token_bucket_allows_the_burst_then_refills_at_the_rate():
+    clock = ManualClock()
+    bucket = TokenBucket(RateLimit(requests_per_second=2.0, burst=3), clock)
+    assert [bucket.try_take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.try_take() == pytest.approx(0.5)  # one token takes 1/2 s at 2 per second
+    clock.advance(0.5)
+    assert bucket.try_take() == 0.0
+    clock.advance(10.0)  # refills to the burst, not beyond
+    assert [bucket.try_take() for _ in range(4)][-1] > 0
+
+
+def test_rate_limit_is_429_with_retry_after():
+    clock = ManualClock()
+    reg = registry(clock, RateLimit(1.0, 1))
+    alice = reg.authenticate("Bearer key-alice")
+    reg.check_rate(alice)
+    with pytest.raises(GatewayError) as info:
+        reg.check_rate(alice)
+    assert info.value.status == 429 and info.value.code == "rate_limit_exceeded"
+    assert info.value.headers["retry-after"] == "1"
+    reg.check_rate(reg.authenticate("Bearer key-bob"))  # bob has no limit
+
+
+def test_media_identity_is_scoped_to_the_trust_group():
+    reg = registry()
+    alice, bob, carol = (reg.authenticate(f"Bearer key-{n}") for n in ("alice", "bob", "carol"))
+    assert reg.media_uuid(alice, "d1") == reg.media_uuid(bob, "d1")
+    assert reg.media_uuid(alice, "d1") != reg.media_uuid(carol, "d1")
+    assert reg.media_uuid(alice, "d1") != reg.media_uuid(alice, "d2")
+
+
+# -- body checks -----------------------------------------------------------------------------
+
+def checked(endpoint, body, policy="reject"):
+    reg = registry()
+    return check_request(endpoint, body, reg.authenticate("Bearer key-alice"), reg, policy)
+
+
+def test_gateway_injects_the_trust_group_salt():
+    result = checked(COMPLETIONS, {"model": "m", "prompt": "hi"})
+    assert result.body["cache_salt"] == derive_trust_group_salt(SECRET, "team-1")
+
+
+def test_caller_salt_is_rejected_by_default():
+    with pytest.raises(GatewayError) as info:
+        checked(COMPLETIONS, {"model": "m", "prompt": "hi", "cache_salt": "guess"})
+    assert info.value.status == 400 and info.value.param == "cache_salt"
+
+
+def test_caller_salt_is_replaced_when_configured_to_strip():
+    result = checked(COMPLETIONS, {"model": "m", "prompt": "hi", "cache_salt": "guess"}, "strip")
+    assert result.body["cache_salt"] == derive_trust_group_salt(SECRET, "team-1")
+
+
+def test_caller_multimodal_uuid_is_rejected():
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/cat.png"}, "uuid": "cat"}]}]}
+    with pytest.raises(GatewayError) as info:
+        checked(CHAT, body)
+    assert info.value.status == 400 and info.value.code == "caller_media_uuid"
+
+
+def test_inline_media_gets_a_group_scoped_uuid_and_fetched_media_none():
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "image_url", "image_url": {"url": "https://x/cat.png"}},
+        {"type": "text", "text": "what is this"}]}]}
+    parts = checked(CHAT, body).body["messages"][0]["content"]
+    assert parts[0]["uuid"].startswith("pr-") and "uuid" not in parts[1]
+
+
+def test_streaming_asks_the_replica_for_usage():
+    result = checked(CHAT, {"model": "m", "stream": True,
+                            "messages": [{"role": "user", "content": "hi"}]})
+    assert result.body["stream_options"] == {"include_usage": True}
+    assert result.caller_wants_usage is False
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x"}, "model"),
+    ({"model": "m"}, "prompt"),
+    ({"model": "m", "prompt": [1, "a"]}, "prompt"),
+    ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
+])
+def test_bad_completions_bodies_are_400(body, param):
+    with pytest.raises(GatewayError) as info:
+        checked(COMPLETIONS, body)
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_bad_chat_messages_are_400():
+    with pytest.raises(GatewayError) as info:
+        checked(CHAT, {"model": "m", "messages": [{"content": "no role"}]})
+    assert info.value.param == "messages[0]"
+
+
+@pytest.mark.parametrize("raw, code", [(b"", "invalid_body"), (b"{not json", "invalid_json"),
+                                       (b"[1, 2]", "invalid_body")])
+def test_malformed_json_is_400(raw, code):
+    with pytest.raises(GatewayError) as info:
+        parse_json_body(raw)
+    assert info.value.status == 400 and info.value.code == code
