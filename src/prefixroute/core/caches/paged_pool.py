@@ -11,7 +11,8 @@ Follows ``vllm/v1/core/block_pool.py`` and ``kv_cache_manager.py`` (vLLM 0.32):
 * A hit ("touch") on a free cached block takes it out of the free queue.
 * A finished request frees its blocks in reverse order, so the tail of a chain reaches the
   front of the free queue first and is evicted before the shared head (``free``:
-  ``reversed(blocks)``).
+  ``reversed(blocks)``). Freed blocks without a key go to the front of the queue instead, so
+  they are reused before any cached block is evicted (``free_blocks``: prepended).
 * Like vLLM's ``BlockHashToBlockMap``, the map does not de-duplicate: two running requests
   that compute the same block each register their own physical block under the same key
   (vLLM's NOTE: block tables are append-only, so a block cannot be swapped for the older copy).
@@ -172,14 +173,29 @@ class PagedBlockPool:
             self.listener.on_stored(list(keys[start:num_full]), parent, tokens)
 
     def release(self, owner: Hashable) -> None:
-        """The request finished or was aborted: free its blocks, tail first."""
+        """The request finished or was aborted: free its blocks, tail first.
+
+        As vLLM's ``BlockPool.free_blocks``: freed blocks that hold a cached key join the back
+        of the free queue (LRU: reused last), while blocks without a key (the partial tail, or
+        blocks never filled) go to the *front*, so the next allocation takes them before it
+        evicts anything cached.
+        """
         state = self._owners.pop(owner)
         ref = self._ref
+        key = self._key
         free = self._free
+        uncached = []
         for block in reversed(state.blocks):
             ref[block] -= 1
             if ref[block] == 0:
-                free[block] = None
+                if key[block] is None:
+                    uncached.append(block)
+                else:
+                    free[block] = None
+        # vLLM prepends them keeping their (reversed) order: the first one ends up in front.
+        for block in reversed(uncached):
+            free[block] = None
+            free.move_to_end(block, last=False)
 
     # -- eviction and reset -------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
