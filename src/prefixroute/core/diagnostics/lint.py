@@ -49,6 +49,8 @@ from prefixroute.core.diagnostics.volatile import (CHANGED_CONTENT, COUNTER, EMA
                                                    TIMESTAMP, USER_NAME, UUID, Span,
                                                    classify_change, shape_of, with_article)
 from prefixroute.core.errors import ConfigError, InputError
+from prefixroute.core.caches.base import cacheable_blocks
+from prefixroute.core.identity.hashing import BlockHasher
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs (SPEC section 2 uses 16 too)
 ENCODE_CHUNK = 1000  # requests per tokenizer call: large enough for parallelism, small for progress
@@ -637,43 +639,28 @@ def _canonical_order(p: _Parsed, start: int, run: int) -> list[int]:
 class _BlockCache:
     """The infinite cache of one partition: the chained keys of every full block seen.
 
-    A key is ``hash((parent key, the block's token bytes))``, Python's 64-bit hash: chained, so
-    equal keys mean equal prefixes; one collision in 10^6 blocks has odds near 10^-8, which an
-    estimate can bear (the exact engine hashes live in the identity module).
+    Keys come from the project's one hashing module (``native`` profile), so the lint counts
+    blocks exactly as the simulator and the caches do.
     """
 
     def __init__(self, block_size: int):
         self.block_size = block_size
+        self.hasher = BlockHasher("native", block_size=block_size)
         self.seen: set[int] = set()
 
     def reuse(self, ids: Sequence[int]) -> int:
         """Tokens of ``ids`` served from cache, then remember all of its full blocks."""
-        size = self.block_size
-        width = 4 * size
-        raw = _as_bytes(ids)
-        parent = 0
+        keys = self.hasher.block_hashes(ids)
+        seen = self.seen
         matched = 0
-        full = len(ids) // size
-        for block in range(full):
-            parent = hash((parent, raw[block * width:(block + 1) * width]))
-            if parent in self.seen:
-                matched += 1
-                continue
-            self.seen.add(parent)
-            for rest in range(block + 1, full):
-                parent = hash((parent, raw[rest * width:(rest + 1) * width]))
-                self.seen.add(parent)
-            break
+        for key in keys:
+            if key not in seen:
+                break
+            matched += 1
+        seen.update(keys[matched:])
         # vLLM recomputes the last prompt token even when every block is cached.
-        return min(matched * size, (len(ids) - 1) // size * size) if ids else 0
-
-
-def _as_bytes(ids: Sequence[int]) -> bytes:
-    from array import array
-
-    if isinstance(ids, array) and ids.typecode == "I":
-        return ids.tobytes()
-    return array("I", ids).tobytes()
+        return min(matched * self.block_size, cacheable_blocks(len(ids), self.block_size)
+                   * self.block_size) if len(ids) else 0
 
 
 def _encode(requests: Sequence[PromptRequest], encoder: PromptEncoder | None, stage: str,
