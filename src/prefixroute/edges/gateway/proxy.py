@@ -152,8 +152,9 @@ class Proxy:
                     upstream, job), media_type=upstream.headers.get("content-type"))
 
             if job.checked.stream:
+                chunks = upstream.aiter_raw()
                 try:
-                    first = await _first_chunk(upstream)
+                    first = await _first_chunk(chunks)
                 except (httpx.TimeoutException, httpx.TransportError) as exc:
                     await upstream.aclose()
                     reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream"
@@ -161,7 +162,7 @@ class Proxy:
                                  f"event: {type(exc).__name__}")
                     continue
                 self.router.first_byte(attempt)
-                relay = SSERelay(job, attempt, upstream, first, self, on_done)
+                relay = SSERelay(job, attempt, upstream, chunks, first, self, on_done)
                 return ClosingStreamingResponse(relay, status_code=status,
                                                 headers=_reply_headers(upstream, job),
                                                 media_type="text/event-stream")
@@ -205,11 +206,13 @@ class Proxy:
 class SSERelay:
     """Relays one replica stream to the caller, event by event."""
 
-    def __init__(self, job: Job, attempt: Attempt, upstream: httpx.Response, first: bytes,
-                 proxy: Proxy, on_done: Callable[[Job], None]):
+    def __init__(self, job: Job, attempt: Attempt, upstream: httpx.Response,
+                 chunks: AsyncIterator[bytes], first: bytes, proxy: Proxy,
+                 on_done: Callable[[Job], None]):
         self.job = job
         self.attempt = attempt
         self.upstream = upstream
+        self.chunks = chunks
         self.first = first
         self.proxy = proxy
         self.on_done = on_done
@@ -236,7 +239,7 @@ class SSERelay:
         buffer = b""
         sent_any = False
         try:
-            chunks = self.upstream.aiter_raw()
+            chunks = self.chunks
             pending = self.first
             while True:
                 buffer += pending
@@ -291,11 +294,15 @@ class SSERelay:
         return event
 
 
-async def _first_chunk(upstream: httpx.Response) -> bytes:
-    async for chunk in upstream.aiter_raw():
+async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
+    """The first non-empty chunk (b"" if the stream ends first)."""
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return b""
         if chunk:
             return chunk
-    return b""
 
 
 async def _read_quietly(upstream: httpx.Response) -> bytes:
