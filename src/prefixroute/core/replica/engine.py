@@ -309,31 +309,45 @@ class ReplicaEngine:
         budget = self.max_num_batched_tokens
         running = self._running
         scheduled: list[tuple[_Seq, int]] = []
+        # What the step computes, for its duration: prompt tokens and their attention span,
+        # decoding requests and their context.
+        prefill_tokens = prefill_context = decode_batch = decode_context = 0
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            new = min(seq.prompt + seq.generated - seq.computed, budget)
+            computed = seq.computed
+            new = seq.prompt + seq.generated - computed
+            if new > budget:
+                new = budget
             if new <= 0:
                 i += 1
                 continue
-            target = seq.computed + new
-            can_schedule = True
-            while target > seq.num_blocks * block_size:
-                if pool.grow(seq.request_id, target):
-                    seq.num_blocks = -(-target // block_size)
+            target = computed + new
+            if target > seq.num_blocks * block_size:
+                can_schedule = True
+                while True:
+                    if pool.grow(seq.request_id, target):
+                        seq.num_blocks = -(-target // block_size)
+                        break
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        can_schedule = False
+                        break
+                if not can_schedule:
                     break
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    can_schedule = False
-                    break
-            if not can_schedule:
-                break
-            self._cache_blocks(seq, target)
+            if seq.committed < len(seq.keys) and target // block_size > seq.committed:
+                self._cache_blocks(seq, target)
             scheduled.append((seq, new))
             budget -= new
+            if new == 1 and seq.generated > 0 and target == seq.prompt + seq.generated:
+                decode_batch += 1
+                decode_context += target
+            else:
+                prefill_tokens += new
+                prefill_context += new * target
             i += 1
         admitted = False
         if not preempted:
@@ -354,20 +368,18 @@ class ReplicaEngine:
                 seq.committed = cached // block_size
                 self._pending_prefill -= cached
                 new = min(num_tokens - cached, budget)
-                self._cache_blocks(seq, cached + new)
+                target = cached + new
+                self._cache_blocks(seq, target)
                 scheduled.append((seq, new))
                 budget -= new
+                if new == 1 and seq.generated > 0 and target == num_tokens:
+                    decode_batch += 1
+                    decode_context += target
+                else:
+                    prefill_tokens += new
+                    prefill_context += new * target
         if not scheduled:
             return
-        # Step duration from what was scheduled.
-        prefill_tokens = prefill_context = decode_batch = decode_context = 0
-        for seq, new in scheduled:
-            if new == 1 and seq.generated > 0 and seq.computed + 1 == seq.prompt + seq.generated:
-                decode_batch += 1
-                decode_context += seq.computed + 1
-            else:
-                prefill_tokens += new
-                prefill_context += new * (seq.computed + new)
         service = self.service
         duration = service.step_time(prefill_tokens, prefill_context, decode_batch, decode_context)
         if (prefill_tokens == 0 and not preempted and not admitted

@@ -1,0 +1,415 @@
+"""Discrete-event fleet simulation: a request stream, replicas, one routing policy.
+
+The pieces stay apart as in Vidur: the workload (:class:`PreparedWorkload`: requests with
+their block keys, computed once and shared by every policy), the replica model
+(:class:`~prefixroute.core.replica.engine.ReplicaEngine` over a
+:class:`~prefixroute.core.caches.paged_pool.PagedBlockPool`), the policy (from the registry,
+the same objects the gateway runs), a :class:`~prefixroute.core.clock.ManualClock`, and the
+metrics (:mod:`prefixroute.core.simulator.metrics`).
+
+Events, in time order (engine events before arrivals at the same instant, so a router sees a
+replica that just finished as free):
+
+* **arrival**: build the :class:`RequestView` and one :class:`ReplicaView` per replica (load
+  from the engine: waiting, running, KV usage, pending prefill; the router's own in-flight
+  count and assignments; a cache view), ``policy.route``, ``policy.on_routed``, submit to
+  the chosen replica's engine;
+* **engine events**: first token (TTFT), finish (``policy.on_completed`` with the replica's
+  reported ``cached_tokens``), rejection (a request larger than the replica's KV).
+
+Cache views, chosen per run (``view=`` in the policy spec, or the default):
+``approximate`` (the router records each request's blocks on the replica it chose, in an LRU
+of the replica's size: what it can infer from its own history), ``events`` (the replica
+pool's KV events feed an :class:`EventView`) or ``oracle`` (the pool itself).
+
+Every run gets fresh replicas and a fresh policy over the same requests, and nothing depends
+on anything but the inputs and the seed, so runs repeat exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from prefixroute.core.caches.paged_pool import PagedBlockPool
+from prefixroute.core.clock import ManualClock
+from prefixroute.core.errors import ConfigError, InputError
+from prefixroute.core.replica.engine import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS,
+                                             ReplicaEngine)
+from prefixroute.core.replica.service_time import ServiceTimeModel
+from prefixroute.core.routing.base import ReplicaView, RequestView
+from prefixroute.core.routing.registry import create_policy, parse_spec
+from prefixroute.core.routing.views import ApproximateView, EventView, OracleView
+from prefixroute.core.simulator import metrics
+from prefixroute.core.simulator.keys import BlockKeyer
+from prefixroute.core.simulator.request import Request
+
+VIEWS = ("approximate", "events", "oracle")
+DEFAULT_VIEW = "approximate"
+
+
+@dataclass
+class FleetConfig:
+    """The replicas every policy gets: how many, how much KV each, how fast."""
+
+    replicas: int
+    cache_blocks: int  # usable KV blocks per replica (the pool adds vLLM's null block)
+    block_size: int
+    service: ServiceTimeModel
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ConfigError(f"replicas must be a positive integer, got {self.replicas!r}")
+        if not isinstance(self.cache_blocks, int) or self.cache_blocks < 1:
+            raise ConfigError(f"cache blocks must be a positive integer, got "
+                              f"{self.cache_blocks!r}")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ConfigError(f"block size must be a positive integer, got {self.block_size!r}")
+
+    def describe(self) -> dict[str, Any]:
+        return {"replicas": self.replicas, "cache_blocks": self.cache_blocks,
+                "block_size": self.block_size, "cache_tokens": self.cache_blocks * self.block_size,
+                "engine_profile": self.service.name,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_num_seqs": self.max_num_seqs}
+
+
+@dataclass
+class PreparedWorkload:
+    """Requests in arrival order with their block keys, and the workload's ideal reuse."""
+
+    requests: list[Request]
+    block_size: int
+    ideal_cached: array
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(r.input_tokens for r in self.requests)
+
+    @property
+    def ideal_token_hit_rate(self) -> float:
+        total = self.input_tokens
+        return sum(self.ideal_cached) / total if total else 0.0
+
+    def describe(self) -> dict[str, Any]:
+        requests = self.requests
+        duration = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
+        return {**self.info, "requests": len(requests), "block_size": self.block_size,
+                "input_tokens": self.input_tokens,
+                "output_tokens": sum(r.output_tokens for r in requests),
+                "duration_s": round(duration, 6),
+                "ideal_reused_tokens": int(sum(self.ideal_cached))}
+
+
+def prepare_workload(requests: Iterable[Request], *, block_size: int | None = None,
+                     time_scale: float = 1.0, limit: int | None = None,
+                     keep_token_ids: bool = False, keyer: BlockKeyer | None = None,
+                     info: dict[str, Any] | None = None) -> PreparedWorkload:
+    """Compute every request's block keys once, scale arrival times by ``time_scale``
+    (below 1 replays faster: more load), check one block size and time order, and the ideal
+    reuse. Token ids are dropped afterwards unless ``keep_token_ids`` (they are only needed to
+    hash, and a 10,000-token prompt is 40 kB)."""
+    if not math.isfinite(time_scale) or time_scale < 0:
+        raise ConfigError(f"time scale must be a non-negative number, got {time_scale!r}")
+    keyer = keyer or BlockKeyer()
+    out: list[Request] = []
+    last = -math.inf
+    for request in requests:
+        if limit is not None and len(out) >= limit:
+            break
+        if block_size is None:
+            block_size = request.block_size
+        elif request.block_size != block_size:
+            raise InputError(f"request {request.request_id!r} has block size "
+                             f"{request.block_size}, the workload {block_size}: one simulation "
+                             f"needs one block size", where=request.request_id,
+                             field="block_size")
+        if request.arrival_s < last:
+            raise InputError(f"request {request.request_id!r} arrives at {request.arrival_s} "
+                             f"s, before the previous request ({last} s)",
+                             where=request.request_id, field="arrival_s")
+        last = request.arrival_s
+        if not request.block_keys:
+            keyer.fill(request)
+        if not keep_token_ids:
+            request.token_ids = None
+            request.output_token_ids = None
+        if time_scale != 1.0:
+            request.arrival_s *= time_scale
+        out.append(request)
+    if not out:
+        raise InputError("the workload has no requests")
+    return PreparedWorkload(out, block_size, metrics.ideal_reuse(out), dict(info or {}))
+
+
+class _DeferredApproximateView:
+    """An :class:`ApproximateView` whose ``record`` calls are applied, in order, when the
+    policy first reads it: identical answers, and policies that never read the view (load-only
+    and hash policies) do not pay for an LRU update per block."""
+
+    __slots__ = ("view", "pending")
+
+    def __init__(self, view: ApproximateView):
+        self.view = view
+        self.pending: list = []
+
+    def record(self, keys) -> None:
+        self.pending.append(keys)
+
+    def match(self, keys) -> int:
+        if self.pending:
+            self._flush()
+        return self.view.match(keys)
+
+    def _flush(self) -> None:
+        record = self.view.record
+        for keys in self.pending:
+            record(keys)
+        self.pending.clear()
+
+    def __len__(self) -> int:
+        self._flush()
+        return len(self.view)
+
+    def __getattr__(self, name: str):
+        self._flush()
+        return getattr(self.view, name)
+
+
+@dataclass
+class PolicyRun:
+    """One policy's results: the JSON summary and the raw series the plots need."""
+
+    name: str
+    summary: dict[str, Any]
+    ttft_s: list[float]
+    timeline_t: list[float]
+    timeline_in_flight: list[list[int]]
+
+
+def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
+    """``hybrid:max_skew=2,view=oracle`` -> (``hybrid:max_skew=2``, ``oracle``)."""
+    name, params = parse_spec(spec)
+    view = params.pop("view", default_view)
+    if view not in VIEWS:
+        raise ConfigError(f"policy {spec!r}: unknown view {view!r}; choose one of "
+                          f"{', '.join(VIEWS)}")
+    rest = ",".join(f"{k}={v}" for k, v in params.items())
+    return (f"{name}:{rest}" if rest else name), view
+
+
+def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *,
+                    view: str = DEFAULT_VIEW, seed: int = 0,
+                    progress: Callable[[int, int], None] | None = None) -> PolicyRun:
+    """Replay ``workload`` through fresh replicas routed by the policy ``spec``."""
+    policy_spec, view = split_view(spec, view)
+    if workload.block_size != fleet.block_size:
+        raise ConfigError(f"the workload's block size is {workload.block_size}, the fleet's "
+                          f"{fleet.block_size}")
+    n_replicas = fleet.replicas
+    block_size = fleet.block_size
+    policy = create_policy(policy_spec, seed=seed, num_replicas=n_replicas,
+                           block_size=block_size)
+    pools = []
+    cache_views: list[Any] = []
+    for i in range(n_replicas):
+        listener = EventView() if view == "events" else None
+        pool = PagedBlockPool(fleet.cache_blocks + 1, block_size, listener=listener)
+        pools.append(pool)
+        if view == "events":
+            cache_views.append(listener)
+        elif view == "oracle":
+            cache_views.append(OracleView(pool))
+        else:
+            cache_views.append(_DeferredApproximateView(
+                ApproximateView(capacity_blocks=fleet.cache_blocks)))
+    engines = [ReplicaEngine(pools[i], fleet.service,
+                             max_num_batched_tokens=fleet.max_num_batched_tokens,
+                             max_num_seqs=fleet.max_num_seqs, name=f"replica-{i}")
+               for i in range(n_replicas)]
+    replica_views = [ReplicaView(index=i, name=f"replica-{i}",
+                                 capacity_blocks=fleet.cache_blocks, cache=cache_views[i],
+                                 prefill_s_per_token=fleet.service.prefill_s_per_token)
+                     for i in range(n_replicas)]
+    approximate = view == "approximate"
+
+    requests = workload.requests
+    total = len(requests)
+    first_token = array("d", [-1.0]) * total
+    finish = array("d", [-1.0]) * total
+    cached = array("q", [0]) * total
+    replica_of = array("l", [-1]) * total
+    rejected = 0
+    predicted_total = 0
+    in_flight = [0] * n_replicas
+    assignments = [0] * n_replicas
+    open_views: dict[int, RequestView] = {}
+    timeline_t: list[float] = []
+    timeline_rows: list[list[int]] = []
+
+    clock = ManualClock(requests[0].arrival_s if requests else 0.0)
+    heap: list[tuple[float, int]] = []
+    wake: list[float | None] = [None] * n_replicas
+
+    def schedule(i: int) -> None:
+        t = engines[i].next_event_time()
+        if t is None:
+            wake[i] = None
+        elif t != wake[i]:
+            wake[i] = t
+            heapq.heappush(heap, (t, i))
+
+    def handle(i: int, events) -> None:
+        nonlocal rejected
+        for event in events:
+            k = event.request_id
+            if event.kind == "first_token":
+                first_token[k] = event.time
+                continue
+            in_flight[i] -= 1
+            rv = open_views.pop(k)
+            if event.kind == "finished":
+                finish[k] = event.time
+                cached[k] = event.cached_tokens
+                policy.on_completed(rv, i, event.cached_tokens)
+            else:  # rejected: never ran
+                rejected += 1
+                policy.on_completed(rv, i, 0)
+
+    k = 0
+    report_every = max(1, total // 100)
+    inf = math.inf
+    while k < total or heap:
+        arrival = requests[k].arrival_s if k < total else inf
+        if heap and heap[0][0] <= arrival:
+            t, i = heapq.heappop(heap)
+            if wake[i] != t:
+                continue  # superseded
+            wake[i] = None
+            clock.advance_to(t)
+            handle(i, engines[i].advance(t))
+            schedule(i)
+            continue
+        request = requests[k]
+        clock.advance_to(arrival)
+        keys = request.block_keys
+        n_prompt = metrics.prompt_blocks(request)
+        prompt_keys = keys if n_prompt == len(keys) else keys[:n_prompt]
+        rv = RequestView(request.request_id, request.input_tokens, block_size,
+                         block_keys=prompt_keys, tenant=request.tenant,
+                         routing_key=request.session, now=arrival)
+        for i in range(n_replicas):
+            engine = engines[i]
+            v = replica_views[i]
+            v.in_flight = in_flight[i]
+            v.queued = engine.waiting
+            v.running = engine.running
+            v.pending_prefill_tokens = engine.pending_prefill_tokens
+            v.kv_usage = engine.kv_usage
+            v.assignments = assignments[i]
+        decision = policy.route(rv, replica_views)
+        target = decision.replica
+        if not isinstance(target, int) or not 0 <= target < n_replicas:
+            raise ConfigError(f"policy {spec!r} chose replica {target!r}; there are "
+                              f"{n_replicas}")
+        policy.on_routed(rv, decision)
+        predicted_total += decision.predicted_cached_tokens or 0
+        if approximate:
+            cache_views[target].record(prompt_keys)
+        assignments[target] += 1
+        in_flight[target] += 1
+        replica_of[k] = target
+        open_views[k] = rv
+        timeline_t.append(arrival)
+        timeline_rows.append(list(in_flight))
+        engine = engines[target]
+        engine.submit(k, request.input_tokens, request.output_tokens, keys, arrival)
+        handle(target, engine.advance(arrival))
+        schedule(target)
+        k += 1
+        if progress is not None and k % report_every == 0:
+            progress(k, total)
+    if progress is not None:
+        progress(total, total)
+
+    summary = _summarize(workload, fleet, spec, view, engines, first_token, finish, cached,
+                         replica_of, assignments, rejected, predicted_total)
+    ttfts = [first_token[j] - requests[j].arrival_s for j in range(total) if first_token[j] >= 0]
+    return PolicyRun(spec, summary, ttfts, timeline_t, timeline_rows)
+
+
+def _summarize(workload: PreparedWorkload, fleet: FleetConfig, spec: str, view: str,
+               engines: Sequence[ReplicaEngine], first_token: array, finish: array,
+               cached: array, replica_of: array, assignments: list[int], rejected: int,
+               predicted_total: int) -> dict[str, Any]:
+    requests = workload.requests
+    done = [j for j in range(len(requests)) if finish[j] >= 0]
+    input_tokens = sum(requests[j].input_tokens for j in done)
+    reused = sum(cached[j] for j in done)
+    ideal = sum(workload.ideal_cached[j] for j in done)
+    ttft = [first_token[j] - requests[j].arrival_s for j in done]
+    e2e = [finish[j] - requests[j].arrival_s for j in done]
+    start = requests[0].arrival_s
+    end = max((finish[j] for j in done), default=start)
+    makespan = end - start
+    output_tokens = sum(requests[j].output_tokens for j in done)
+    summary: dict[str, Any] = {
+        "policy": spec,
+        "view": view,
+        "requests": len(requests),
+        "completed": len(done),
+        "rejected": rejected,
+        "input_tokens": input_tokens,
+        "token_hit_rate": round(reused / input_tokens, 6) if input_tokens else 0.0,
+        "request_hit_rate": round(sum(1 for j in done if cached[j] > 0) / len(done), 6)
+        if done else 0.0,
+        "reused_prefix_tokens": reused,
+        "fresh_prefill_tokens": input_tokens - reused,
+        "ideal_reused_tokens": ideal,
+        "recomputed_prefill_tokens": ideal - reused,
+        "predicted_reused_tokens": predicted_total,
+    }
+    summary.update(metrics.summarize_latencies("ttft", ttft))
+    summary.update(metrics.summarize_latencies("e2e", e2e))
+    summary.update({
+        "makespan_s": round(makespan, 6),
+        "throughput_rps": round(len(done) / makespan, 6) if makespan > 0 else None,
+        "output_tokens_per_s": round(output_tokens / makespan, 3) if makespan > 0 else None,
+        "assignments": list(assignments),
+        "max_assignment_skew": metrics.max_skew(assignments),
+        "utilisation": [round(e.busy_s / makespan, 6) if makespan > 0 else 0.0
+                        for e in engines],
+        "evictions": sum(e.pool.stats.evicted_blocks for e in engines),
+        "evictions_per_replica": [e.pool.stats.evicted_blocks for e in engines],
+        "preemptions": sum(e.preemptions for e in engines),
+    })
+    return summary
+
+
+def simulate(workload: PreparedWorkload, fleet: FleetConfig, specs: Sequence[str], *,
+             view: str = DEFAULT_VIEW, seed: int = 0,
+             progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Every policy in ``specs`` over the same workload and fleet: the JSON of issue 3."""
+    runs = {}
+    for spec in specs:
+        callback = (lambda done, total, _s=spec: progress(_s, done, total)) if progress else None
+        runs[spec] = simulate_policy(workload, fleet, spec, view=view, seed=seed,
+                                     progress=callback)
+    return {"runs": runs, "report": report(workload, fleet, runs, seed=seed)}
+
+
+def report(workload: PreparedWorkload, fleet: FleetConfig, runs: dict[str, PolicyRun],
+           seed: int = 0) -> dict[str, Any]:
+    return {
+        "workload": workload.describe(),
+        "fleet": fleet.describe(),
+        "seed": seed,
+        "ideal_token_hit_rate": round(workload.ideal_token_hit_rate, 6),
+        "policies": {name: run.summary for name, run in runs.items()},
+    }

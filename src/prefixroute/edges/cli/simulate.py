@@ -1,0 +1,417 @@
+"""``prefixroute simulate``: replay a workload through replicas under several routing policies.
+
+A workload is generated (``--workload NAME[:key=value,...]``) or read from a trace
+(``--trace FILE --trace-format {mooncake,kvtester,jsonl,azure}``). Every policy (repeat
+``--policy``; ``all`` is every registered one) gets fresh replicas over the same requests; the
+table and ``--json`` report token and request hit rates, reused and recomputed prefill, TTFT
+and end-to-end percentiles, assignments and skew, utilisation and evictions, next to the
+workload's ideal token hit rate (one infinite cache). ``--plot DIR`` draws a TTFT CDF per
+policy, the hit rates, and each replica's load over time.
+
+This module only parses, reads files and formats; the simulation is
+:mod:`prefixroute.core.simulator.simulation`. Bad input (unknown policy or parameter, a trace
+line with a missing field, time going backwards, a block-size mismatch) is one line naming the
+file:line and field, exit code 2, and nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from prefixroute.core.errors import ConfigError, InputError
+from prefixroute.core.identity.model_config import MODEL_PRESETS, ModelConfig
+from prefixroute.core.replica.service_time import (DEFAULT_PROFILE, PRESETS, ServiceTimeModel,
+                                                   get_profile, profile_from_dict)
+from prefixroute.core.routing.registry import expand_specs, parse_spec
+from prefixroute.core.simulator.generators import WORKLOADS, make_workload
+from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, VIEWS, FleetConfig, PolicyRun,
+                                                   PreparedWorkload, prepare_workload, report,
+                                                   simulate_policy)
+from prefixroute.edges.cli.common import print_json, write_atomic
+
+DEFAULT_TRACE_REPLICAS = 8  # the issue's benchmark fleet
+GIB = 1 << 30
+
+
+# -- arguments shared with `sweep` ----------------------------------------------------------------
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_argument_group("workload (one of)")
+    source.add_argument("--workload", metavar="NAME[:k=v,...]",
+                        help=f"a generated workload: {', '.join(WORKLOADS)} (default seed-fleet)")
+    source.add_argument("--trace", metavar="FILE", help="a trace file (kvtester: a file or a "
+                        "directory of session files)")
+    source.add_argument("--trace-format", choices=("mooncake", "kvtester", "jsonl", "azure"),
+                        help="format of --trace")
+    source.add_argument("--trace-block-size", type=int, metavar="N",
+                        help="block size of the trace's block ids (default: the format's: "
+                             "mooncake 512, kvtester from the file, jsonl from the file or 16, "
+                             "azure 16); must agree with the ids")
+    source.add_argument("--azure-prefixes", metavar="k=v,...", default="",
+                        help="prefix families given to an azure trace: prefixes, prefix_tokens, "
+                             "max_prefix_fraction, zipf_exponent (defaults 20, 1000, 0.8, 1.0)")
+    source.add_argument("--requests", type=int, metavar="N",
+                        help="replay only the first N requests")
+    source.add_argument("--time-scale", type=float, default=1.0, metavar="F",
+                        help="multiply arrival times by F: below 1 replays faster (more load), "
+                             "above 1 slower (default 1)")
+    source.add_argument("--block-size", type=int, metavar="N",
+                        help="block size of generated workloads (default 16, vLLM's)")
+    source.add_argument("--seed", type=int, metavar="N",
+                        help="seed of generated workloads and randomised policies (default: "
+                             "each generator's own, e.g. 3 for seed-fleet as in the SPEC; "
+                             "policies 0)")
+    fleet = parser.add_argument_group("fleet")
+    fleet.add_argument("--cache-blocks", type=int, metavar="N",
+                       help="usable KV blocks per replica (default: the workload's, else from "
+                            "--kv-memory-gib or the engine profile's memory)")
+    fleet.add_argument("--kv-memory-gib", type=float, metavar="X",
+                       help="KV memory per replica in GiB, with --model-config")
+    fleet.add_argument("--model-config", metavar="FILE|NAME",
+                       help=f"model shape for KV bytes per token: a JSON/YAML file (ours or a "
+                            f"Hugging Face config.json) or a preset: {', '.join(MODEL_PRESETS)} "
+                            f"(default: the engine profile's model)")
+    fleet.add_argument("--engine-profile", default=DEFAULT_PROFILE, metavar="NAME|FILE",
+                       help=f"service-time profile: {', '.join(PRESETS)} or a JSON/YAML file "
+                            f"(default %(default)s)")
+    fleet.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                       help="token budget per engine step (default 8192, vLLM's)")
+    fleet.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                       help="running requests per replica at most (default 256, vLLM's)")
+    fleet.add_argument("--view", choices=VIEWS, default=DEFAULT_VIEW,
+                       help="router's view of replica caches for every policy (per policy: "
+                            "view=... in its spec); default %(default)s")
+
+
+def _load_mapping(path: str, what: str) -> dict:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"no such {what} file", where=path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} file: {exc.strerror}", where=path) from None
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        raise InputError(f"not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: "
+                         f"{exc}", where=path) from None
+    if not isinstance(data, dict):
+        raise InputError(f"a {what} file holds a mapping", where=path)
+    return data
+
+
+def load_profile(text: str) -> ServiceTimeModel:
+    if text in PRESETS:
+        return PRESETS[text]
+    if os.path.exists(text) or text.endswith((".json", ".yaml", ".yml")):
+        return profile_from_dict(_load_mapping(text, "engine profile"), where=text)
+    return get_profile(text)
+
+
+def load_model_config(text: str) -> ModelConfig:
+    if text in MODEL_PRESETS:
+        return MODEL_PRESETS[text]
+    if not os.path.exists(text) and not text.endswith((".json", ".yaml", ".yml")):
+        raise ConfigError(f"--model-config: no file {text!r} and no preset of that name; "
+                          f"presets: {', '.join(MODEL_PRESETS)}")
+    return ModelConfig.from_dict(_load_mapping(text, "model config"), where=text)
+
+
+def _key_values(text: str, flag: str) -> dict[str, str]:
+    if not text:
+        return {}
+    _, params = parse_spec(f"x:{text}")
+    return params
+
+
+def _positive(value, flag: str):
+    if value is not None and value < 1:
+        raise ConfigError(f"{flag}: must be at least 1, got {value}")
+    return value
+
+
+def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str, Any]]:
+    """The requests (with keys) and what the fleet defaults to for this workload."""
+    _positive(args.requests, "--requests")
+    _positive(args.trace_block_size, "--trace-block-size")
+    _positive(args.block_size, "--block-size")
+    if not math.isfinite(args.time_scale) or args.time_scale < 0:
+        raise ConfigError(f"--time-scale: must be a non-negative number, got {args.time_scale}")
+    if args.trace and args.workload:
+        raise ConfigError("give --workload or --trace, not both")
+    defaults: dict[str, Any] = {}
+    if args.trace:
+        if not args.trace_format:
+            raise ConfigError("--trace needs --trace-format (mooncake, kvtester, jsonl, azure)")
+        from prefixroute.edges.traces import read_trace
+        prefixes = _key_values(args.azure_prefixes, "--azure-prefixes")
+        typed: dict[str, Any] = {}
+        for key, value in prefixes.items():
+            if key not in ("prefixes", "prefix_tokens", "max_prefix_fraction", "zipf_exponent"):
+                raise ConfigError(f"--azure-prefixes: unknown key {key!r}")
+            try:
+                typed[key] = float(value) if key in ("max_prefix_fraction",
+                                                     "zipf_exponent") else int(value)
+            except ValueError:
+                raise ConfigError(f"--azure-prefixes: {key} expects a number, got "
+                                  f"{value!r}") from None
+        requests = read_trace(args.trace, args.trace_format, args.trace_block_size,
+                              prefixes=typed, seed=args.seed or 0)
+        info = {"source": "trace", "trace": str(args.trace), "format": args.trace_format}
+        defaults["replicas"] = DEFAULT_TRACE_REPLICAS
+    else:
+        if args.trace_format:
+            raise ConfigError("--trace-format needs --trace")
+        spec = args.workload or "seed-fleet"
+        name, params = parse_spec(spec)
+        if name not in WORKLOADS:
+            raise ConfigError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+        workload = WORKLOADS[name]
+        requests = make_workload(name, params, seed=args.seed, block_size=args.block_size)
+        info = {"source": "generator", "name": name, "params": params}
+        defaults["replicas"] = workload.replicas
+        defaults["cache_blocks"] = workload.cache_blocks
+    prepared = prepare_workload(requests, limit=args.requests, time_scale=args.time_scale,
+                                info=info)
+    return prepared, defaults
+
+
+def resolve_fleet(args: argparse.Namespace, workload: PreparedWorkload,
+                  defaults: dict[str, Any], *, replicas: int | None = None,
+                  cache_blocks: int | None = None) -> FleetConfig:
+    service = load_profile(args.engine_profile)
+    replicas = replicas or args.replicas or defaults.get("replicas") or DEFAULT_TRACE_REPLICAS
+    _positive(replicas, "--replicas")
+    block_size = workload.block_size
+    if args.kv_memory_gib is not None and args.cache_blocks is not None:
+        raise ConfigError("give --cache-blocks or --kv-memory-gib, not both")
+    if cache_blocks is None:
+        cache_blocks = args.cache_blocks
+    if cache_blocks is None:
+        if args.kv_memory_gib is not None or args.model_config is not None:
+            memory = args.kv_memory_gib if args.kv_memory_gib is not None \
+                else service.kv_memory_gib
+            if not math.isfinite(memory) or memory <= 0:
+                raise ConfigError(f"--kv-memory-gib: must be positive, got {memory}")
+            model = load_model_config(args.model_config or service.model)
+            cache_blocks = model.blocks_for_memory(memory * GIB, block_size)
+        elif defaults.get("cache_blocks"):
+            cache_blocks = defaults["cache_blocks"]
+        else:
+            model = load_model_config(service.model)
+            cache_blocks = model.blocks_for_memory(service.kv_memory_gib * GIB, block_size)
+    _positive(cache_blocks, "--cache-blocks")
+    kwargs = {}
+    if args.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = _positive(args.max_num_batched_tokens,
+                                                     "--max-num-batched-tokens")
+    if args.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = _positive(args.max_num_seqs, "--max-num-seqs")
+    return FleetConfig(replicas, cache_blocks, block_size, service, **kwargs)
+
+
+# -- the subcommand ------------------------------------------------------------------------------
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate", help="replay a workload or trace through replicas under routing policies",
+        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
+    add_workload_arguments(parser)
+    parser.add_argument("--replicas", type=int, metavar="N",
+                        help="replicas (default: the workload's; traces 8)")
+    parser.add_argument("--policy", action="append", metavar="NAME[:k=v,...]",
+                        help="a routing policy, repeatable; 'all' is every registered policy "
+                             "(default all)")
+    parser.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-': "
+                        "standard output)")
+    parser.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+
+
+def _progress(enabled: bool, console) -> tuple[Any, Callable[[str, int, int], None] | None]:
+    if not enabled:
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    progress = Progress(TextColumn("{task.description:<24}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                        console=console, transient=True)
+    tasks: dict[str, Any] = {}
+
+    def update(spec: str, done: int, total: int) -> None:
+        task = tasks.get(spec)
+        if task is None:
+            task = tasks[spec] = progress.add_task(spec, total=total)
+        progress.update(task, completed=done)
+
+    return progress, update
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    specs = expand_specs(args.policy or ["all"])
+    if args.json and args.json != "-" and os.path.isdir(args.json):
+        raise ConfigError(f"--json: {args.json} is a directory")
+    workload, defaults = load_workload(args)
+    fleet = resolve_fleet(args, workload, defaults)
+    # Check every policy spec before the first (possibly long) run.
+    from prefixroute.core.routing.registry import create_policy
+    from prefixroute.core.simulator.simulation import split_view
+    for spec in specs:
+        name, _ = split_view(spec, args.view)
+        create_policy(name, seed=args.seed or 0, num_replicas=fleet.replicas,
+                      block_size=fleet.block_size)
+
+    err = Console(stderr=True, highlight=False)
+    show_progress = not args.no_progress and sys.stderr.isatty()
+    progress, update = _progress(show_progress, err)
+    runs: dict[str, PolicyRun] = {}
+    if progress is not None:
+        progress.start()
+    try:
+        for spec in specs:
+            callback = (lambda done, total, _s=spec: update(_s, done, total)) if update else None
+            runs[spec] = simulate_policy(workload, fleet, spec, view=args.view,
+                                         seed=args.seed or 0, progress=callback)
+    finally:
+        if progress is not None:
+            progress.stop()
+    result = report(workload, fleet, runs, seed=args.seed or 0)
+
+    # Render everything first, then write: a failure leaves nothing half-written.
+    outputs: list[tuple[str, str | bytes]] = []
+    if args.json and args.json != "-":
+        outputs.append((args.json, json.dumps(result, indent=2) + "\n"))
+    if args.plot:
+        outputs.extend((str(Path(args.plot) / name), data)
+                       for name, data in render_plots(workload, runs).items())
+    for path, data in outputs:
+        write_atomic(path, data)
+    if args.json == "-":
+        print_json(result)
+    else:
+        print_table(result, Console(highlight=False,
+                                    width=None if sys.stdout.isatty() else 220))
+        for path, _ in outputs:
+            print(f"wrote {path}")
+    return 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def print_table(result: dict, console) -> None:
+    from rich.table import Table
+    w = result["workload"]
+    f = result["fleet"]
+    name = w.get("name") or w.get("trace", "")
+    console.print(f"workload {name}: {w['requests']:,} requests, {w['input_tokens']:,} prompt "
+                  f"tokens, {w['duration_s']:.1f} s; ideal token hit rate "
+                  f"{_pct(result['ideal_token_hit_rate'])} (one infinite cache)")
+    console.print(f"fleet: {f['replicas']} replicas x {f['cache_blocks']:,} blocks of "
+                  f"{f['block_size']} tokens ({f['cache_tokens']:,} tokens), engine profile "
+                  f"{f['engine_profile']}")
+    table = Table()
+    for column, justify in (("policy", "left"), ("token hit", "right"), ("req hit", "right"),
+                            ("reused tok", "right"), ("recomputed", "right"),
+                            ("TTFT p50", "right"), ("p90", "right"), ("p99", "right"),
+                            ("e2e p50", "right"), ("assignments", "left"), ("skew", "right"),
+                            ("evictions", "right"), ("util max", "right")):
+        table.add_column(column, justify=justify)
+    for spec, p in result["policies"].items():
+        table.add_row(spec, _pct(p["token_hit_rate"]), _pct(p["request_hit_rate"]),
+                      f"{p['reused_prefix_tokens']:,}", f"{p['recomputed_prefill_tokens']:,}",
+                      _secs(p["ttft_p50_s"]), _secs(p["ttft_p90_s"]), _secs(p["ttft_p99_s"]),
+                      _secs(p["e2e_p50_s"]), " ".join(map(str, p["assignments"])),
+                      str(p["max_assignment_skew"]), f"{p['evictions']:,}",
+                      _pct(max(p["utilisation"]) if p["utilisation"] else None))
+    console.print(table)
+
+
+# -- plots ----------------------------------------------------------------------------------------
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def render_plots(workload: PreparedWorkload, runs: dict[str, PolicyRun]) -> dict[str, bytes]:
+    """PNG bytes by file name: TTFT CDF per policy, hit rates, load per replica over time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = {}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for spec, run in runs.items():
+        values = sorted(v for v in run.ttft_s if v > 0)
+        if not values:
+            continue
+        n = len(values)
+        ax.plot(values, [(i + 1) / n for i in range(n)], label=spec, linewidth=1.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("TTFT CDF per policy")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    out["ttft_cdf.png"] = _png(fig)
+
+    names = list(runs)
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names) + 2), 4.5))
+    token = [runs[n].summary["token_hit_rate"] for n in names]
+    request = [runs[n].summary["request_hit_rate"] for n in names]
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], token, width=0.4, label="token hit rate")
+    ax.bar([x + 0.2 for x in xs], request, width=0.4, label="request hit rate", alpha=0.6)
+    ax.axhline(workload.ideal_token_hit_rate, color="black", linestyle="--", linewidth=1,
+               label="ideal token hit rate")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("hit rate")
+    ax.set_title("Hit rates per policy")
+    ax.legend(fontsize=8)
+    out["hit_rates.png"] = _png(fig)
+
+    cols = min(3, len(names)) or 1
+    rows = -(-len(names) // cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 2.6 * rows), squeeze=False,
+                             sharex=True)
+    for index, spec in enumerate(names):
+        ax = axes[index // cols][index % cols]
+        run = runs[spec]
+        if run.timeline_t:
+            step = max(1, len(run.timeline_t) // 2000)
+            t = run.timeline_t[::step]
+            rows_ = run.timeline_in_flight[::step]
+            for replica in range(len(rows_[0])):
+                ax.plot(t, [r[replica] for r in rows_], linewidth=0.8)
+        ax.set_title(spec, fontsize=9)
+        ax.set_ylabel("in flight", fontsize=8)
+    for index in range(len(names), rows * cols):
+        axes[index // cols][index % cols].axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("time (s)", fontsize=8)
+    fig.suptitle("Requests in flight per replica over time", y=1.0)
+    fig.tight_layout()
+    out["load_over_time.png"] = _png(fig)
+    return out

@@ -1,0 +1,90 @@
+"""What every trace reader shares: opening files, typed field checks that name file:line."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterator
+
+from prefixroute.core.errors import InputError
+
+MAX_ID = (1 << 32) - 1  # block and token ids are hashed as uint32
+
+
+def open_text(path: str | os.PathLike):
+    try:
+        return open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("no such file", where=str(path)) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a file", where=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", where=str(path)) from None
+
+
+def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """(line number from 1, text) for non-blank lines, read lazily."""
+    with open_text(path) as fh:
+        try:
+            for number, line in enumerate(fh, 1):
+                if line.strip():
+                    yield number, line
+        except UnicodeDecodeError:
+            raise InputError("not UTF-8 text", where=str(path)) from None
+
+
+def require(record: dict, name: str, where: str) -> Any:
+    if name not in record:
+        raise InputError("missing field", where=where, field=name)
+    return record[name]
+
+
+def number(record: dict, name: str, where: str, *, minimum: float = 0.0) -> float:
+    value = require(record, name, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"expected a number, got {value!r}", where=where, field=name)
+    if value < minimum:
+        raise InputError(f"must be at least {minimum:g}, got {value!r}", where=where, field=name)
+    return float(value)
+
+
+def integer(record: dict, name: str, where: str, *, minimum: int = 0) -> int:
+    value = require(record, name, where)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"expected an integer, got {value!r}", where=where, field=name)
+    if value < minimum:
+        raise InputError(f"must be at least {minimum}, got {value}", where=where, field=name)
+    return value
+
+
+def id_list(record: dict, name: str, where: str) -> list[int]:
+    value = require(record, name, where)
+    if not isinstance(value, list):
+        raise InputError(f"expected a list of integers, got {type(value).__name__}",
+                         where=where, field=name)
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= MAX_ID:
+            raise InputError(f"expected integers in 0..{MAX_ID}, got {item!r}", where=where,
+                             field=name)
+    return value
+
+
+def check_block_ids(hash_ids: list, input_tokens: int, block_size: int, where: str,
+                    *, allow_floor: bool = True, name: str = "hash_ids") -> None:
+    """A trace's block ids cover the prompt in ``block_size``-token blocks: one id per block,
+    the last block possibly partial (``ceil``), or only full blocks (``floor``)."""
+    ceil_blocks = -(-input_tokens // block_size)
+    floor_blocks = input_tokens // block_size
+    if len(hash_ids) == ceil_blocks or (allow_floor and len(hash_ids) == floor_blocks):
+        return
+    expected = (f"{floor_blocks} or {ceil_blocks}" if allow_floor and floor_blocks != ceil_blocks
+                else str(ceil_blocks))
+    raise InputError(f"block-size mismatch: {len(hash_ids)} block ids for {input_tokens} "
+                     f"tokens, expected {expected} with {block_size}-token blocks",
+                     where=where, field=name)
+
+
+def check_time_order(value: float, previous: float, where: str, name: str) -> None:
+    if value < previous:
+        raise InputError(f"timestamps go backwards: {value:g} after {previous:g}", where=where,
+                         field=name)

@@ -1,0 +1,96 @@
+"""Agentic coding-session traces of kv-cache-tester: one JSON document per session.
+
+Top level: ``block_size`` (64), ``hash_id_scope`` (``"local"``: ids are unique only within the
+file), ``requests``: ``t`` (seconds since the session start), ``in``, ``out``, ``hash_ids``
+(one id per *full* block of ``in``), plus ``type``, ``think_time``, ``api_time`` we do not
+need. Files are replayed as concurrent sessions, every one starting at 0 (plus
+``stagger_s`` x its position); each file's ids are namespaced by its name so that equal local
+ids in two files stay different blocks. An ``out`` of 0 is replayed as 1 token (an engine
+always samples one).
+
+A document is one JSON line, so errors name ``file:requests[i]`` rather than a line.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from prefixroute.core.errors import InputError
+from prefixroute.core.simulator.request import Request
+from prefixroute.edges.traces.common import (check_block_ids, check_time_order, id_list, integer,
+                                             number, open_text, require)
+
+
+def session_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The ``*.json`` files of the given files and directories, sorted by name."""
+    out: list[Path] = []
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            out.extend(sorted(q for q in p.glob("*.json") if q.is_file()))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise InputError("no such file or directory", where=str(p))
+    if not out:
+        raise InputError("no session files (*.json)", where=", ".join(map(str, paths)))
+    return out
+
+
+def _read_session(path: Path, index: int, block_size: int | None,
+                  stagger_s: float) -> tuple[int, list[Request]]:
+    with open_text(path) as fh:
+        try:
+            document = json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not valid JSON ({exc.msg})", where=f"{path}:{exc.lineno}") from None
+    where = str(path)
+    if not isinstance(document, dict):
+        raise InputError("expected a JSON object", where=where)
+    file_block_size = integer(document, "block_size", where, minimum=1)
+    if block_size is not None and file_block_size != block_size:
+        raise InputError(f"block-size mismatch: the file says {file_block_size}, expected "
+                         f"{block_size}", where=where, field="block_size")
+    requests = require(document, "requests", where)
+    if not isinstance(requests, list):
+        raise InputError("expected a list", where=where, field="requests")
+    namespace = str(document.get("id") or path.stem)
+    offset = index * stagger_s
+    previous = 0.0
+    out = []
+    for i, record in enumerate(requests):
+        at = f"{path}:requests[{i}]"
+        if not isinstance(record, dict):
+            raise InputError("expected a JSON object", where=at)
+        t = number(record, "t", at)
+        check_time_order(t, previous, at, "t")
+        previous = t
+        input_tokens = integer(record, "in", at, minimum=1)
+        output_tokens = integer(record, "out", at, minimum=0)
+        hash_ids = id_list(record, "hash_ids", at)
+        check_block_ids(hash_ids, input_tokens, file_block_size, at)
+        out.append(Request(f"{namespace}:{i}", offset + t, input_tokens, max(1, output_tokens),
+                           file_block_size, hash_ids=hash_ids, session=namespace, turn=i,
+                           tenant=namespace, namespace=namespace))
+    return file_block_size, out
+
+
+def read_kvtester(paths: str | os.PathLike | Sequence[str | os.PathLike],
+                  block_size: int | None = None, stagger_s: float = 0.0) -> Iterator[Request]:
+    """Merge every session file's requests by time (ties: file order, then request order)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    sessions = []
+    for index, path in enumerate(session_files(paths)):
+        file_block_size, requests = _read_session(path, index, block_size, stagger_s)
+        if block_size is None:
+            block_size = file_block_size
+        sessions.append(requests)
+    streams = [[((r.arrival_s, s, i), r) for i, r in enumerate(requests)]
+               for s, requests in enumerate(sessions)]
+    for _, request in heapq.merge(*streams, key=lambda item: item[0]):
+        yield request

@@ -1,0 +1,42 @@
+"""Mooncake traces (FAST'25 release): one JSON object per line.
+
+``timestamp`` (ms since the trace start), ``input_length``, ``output_length``, ``hash_ids``:
+prefix-chained ids of 512-token blocks, ``len(hash_ids) == ceil(input_length / 512)`` (the
+last block usually partial). Ids are global to one trace file, so they need no namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator
+
+from prefixroute.core.errors import InputError
+from prefixroute.core.simulator.request import Request
+from prefixroute.edges.traces.common import (check_block_ids, check_time_order, id_list, integer,
+                                             number, numbered_lines)
+
+MOONCAKE_BLOCK_SIZE = 512
+
+
+def read_mooncake(path: str | os.PathLike, block_size: int | None = None) -> Iterator[Request]:
+    block_size = block_size or MOONCAKE_BLOCK_SIZE
+    stem = os.path.basename(str(path))
+    previous = 0.0
+    for number_, line in numbered_lines(path):
+        where = f"{path}:{number_}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not valid JSON ({exc.msg})", where=where) from None
+        if not isinstance(record, dict):
+            raise InputError("expected a JSON object", where=where)
+        timestamp_ms = number(record, "timestamp", where)
+        check_time_order(timestamp_ms, previous, where, "timestamp")
+        previous = timestamp_ms
+        input_tokens = integer(record, "input_length", where, minimum=1)
+        output_tokens = integer(record, "output_length", where, minimum=0)
+        hash_ids = id_list(record, "hash_ids", where)
+        check_block_ids(hash_ids, input_tokens, block_size, where, allow_floor=False)
+        yield Request(f"{stem}:{number_}", timestamp_ms / 1000.0, input_tokens,
+                      max(1, output_tokens), block_size, hash_ids=hash_ids)
