@@ -41,7 +41,8 @@ GIB = 1 << 30
 
 
 # -- arguments shared with `sweep` ----------------------------------------------------------------
-def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = False) -> None:
+    """Workload and fleet flags; with ``grid`` (``sweep``) ``--cache-blocks`` takes a list."""
     source = parser.add_argument_group("workload (one of)")
     source.add_argument("--workload", metavar="NAME[:k=v,...]",
                         help=f"a generated workload: {', '.join(WORKLOADS)} (default seed-fleet)")
@@ -68,9 +69,14 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "each generator's own, e.g. 3 for seed-fleet as in the SPEC; "
                              "policies 0)")
     fleet = parser.add_argument_group("fleet")
-    fleet.add_argument("--cache-blocks", type=int, metavar="N",
-                       help="usable KV blocks per replica (default: the workload's, else from "
-                            "--kv-memory-gib or the engine profile's memory)")
+    if grid:
+        fleet.add_argument("--cache-blocks", metavar="N,N,...",
+                           help="usable KV blocks per replica, comma-separated grid values "
+                                "(default: the workload's, else from the KV memory)")
+    else:
+        fleet.add_argument("--cache-blocks", type=int, metavar="N",
+                           help="usable KV blocks per replica (default: the workload's, else "
+                                "from --kv-memory-gib or the engine profile's memory)")
     fleet.add_argument("--kv-memory-gib", type=float, metavar="X",
                        help="KV memory per replica in GiB, with --model-config")
     fleet.add_argument("--model-config", metavar="FILE|NAME",
@@ -190,13 +196,15 @@ def resolve_fleet(args: argparse.Namespace, workload: PreparedWorkload,
                   defaults: dict[str, Any], *, replicas: int | None = None,
                   cache_blocks: int | None = None) -> FleetConfig:
     service = load_profile(args.engine_profile)
-    replicas = replicas or args.replicas or defaults.get("replicas") or DEFAULT_TRACE_REPLICAS
+    if replicas is None and isinstance(args.replicas, int):
+        replicas = args.replicas
+    replicas = replicas or defaults.get("replicas") or DEFAULT_TRACE_REPLICAS
     _positive(replicas, "--replicas")
     block_size = workload.block_size
-    if args.kv_memory_gib is not None and args.cache_blocks is not None:
-        raise ConfigError("give --cache-blocks or --kv-memory-gib, not both")
-    if cache_blocks is None:
+    if cache_blocks is None and isinstance(args.cache_blocks, int):
         cache_blocks = args.cache_blocks
+    if args.kv_memory_gib is not None and cache_blocks is not None:
+        raise ConfigError("give --cache-blocks or --kv-memory-gib, not both")
     if cache_blocks is None:
         if args.kv_memory_gib is not None or args.model_config is not None:
             memory = args.kv_memory_gib if args.kv_memory_gib is not None \

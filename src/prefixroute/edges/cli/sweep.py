@@ -1,0 +1,207 @@
+"""``prefixroute sweep``: a grid of fleet sizes, cache capacities and policy parameters.
+
+The workload flags are those of ``prefixroute simulate``. The grid is ``--replicas 2,4,8``,
+``--cache-blocks 200,400,800`` and policies whose parameters may list alternatives with ``|``
+(``--policy hybrid:max_skew=0|1|2`` is three policies). Every grid point runs in a worker
+process (``--jobs``, default 2) over the same prepared workload (read or generated once, before
+the workers fork); the result is a table, ``--json`` and a plot (``--plot DIR``: token hit rate
+and TTFT p99 against cache capacity, one panel per fleet size, one line per policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.routing.registry import create_policy, expand_specs, parse_spec
+from prefixroute.core.simulator.simulation import simulate_policy, split_view
+from prefixroute.edges.cli.common import print_json, write_atomic
+from prefixroute.edges.cli.simulate import (_pct, _png, _secs, add_workload_arguments,
+                                            load_workload, resolve_fleet)
+
+DEFAULT_JOBS = 2  # this machine's cores; override with --jobs
+
+# Set in the parent before the workers fork, so each inherits the prepared workload.
+_SHARED: dict[str, Any] = {}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sweep", help="run a grid of replicas, cache sizes and policy parameters in parallel",
+        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
+    add_workload_arguments(parser, grid=True)
+    parser.add_argument("--replicas", metavar="N,N,...",
+                        help="fleet sizes, comma-separated (default: the workload's)")
+    parser.add_argument("--policy", action="append", metavar="NAME[:k=a|b,...]",
+                        help="a policy, repeatable; '|' separates alternative parameter values; "
+                             "'all' is every registered policy (default hybrid and round_robin)")
+    parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, metavar="N",
+                        help="worker processes (default %(default)s)")
+    parser.add_argument("--json", metavar="FILE", help="write the JSON results ('-': stdout)")
+    parser.add_argument("--plot", metavar="DIR", help="write sweep.png to DIR")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+
+
+def expand_alternatives(spec: str) -> list[str]:
+    """``hybrid:max_skew=0|1`` -> [``hybrid:max_skew=0``, ``hybrid:max_skew=1``]."""
+    name, params = parse_spec(spec)
+    if not params:
+        return [name]
+    keys = list(params)
+    choices = [params[k].split("|") for k in keys]
+    return [name + ":" + ",".join(f"{k}={v}" for k, v in zip(keys, combo))
+            for combo in itertools.product(*choices)]
+
+
+def _int_list(text: str | None, flag: str) -> list[int | None]:
+    if not text:
+        return [None]
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            value = int(item)
+        except ValueError:
+            raise ConfigError(f"{flag}: expected comma-separated integers, got {item!r}") from None
+        if value < 1:
+            raise ConfigError(f"{flag}: values must be at least 1, got {value}")
+        out.append(value)
+    return out
+
+
+def _run_point(point: tuple[int, int | None, int | None, str]) -> tuple[int, dict]:
+    index, replicas, cache_blocks, spec = point
+    args = _SHARED["args"]
+    workload, defaults = _SHARED["workload"], _SHARED["defaults"]
+    fleet = resolve_fleet(args, workload, defaults, replicas=replicas, cache_blocks=cache_blocks)
+    run = simulate_policy(workload, fleet, spec, view=args.view, seed=args.seed or 0)
+    summary = dict(run.summary)
+    summary.update(replicas=fleet.replicas, cache_blocks=fleet.cache_blocks)
+    return index, summary
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: must be at least 1, got {args.jobs}")
+    replicas_grid = _int_list(args.replicas, "--replicas")
+    blocks_grid = _int_list(args.cache_blocks, "--cache-blocks")
+    if args.kv_memory_gib is not None and blocks_grid != [None]:
+        raise ConfigError("give --cache-blocks or --kv-memory-gib, not both")
+    specs = [s for spec in expand_specs(args.policy or ["hybrid", "round_robin"])
+             for s in expand_alternatives(spec)]
+    workload, defaults = load_workload(args)
+    # Resolve every grid point's fleet and policy now: bad input fails before any work.
+    points = []
+    for replicas, blocks in itertools.product(replicas_grid, blocks_grid):
+        fleet = resolve_fleet(args, workload, defaults, replicas=replicas, cache_blocks=blocks)
+        for spec in specs:
+            name, _ = split_view(spec, args.view)
+            create_policy(name, seed=args.seed or 0, num_replicas=fleet.replicas,
+                          block_size=fleet.block_size)
+            points.append((len(points), fleet.replicas, fleet.cache_blocks, spec))
+
+    _SHARED.update(args=args, workload=workload, defaults=defaults)
+    results: list[dict | None] = [None] * len(points)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    show = not args.no_progress and sys.stderr.isatty()
+    progress = Progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed}/"
+                        "{task.total}"), TimeElapsedColumn(), console=Console(stderr=True),
+                        transient=True, disable=not show)
+    with progress:
+        task = progress.add_task("sweep", total=len(points))
+        if args.jobs == 1 or len(points) == 1:
+            for point in points:
+                index, summary = _run_point(point)
+                results[index] = summary
+                progress.advance(task)
+        else:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=min(args.jobs, len(points)),
+                                     mp_context=context) as pool:
+                futures = [pool.submit(_run_point, point) for point in points]
+                for future in as_completed(futures):
+                    index, summary = future.result()
+                    results[index] = summary
+                    progress.advance(task)
+
+    result = {
+        "workload": workload.describe(),
+        "ideal_token_hit_rate": round(workload.ideal_token_hit_rate, 6),
+        "grid": {"replicas": sorted({p[1] for p in points}),
+                 "cache_blocks": sorted({p[2] for p in points}), "policies": specs},
+        "results": results,
+    }
+    outputs: list[tuple[str, str | bytes]] = []
+    if args.json and args.json != "-":
+        outputs.append((args.json, json.dumps(result, indent=2) + "\n"))
+    if args.plot:
+        outputs.append((str(Path(args.plot) / "sweep.png"), render_sweep_plot(result)))
+    for path, data in outputs:
+        write_atomic(path, data)
+    if args.json == "-":
+        print_json(result)
+    else:
+        print_sweep_table(result, Console(highlight=False,
+                                          width=None if sys.stdout.isatty() else 200))
+        for path, _ in outputs:
+            print(f"wrote {path}")
+    return 0
+
+
+def print_sweep_table(result: dict, console) -> None:
+    from rich.table import Table
+    console.print(f"ideal token hit rate {_pct(result['ideal_token_hit_rate'])} over "
+                  f"{result['workload']['requests']:,} requests")
+    table = Table()
+    for column in ("replicas", "cache blocks", "policy", "token hit", "TTFT p50", "TTFT p99",
+                   "skew", "evictions"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for row in sorted(result["results"], key=lambda r: (r["replicas"], r["cache_blocks"],
+                                                        result["grid"]["policies"].index(
+                                                            r["policy"]))):
+        table.add_row(str(row["replicas"]), f"{row['cache_blocks']:,}", row["policy"],
+                      _pct(row["token_hit_rate"]), _secs(row["ttft_p50_s"]),
+                      _secs(row["ttft_p99_s"]), str(row["max_assignment_skew"]),
+                      f"{row['evictions']:,}")
+    console.print(table)
+
+
+def render_sweep_plot(result: dict) -> bytes:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    replicas = result["grid"]["replicas"]
+    policies = result["grid"]["policies"]
+    fig, axes = plt.subplots(2, len(replicas), figsize=(4.5 * len(replicas), 7), squeeze=False)
+    for col, n in enumerate(replicas):
+        for spec in policies:
+            rows = sorted((r for r in result["results"]
+                           if r["replicas"] == n and r["policy"] == spec),
+                          key=lambda r: r["cache_blocks"])
+            xs = [r["cache_blocks"] for r in rows]
+            axes[0][col].plot(xs, [r["token_hit_rate"] for r in rows], marker="o", label=spec)
+            axes[1][col].plot(xs, [r["ttft_p99_s"] or 0 for r in rows], marker="o", label=spec)
+        axes[0][col].axhline(result["ideal_token_hit_rate"], color="black", linestyle="--",
+                             linewidth=1)
+        axes[0][col].set_title(f"{n} replicas")
+        axes[0][col].set_ylabel("token hit rate")
+        axes[0][col].set_ylim(0, 1)
+        axes[1][col].set_ylabel("TTFT p99 (s)")
+        axes[1][col].set_xlabel("cache blocks per replica")
+        axes[1][col].set_yscale("log")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Sweep: token hit rate and TTFT p99 against cache capacity")
+    fig.tight_layout()
+    return _png(fig)
+
+
+__all__ = ["register", "run", "expand_alternatives"]
