@@ -68,7 +68,7 @@ class KVEventsConfig:
 
     endpoint: str
     replay_endpoint: str | None = None
-    topic: str = "kv"
+    topic: str = ""  # a prefix filter; vLLM's default topic is empty
     bind: bool = True
 
 
@@ -339,7 +339,9 @@ def _kv_events(reader: _Reader) -> KVEventsConfig:
         if "*" in replay:
             reader.fail("the gateway connects to the replay socket: give a concrete address "
                         "(vLLM binds it)", "replay_endpoint")
-    topic = reader.string("topic", "kv")
+    topic = reader.raw("topic", "")
+    if not isinstance(topic, str):
+        reader.fail(f"expected a string, got {_kind(topic)}", "topic")
     bind_value = reader.raw("bind", "auto")
     if bind_value == "auto":
         bind = "*" not in endpoint
