@@ -66,14 +66,18 @@ def run(args: argparse.Namespace) -> int:
     if exercises:
         table = Table(title="   exercises")
         for col in ("run", "policy", "reused tokens", "final skew", "peak skew", "evictions",
-                    "queue penalty"):
+                    "queued ahead", "queue penalty (tokens)"):
             table.add_column(col, justify="right")
         for run_name, runs in exercises.items():
             for policy, r in runs.items():
                 table.add_row(run_name, policy, f"{r['reused_prefix_tokens']:,}",
                               str(r["max_assignment_skew"]), str(r.get("peak_assignment_skew", "")),
-                              str(r["evictions"]), f"{r.get('queue_penalty_tokens', '')}")
+                              str(r["evictions"]), str(r.get("queued_ahead", "")),
+                              f"{r.get('queue_penalty_tokens', '')}")
         console.print(table)
+        console.print("   queue penalty: uncached prompt tokens of the requests still on the same "
+                      "replica when a request arrives (arrivals evenly spaced; see "
+                      "core/routing/section3.py)")
 
     if "fleet" in result:
         fleet = result["fleet"]
