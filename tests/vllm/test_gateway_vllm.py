@@ -1,0 +1,250 @@
+"""The gateway in front of two real vLLM 0.32 CPU replicas with KV events.
+
+What must hold (issue 8): tenant B never gets cached tokens from tenant A's prefix, and tenant
+A's repeat does; the gateway's keys are the ids vLLM publishes, so its predicted cached tokens
+equal what vLLM reports; ``prefixroute doctor`` finds nothing wrong with a correctly configured
+engine.
+
+To make the isolation check independent of where the policy sends a request, tenant A's prefix
+is first planted on *both* replicas directly, under A's secret salt (the test wrote the config,
+so it knows the secret): then B's request lands on a replica holding A's prefix whichever it
+is, and must still hit nothing.
+
+The two replicas are this suite's one vLLM slot: the first server takes the one-vLLM lock of
+``vllm_server.py`` and the second runs under it (2 x 2.2 GB fits; each gets its own core).
+Run with ``pytest -m vllm tests/vllm/test_gateway_vllm.py`` (a few minutes: vLLM startup).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from prefixroute.core.identity.identity import derive_trust_group_salt
+from prefixroute.edges.gateway.config import hash_api_key
+
+from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, cached_tokens, free_port,
+                          install_problem, vllm_install_dir)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
+
+SECRET = "vllm-gateway-test-secret-0123456789abcdef"
+KEYS = {"a": "sk-tenant-a", "b": "sk-tenant-b", "ops": "sk-ops"}
+GATEWAY_START_S = 60.0
+# Long enough for several full 32-token blocks, varied enough to tokenize into many tokens.
+DOCUMENT = ("Section {n}. Prefix caching keeps the keys and values of a prompt's leading tokens "
+            "so that a repeated prefix skips prefill. The router decides which replica holds "
+            "it; the gateway salts it per trust group. ") * 6
+
+
+class PairedServer(VllmServer):
+    """The second replica of the pair: the first server holds the one-vLLM lock for both."""
+
+    def _acquire_lock(self) -> None:
+        pass
+
+    def _release_lock(self) -> None:
+        pass
+
+
+def start_pair(kv_ports: list[int], replay_ports: list[int]) -> list[VllmServer]:
+    first = VllmServer(kv_events_port=kv_ports[0], replay_port=replay_ports[0], topic="kv",
+                       core="0")
+    second = PairedServer(kv_events_port=kv_ports[1], replay_port=replay_ports[1], topic="kv",
+                          core="1")
+    errors: list[BaseException] = []
+
+    def start(server: VllmServer) -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # reported below, after both threads end
+            errors.append(exc)
+
+    first_thread = threading.Thread(target=start, args=(first,))
+    first_thread.start()
+    deadline = time.monotonic() + 700  # the lock wait is bounded inside VllmServer too
+    while first.process is None and first_thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.5)  # the second starts once the first holds the lock
+    second_thread = threading.Thread(target=start, args=(second,))
+    second_thread.start()
+    first_thread.join()
+    second_thread.join()
+    if errors:
+        second.stop()
+        first.stop()
+        raise errors[0]
+    return [first, second]
+
+
+def write_config(directory: Path, servers: list[VllmServer], kv_ports: list[int],
+                 replay_ports: list[int]) -> Path:
+    config = {
+        "server_secret": {"env": "PR_VLLM_GATEWAY_SECRET"},
+        "tokenizer": str(vllm_install_dir() / "model"),
+        "hashing": {"block_size": BLOCK_SIZE, "algo": "sha256"},
+        "backends": [{"name": f"vllm{i}", "url": server.url, "models": [SERVED_MODEL_NAME],
+                      "kv_events": {"endpoint": f"tcp://127.0.0.1:{kv_ports[i]}",
+                                    "replay_endpoint": f"tcp://127.0.0.1:{replay_ports[i]}",
+                                    "topic": "kv"}}
+                     for i, server in enumerate(servers)],
+        "tenants": [
+            {"name": "a", "api_key_sha256": hash_api_key(KEYS["a"]), "trust_group": "a"},
+            {"name": "b", "api_key_sha256": hash_api_key(KEYS["b"]), "trust_group": "b"},
+            {"name": "ops", "api_key_sha256": hash_api_key(KEYS["ops"]), "admin": True},
+        ],
+        "timeouts": {"read_s": 300},
+    }
+    path = directory / "gateway.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    problem = install_problem()
+    if problem:
+        pytest.skip(problem)
+    kv_ports = [free_port(), free_port()]
+    replay_ports = [free_port(), free_port()]
+    servers = start_pair(kv_ports, replay_ports)
+    gateway = None
+    try:
+        # The doctor binds replica 0's event endpoint first; the gateway binds it after.
+        doctor = subprocess.run(
+            [sys.executable, "-m", "prefixroute", "doctor", "--backend", servers[0].url,
+             "--tokenizer", str(vllm_install_dir() / "model"), "--kv-events",
+             f"tcp://127.0.0.1:{kv_ports[0]}", "--kv-topic", "kv", "--json"],
+            capture_output=True, text=True, timeout=600)
+        directory = tmp_path_factory.mktemp("gateway")
+        config = write_config(directory, servers, kv_ports, replay_ports)
+        port = free_port()
+        log = open(directory / "gateway.log", "wb")
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "prefixroute", "serve", "--config", str(config),
+             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PR_VLLM_GATEWAY_SECRET": SECRET})
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + GATEWAY_START_S
+        while True:
+            assert gateway.poll() is None, (directory / "gateway.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "gateway did not become healthy"
+            time.sleep(0.3)
+        yield {"servers": servers, "url": url, "doctor": doctor, "log": directory / "gateway.log"}
+    finally:
+        if gateway is not None and gateway.poll() is None:
+            gateway.send_signal(signal.SIGTERM)
+            try:
+                gateway.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+                gateway.wait(timeout=10)
+        for server in reversed(servers):
+            server.stop()
+
+
+def client(fleet, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=fleet["url"] + "/v1", api_key=KEYS[tenant], max_retries=0,
+                         timeout=300)
+
+
+def decisions(fleet, n: int = 50) -> list[dict]:
+    response = httpx.get(fleet["url"] + f"/debug/decisions?n={n}",
+                         headers={"authorization": f"Bearer {KEYS['ops']}"}, timeout=10)
+    response.raise_for_status()
+    return response.json()["decisions"]
+
+
+def usage_cached(result) -> int:
+    details = result.usage.prompt_tokens_details
+    return details.cached_tokens if details is not None else 0
+
+
+def test_doctor_finds_the_gateway_hashing_equal_to_vllm(fleet):
+    doctor = fleet["doctor"]
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    for name in ("prefix_hit", "salt_isolation", "kv_events", "tokenize_completion",
+                 "tokenize_chat"):
+        assert checks[name]["status"] == "ok", checks[name]
+
+
+def test_tenant_a_repeat_hits_and_tenant_b_never_gets_a_prefix(fleet):
+    text = DOCUMENT.format(n=1)
+    salt_a = derive_trust_group_salt(SECRET.encode(), "a")
+    for server in fleet["servers"]:  # A's prefix on both replicas, under A's secret salt
+        server.complete(text, cache_salt=salt_a)
+
+    b = client(fleet, "b").completions.create(model=SERVED_MODEL_NAME, prompt=text,
+                                              max_tokens=2, temperature=0)
+    assert usage_cached(b) == 0
+
+    a = client(fleet, "a").completions.create(model=SERVED_MODEL_NAME, prompt=text,
+                                              max_tokens=2, temperature=0)
+    n = a.usage.prompt_tokens
+    assert usage_cached(a) == (n - 1) // BLOCK_SIZE * BLOCK_SIZE > 0
+    a_decision, b_decision = decisions(fleet, 2)
+    assert (a_decision["tenant"], b_decision["tenant"]) == ("a", "b")
+    assert b_decision["reported_cached_tokens"] == 0
+
+
+def test_a_conversation_sticks_to_its_replica_and_predictions_equal_reports(fleet):
+    chat = client(fleet, "a").chat.completions
+    messages = [{"role": "system", "content": DOCUMENT.format(n=2)},
+                {"role": "user", "content": "Summarise section 2 in one line."}]
+    first = chat.create(model=SERVED_MODEL_NAME, messages=messages, max_tokens=4,
+                        temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content or "ok"},
+                 {"role": "user", "content": "And in one word?"}]
+    time.sleep(0.5)  # let the first request's BlockStored events reach the gateway
+    second = chat.create(model=SERVED_MODEL_NAME, messages=messages, max_tokens=4,
+                         temperature=0)
+    assert usage_cached(second) > 0
+    last, before = decisions(fleet, 2)
+    assert last["replica"] == before["replica"]
+    assert last["branch"] != "miss_least_assigned"
+    # The gateway's tokens and block keys are vLLM's: what it predicted is what vLLM reused.
+    assert last["predicted_cached_tokens"] == last["reported_cached_tokens"] == \
+        usage_cached(second)
+
+
+def test_streaming_chat_through_the_gateway(fleet):
+    stream = client(fleet, "b").chat.completions.create(
+        model=SERVED_MODEL_NAME, messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=8, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks and all(c.usage is None for c in chunks)
+    assert decisions(fleet, 1)[0]["outcome"] == "ok"
+
+
+def test_replica_views_are_fed_by_kv_events(fleet):
+    response = httpx.get(fleet["url"] + "/debug/decisions?n=1",
+                         headers={"authorization": f"Bearer {KEYS['ops']}"}, timeout=10)
+    replicas = response.json()["replicas"]
+    assert all(r["view"] == "events" for r in replicas)
+    assert sum(r["view_blocks"] for r in replicas) > 0
+    metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+    stored = [line for line in metrics.splitlines()
+              if line.startswith("prefixroute_gateway_kv_events_total{") and 'kind="stored"' in line]
+    assert stored and all(float(line.rsplit(" ", 1)[1]) > 0 for line in stored)
+
+
+def test_direct_vllm_sanity_salted_requests_do_not_share(fleet):
+    server = fleet["servers"][0]
+    text = DOCUMENT.format(n=3)
+    server.complete(text, cache_salt="x" * 64)
+    assert cached_tokens(server.complete(text, cache_salt="y" * 64)) == 0
