@@ -11,7 +11,8 @@ profile), so keys from a generator, a trace and the gateway agree:
   identity and keeps ids that are only unique within one file apart from another file's.
 
 A trailing partial block gets no key, as in vLLM. When a generator knows the reply
-(``output_token_ids``), keys continue over prompt + reply so decode blocks can be cached.
+(``output_token_ids``), keys continue over the prompt and the reply but its last token: the
+last sampled token is never fed back through the model, so it never has KV.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ class BlockKeyer:
         keys += hasher.block_hashes(tokens, identity, parent=parent,
                                     start=prefix_blocks * block_size)
         output = request.output_token_ids
-        if output:
+        if output is not None and len(output) > 1:
             full = len(tokens) // block_size
             sequence = array("I", tokens)
-            sequence.extend(output)
+            sequence.extend(output[:-1])
             keys += hasher.block_hashes(sequence, identity, parent=keys[-1] if keys else None,
                                         start=full * block_size)
         return keys

@@ -191,6 +191,7 @@ class PolicyRun:
     ttft_s: list[float]
     timeline_t: list[float]
     timeline_in_flight: list[list[int]]
+    cached_tokens: list[int] = field(default_factory=list)  # per request, -1 if not completed
 
 
 def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
@@ -341,7 +342,8 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     summary = _summarize(workload, fleet, spec, view, engines, first_token, finish, cached,
                          replica_of, assignments, rejected, predicted_total)
     ttfts = [first_token[j] - requests[j].arrival_s for j in range(total) if first_token[j] >= 0]
-    return PolicyRun(spec, summary, ttfts, timeline_t, timeline_rows)
+    cached_list = [cached[j] if finish[j] >= 0 else -1 for j in range(total)]
+    return PolicyRun(spec, summary, ttfts, timeline_t, timeline_rows, cached_list)
 
 
 def _summarize(workload: PreparedWorkload, fleet: FleetConfig, spec: str, view: str,

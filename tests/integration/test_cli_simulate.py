@@ -1,0 +1,75 @@
+"""`prefixroute simulate` and `prefixroute sweep` as a user runs them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def prefixroute(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "prefixroute", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+def test_simulate_seed_fleet_writes_the_json_report(tmp_path):
+    out = tmp_path / "report.json"
+    plots = tmp_path / "plots"
+    result = prefixroute("simulate", "--workload", "seed-fleet:requests=100", "--policy",
+                         "round_robin", "--policy", "hybrid:max_skew=1", "--json", str(out),
+                         "--plot", str(plots))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["workload"]["requests"] == 100
+    assert 0.9 < report["ideal_token_hit_rate"] < 1
+    policies = report["policies"]
+    assert list(policies) == ["round_robin", "hybrid:max_skew=1"]
+    for summary in policies.values():
+        assert 0 < summary["token_hit_rate"] <= report["ideal_token_hit_rate"]
+        assert summary["ttft_p50_s"] <= summary["ttft_p90_s"] <= summary["ttft_p99_s"]
+        assert sum(summary["assignments"]) == 100
+        assert {"request_hit_rate", "reused_prefix_tokens", "max_assignment_skew",
+                "evictions"} <= set(summary)
+    assert sorted(p.name for p in plots.iterdir()) == ["hit_rates.png", "load_over_time.png",
+                                                       "ttft_cdf.png"]
+    assert "round_robin" in result.stdout and "token hit" in result.stdout
+
+
+def test_simulate_json_to_stdout():
+    result = prefixroute("simulate", "--workload", "universal-prefix", "--policy",
+                         "round_robin", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["policies"]["round_robin"]["assignments"] == [10, 10, 10, 10, 10]
+
+
+def test_bad_trace_line_exits_2_naming_file_line_and_field_and_writes_nothing(tmp_path):
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, '
+                     '"hash_ids": [1, 2]}\n{"timestamp": 5, "output_length": 1, '
+                     '"hash_ids": [1]}\n')
+    out = tmp_path / "report.json"
+    result = prefixroute("simulate", "--trace", str(trace), "--trace-format", "mooncake",
+                         "--json", str(out))
+    assert result.returncode == 2
+    assert f"{trace}:2" in result.stderr and "input_length" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_unknown_policy_parameter_exits_2():
+    result = prefixroute("simulate", "--workload", "seed-fleet:requests=5", "--policy",
+                         "hybrid:max_skw=1")
+    assert result.returncode == 2
+    assert "max_skw" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sweep_runs_a_grid_across_processes(tmp_path):
+    out = tmp_path / "sweep.json"
+    result = prefixroute("sweep", "--workload", "seed-fleet:requests=40", "--replicas", "2,4",
+                         "--cache-blocks", "200,400", "--policy", "hybrid:max_skew=0|2",
+                         "--jobs", "2", "--json", str(out), "--plot", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert len(report["results"]) == 2 * 2 * 2
+    assert report["grid"]["policies"] == ["hybrid:max_skew=0", "hybrid:max_skew=2"]
+    assert (tmp_path / "sweep.png").stat().st_size > 0

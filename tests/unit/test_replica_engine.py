@@ -1,0 +1,144 @@
+"""The replica engine: continuous batching over a paged pool, with vLLM's scheduling rules."""
+
+import random
+
+import pytest
+
+from prefixroute.core.caches.paged_pool import PagedBlockPool
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.replica.engine import ReplicaEngine
+from prefixroute.core.replica.service_time import LLAMA3_8B_H100, ServiceTimeModel
+
+# 1 ms per prompt token, 10 ms per decoding request, nothing else: easy to add up.
+SIMPLE = ServiceTimeModel("simple", step_overhead_s=0.0, prefill_s_per_token=1e-3,
+                          attention_s_per_token_context=0.0, decode_s_per_seq=1e-2,
+                          decode_s_per_context_token=0.0)
+
+
+def drain(engine):
+    events = []
+    while (t := engine.next_event_time()) is not None:
+        events += engine.advance(t)
+    return events
+
+
+def by_kind(events):
+    return {(e.kind, e.request_id): (round(e.time, 9), e.cached_tokens) for e in events}
+
+
+def test_two_requests_queue_share_a_step_and_the_second_hits_the_first_prompt():
+    # Budget 100 tokens per step; both prompts are the same 160 tokens (10 blocks of 16).
+    engine = ReplicaEngine(PagedBlockPool(101, 16), SIMPLE, max_num_batched_tokens=100)
+    keys = list(range(10))
+    engine.submit("a", 160, 3, keys, now=0.0)
+    engine.submit("b", 160, 2, keys, now=0.05)  # arrives during a's first step: waits
+    events = by_kind(drain(engine))
+    # step 1 [0, 0.1): a's first chunk, 100 tokens.
+    # step 2 [0.1, 0.176): a's last 60 tokens; b is admitted into the remaining 40-token
+    #   budget and hits the 9 blocks a cached when its chunk was scheduled (144 tokens; the
+    #   10th block holds b's last token, which is always recomputed): 60 + 16 = 76 tokens.
+    assert events[("first_token", "a")] == (0.176, 0)
+    assert events[("first_token", "b")] == (0.176, 144)
+    # step 3 [0.176, 0.196): two decodes (20 ms); b has its 2 tokens.
+    assert events[("finished", "b")] == (0.196, 144)
+    # step 4 [0.196, 0.206): a decodes alone.
+    assert events[("finished", "a")] == (0.206, 0)
+    assert engine.idle and engine.pool.usage == 0.0
+
+
+def test_readouts_show_waiting_running_and_pending_prefill():
+    engine = ReplicaEngine(PagedBlockPool(101, 16), SIMPLE, max_num_batched_tokens=100)
+    engine.submit("a", 160, 3, list(range(10)), now=0.0)
+    engine.submit("b", 320, 2, list(range(100, 120)), now=0.01)
+    assert (engine.running, engine.waiting) == (1, 1)
+    # a has 160 - 0 tokens still to compute, b its whole prompt.
+    assert engine.pending_prefill_tokens == 160 + 320
+    engine.advance(0.1)  # a's first chunk of 100 is done; step 2 admits b
+    assert engine.pending_prefill_tokens == 60 + 320
+    assert engine.running == 2 and engine.waiting == 0
+    engine.advance(0.2)  # step 2 computed a's last 60 and b's first 40 tokens
+    assert engine.pending_prefill_tokens == 320 - 40
+    assert 0 < engine.kv_usage <= 1
+
+
+def test_a_request_larger_than_the_kv_cache_is_rejected():
+    engine = ReplicaEngine(PagedBlockPool(5, 16), SIMPLE)  # 4 usable blocks = 64 tokens
+    engine.submit("big", 64, 2, [], now=0.0)  # 64 + 2 - 1 = 65 slots > 64
+    (event,) = engine.advance(0.0)
+    assert event.kind == "rejected" and event.request_id == "big"
+
+
+def test_a_finished_request_leaves_prompt_plus_output_minus_one_tokens_cached():
+    pool = PagedBlockPool(101, 16)
+    engine = ReplicaEngine(pool, SIMPLE)
+    keys = list(range(5))  # 80 tokens: prompt 40 + reply 40, last reply token without KV
+    engine.submit("r", 40, 40, keys, now=0.0)
+    drain(engine)
+    assert pool.match(keys) == 4  # 79 tokens of KV: 4 full blocks, not 5
+
+
+def test_out_of_blocks_preempts_the_last_running_request_and_readmits_it():
+    pool = PagedBlockPool(9, 16)  # 8 usable blocks
+    engine = ReplicaEngine(pool, SIMPLE)
+    engine.submit("a", 48, 40, [], now=0.0)  # 3 blocks, grows to 6
+    engine.submit("b", 48, 40, [], now=0.0)
+    events = drain(engine)
+    assert engine.preemptions >= 1
+    assert sorted(e.request_id for e in events if e.kind == "finished") == ["a", "b"]
+
+
+def test_duplicate_and_invalid_requests_are_config_errors():
+    engine = ReplicaEngine(PagedBlockPool(10, 16), SIMPLE)
+    engine.submit("a", 16, 1, [], now=0.0)
+    with pytest.raises(ConfigError, match="already"):
+        engine.submit("a", 16, 1, [], now=0.0)
+    with pytest.raises(ConfigError, match="output_tokens"):
+        engine.submit("b", 16, 0, [], now=0.0)
+
+
+def test_abort_frees_a_waiting_request_without_an_event():
+    engine = ReplicaEngine(PagedBlockPool(101, 16), SIMPLE, max_num_seqs=1)
+    engine.submit("a", 16, 5, [], now=0.0)
+    engine.submit("b", 16, 5, [], now=0.0)
+    assert engine.abort("b", now=0.001)
+    events = drain(engine)
+    assert [e.request_id for e in events if e.kind == "finished"] == ["a"]
+
+
+def _replay(seed: int, decode_runs: bool, num_blocks: int):
+    """A random stream through one engine; with decode runs off every step is taken alone."""
+    rng = random.Random(seed)
+    log = []
+
+    class Recorder:
+        def on_stored(self, keys, parent, token_ids):
+            log.append(("stored", tuple(keys)))
+
+        def on_removed(self, keys):
+            log.append(("removed", tuple(keys)))
+
+        def on_cleared(self):
+            log.append(("cleared",))
+
+    engine = ReplicaEngine(PagedBlockPool(num_blocks, 16, listener=Recorder()), LLAMA3_8B_H100,
+                           max_num_batched_tokens=256, max_num_seqs=6)
+    if not decode_runs:
+        engine._decode_run_length = lambda running: 1
+    events, t = [], 0.0
+    for i in range(30):
+        t += rng.expovariate(2.0)
+        prompt, output = rng.randint(1, 300), rng.randint(1, 100)
+        family = rng.randrange(3)
+        n_keys = (prompt + output - 1) // 16 if rng.random() < 0.5 else prompt // 16
+        keys = [(family, j) if j < 5 else (i, j) for j in range(n_keys)]
+        while (due := engine.next_event_time()) is not None and due <= t:
+            events += engine.advance(due)
+        engine.submit(i, prompt, output, keys, t)
+    events += drain(engine)
+    return [(e.kind, e.request_id, round(e.time, 9), e.cached_tokens) for e in events], log
+
+
+@pytest.mark.parametrize("num_blocks", [25, 400])
+def test_decode_runs_give_exactly_the_events_of_stepping_one_step_at_a_time(num_blocks):
+    for seed in range(5):
+        assert _replay(seed, True, num_blocks) == _replay(seed, False, num_blocks)
