@@ -1,0 +1,160 @@
+"""``/metrics`` under vLLM 0.32's names, labels and histogram buckets.
+
+Names and help texts come from ``vllm/v1/metrics/loggers.py`` and the buckets from
+``vllm/v1/metrics/buckets.py``; every sample carries ``model_name`` and ``engine="0"`` as
+vLLM's do. Values are read from the engine at scrape time (gauges, prefix-cache counters) or
+kept in plain Python numbers by the server (request counters and histograms), and exposed
+through a ``prometheus_client`` collector, so recording a request costs a few additions and no
+locks.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from prefixroute.core.replica.engine import ReplicaEngine
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vllm/v1/metrics/buckets.py
+TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM ``build_1_2_5_buckets(max_model_len)``: 1, 2, 5, 10, 20, 50, ... up to the limit."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > max_model_len:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+class _Histogram:
+    __slots__ = ("bounds", "counts", "total", "count")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def family(self, name: str, documentation: str, labels: list[str]) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, documentation, labels=["engine", "model_name"])
+        buckets = []
+        running = 0
+        for bound, count in zip(self.bounds, self.counts):
+            running += count
+            buckets.append((_float_text(bound), running))
+        buckets.append(("+Inf", self.count))
+        family.add_metric(labels, buckets, self.total)
+        return family
+
+
+def _float_text(value: float) -> str:
+    return repr(float(value))
+
+
+class EmulatorMetrics(Collector):
+    """Request-level counters and histograms, plus the engine's gauges at scrape time."""
+
+    def __init__(self, engine: ReplicaEngine, model_name: str, max_model_len: int):
+        self.engine = engine
+        self.labels = ["0", model_name]
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        token_buckets = request_tokens_buckets(max_model_len)
+        self.ttft = _Histogram(TIME_TO_FIRST_TOKEN_BUCKETS)
+        self.e2e = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.request_prompt_tokens = _Histogram(token_buckets)
+        self.request_generation_tokens = _Histogram(token_buckets)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    # -- recording ---------------------------------------------------------------------------
+    def first_token(self, ttft_s: float) -> None:
+        self.ttft.observe(ttft_s)
+
+    def finished(self, prompt_tokens: int, generation_tokens: int, e2e_s: float,
+                 reason: str) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += generation_tokens
+        self.success[reason] = self.success.get(reason, 0) + 1
+        self.e2e.observe(e2e_s)
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generation_tokens.observe(generation_tokens)
+
+    # -- exposition --------------------------------------------------------------------------
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterable:
+        labels = self.labels
+        names = ["engine", "model_name"]
+        engine = self.engine
+        stats = engine.pool.stats
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=names)
+            family.add_metric(labels, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=names)
+            family.add_metric(labels, value)
+            return family
+
+        yield gauge("vllm:num_requests_running",
+                    "Number of requests in model execution batches.", engine.running)
+        yield gauge("vllm:num_requests_waiting",
+                    "Number of requests waiting to be processed.", engine.waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                    engine.kv_usage)
+        yield counter("vllm:prefix_cache_queries",
+                      "Prefix cache queries, in terms of number of queried tokens.",
+                      stats.queried_tokens)
+        yield counter("vllm:prefix_cache_hits",
+                      "Prefix cache hits, in terms of number of cached tokens.",
+                      stats.hit_tokens)
+        yield counter("vllm:num_preemptions",
+                      "Cumulative number of preemption from the engine.", engine.preemptions)
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                      self.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                      self.generation_tokens)
+        success = CounterMetricFamily("vllm:request_success",
+                                      "Count of successfully processed requests.",
+                                      labels=["engine", "finished_reason", "model_name"])
+        for reason, value in self.success.items():
+            success.add_metric([labels[0], reason, labels[1]], value)
+        yield success
+        yield self.request_prompt_tokens.family(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", labels)
+        yield self.request_generation_tokens.family(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", labels)
+        yield self.ttft.family("vllm:time_to_first_token_seconds",
+                               "Histogram of time to first token in seconds.", labels)
+        yield self.e2e.family("vllm:e2e_request_latency_seconds",
+                              "Histogram of e2e request latency in seconds.", labels)
