@@ -239,6 +239,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--policy", action="append", metavar="NAME[:k=v,...]",
                         help="a routing policy, repeatable; 'all' is every registered policy "
                              "(default all)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run policies in N worker processes (default 1)")
     parser.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-': "
                         "standard output)")
     parser.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
@@ -279,17 +281,16 @@ def run(args: argparse.Namespace) -> int:
         create_policy(name, seed=args.seed or 0, num_replicas=fleet.replicas,
                       block_size=fleet.block_size)
 
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: must be at least 1, got {args.jobs}")
     err = Console(stderr=True, highlight=False)
     show_progress = not args.no_progress and sys.stderr.isatty()
     progress, update = _progress(show_progress, err)
-    runs: dict[str, PolicyRun] = {}
     if progress is not None:
         progress.start()
     try:
-        for spec in specs:
-            callback = (lambda done, total, _s=spec: update(_s, done, total)) if update else None
-            runs[spec] = simulate_policy(workload, fleet, spec, view=args.view,
-                                         seed=args.seed or 0, progress=callback)
+        runs = run_policies(workload, fleet, specs, view=args.view, seed=args.seed or 0,
+                            jobs=args.jobs, progress=update)
     finally:
         if progress is not None:
             progress.stop()
@@ -312,6 +313,44 @@ def run(args: argparse.Namespace) -> int:
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0
+
+
+# Set in the parent before worker processes fork, so each inherits the prepared workload.
+_SHARED: dict[str, Any] = {}
+
+
+def _run_shared(spec: str) -> PolicyRun:
+    return simulate_policy(_SHARED["workload"], _SHARED["fleet"], spec, view=_SHARED["view"],
+                           seed=_SHARED["seed"])
+
+
+def run_policies(workload: PreparedWorkload, fleet: FleetConfig, specs: list[str], *,
+                 view: str = DEFAULT_VIEW, seed: int = 0, jobs: int = 1,
+                 progress: Callable[[str, int, int], None] | None = None
+                 ) -> dict[str, PolicyRun]:
+    """Every policy over the same workload, in order; with ``jobs`` > 1 in forked worker
+    processes (each inherits the prepared workload, so nothing is re-read or re-hashed)."""
+    if jobs <= 1 or len(specs) <= 1:
+        runs = {}
+        for spec in specs:
+            callback = (lambda done, total, _s=spec: progress(_s, done, total)) \
+                if progress else None
+            runs[spec] = simulate_policy(workload, fleet, spec, view=view, seed=seed,
+                                         progress=callback)
+        return runs
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    _SHARED.update(workload=workload, fleet=fleet, view=view, seed=seed)
+    total = len(workload.requests)
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=context) as pool:
+        futures = {spec: pool.submit(_run_shared, spec) for spec in specs}
+        runs = {}
+        for spec in specs:  # collect in the given order
+            runs[spec] = futures[spec].result()
+            if progress:
+                progress(spec, total, total)
+    return runs
 
 
 def _pct(x: float | None) -> str:
