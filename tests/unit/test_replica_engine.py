@@ -142,3 +142,15 @@ def _replay(seed: int, decode_runs: bool, num_blocks: int):
 def test_decode_runs_give_exactly_the_events_of_stepping_one_step_at_a_time(num_blocks):
     for seed in range(5):
         assert _replay(seed, True, num_blocks) == _replay(seed, False, num_blocks)
+
+
+def test_make_replica_sizes_kv_from_blocks_or_from_memory_and_model():
+    from prefixroute.core.identity.model_config import MODEL_PRESETS
+    from prefixroute.core.replica.engine import make_replica
+    by_blocks = make_replica(SIMPLE, 16, num_blocks=100)
+    assert by_blocks.pool.capacity_blocks == 99  # vLLM: block 0 is the null block
+    # Llama-3-8B: 128 KiB per token; 1 GiB holds 8,192 tokens = 512 blocks of 16.
+    by_memory = make_replica(SIMPLE, 16, memory_bytes=1 << 30, model=MODEL_PRESETS["llama-3-8b"])
+    assert by_memory.pool.capacity_blocks == 512
+    with pytest.raises(ConfigError, match="one way"):
+        make_replica(SIMPLE, 16)

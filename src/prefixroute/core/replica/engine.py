@@ -44,8 +44,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
+from prefixroute.core.caches.base import CacheEventListener, capacity_in_blocks
 from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.errors import ConfigError
+from prefixroute.core.identity.model_config import ModelConfig
 from prefixroute.core.replica.service_time import ServiceTimeModel
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1 default for `vllm serve` on large GPUs
@@ -539,3 +541,19 @@ class ReplicaEngine:
             else:
                 keep.append(seq)
         self._running[:] = keep
+
+
+def make_replica(service: ServiceTimeModel, block_size: int, *, num_blocks: int | None = None,
+                 memory_bytes: float | None = None, model: ModelConfig | None = None,
+                 listener: CacheEventListener | None = None, name: str = "",
+                 **engine_options) -> ReplicaEngine:
+    """A replica with its pool, sized as vLLM sizes it: ``num_blocks`` physical blocks (vLLM's
+    ``--num-gpu-blocks-override``, block 0 reserved, so ``num_blocks - 1`` usable), or the
+    blocks of KV that ``memory_bytes`` hold for ``model`` (all usable, plus the null block).
+    ``listener`` receives the pool's KV events."""
+    if (num_blocks is None) == (memory_bytes is None):
+        raise ConfigError("size the replica one way: num_blocks, or memory_bytes with a model")
+    if num_blocks is None:
+        num_blocks = capacity_in_blocks(block_size, memory_bytes=memory_bytes, model=model) + 1
+    pool = PagedBlockPool(num_blocks, block_size, listener=listener)
+    return ReplicaEngine(pool, service, name=name, **engine_options)
