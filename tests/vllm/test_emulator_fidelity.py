@@ -207,6 +207,8 @@ def emulator_run():
     subscriber, port = _subscriber()
     http_port = free_port()
     replay_port = free_port()
+    while replay_port in (http_port, port):
+        replay_port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"emulator-fidelity-{http_port}.log",
                "wb")

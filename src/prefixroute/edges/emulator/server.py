@@ -442,8 +442,12 @@ def serve(config: EmulatorConfig, *, log_level: str = "warning") -> int:
                                loop="uvloop", http="httptools", log_level=log_level,
                                access_log=False, lifespan="on", timeout_keep_alive=30)
     uvicorn_server = uvicorn.Server(uv_config)
+    server.start_kv_events()  # before serving, so a bad endpoint is a clean ConfigError
     log.info("emulator on %s:%d: %d blocks of %d tokens (%s), profile %s, tokenizer %s",
              config.host, config.port, server.num_blocks, config.block_size,
              server.capacity_source, server.service.name, server.encoder.description)
-    uvicorn_server.run()
+    try:
+        uvicorn_server.run()
+    finally:
+        server.close()
     return 0
