@@ -248,6 +248,13 @@ def test_at_most_four_breakpoints():
 # --- groups, storage, the Poisson column ----------------------------------------------------------
 
 
+def test_the_shared_prefix_of_a_group_is_its_longest_common_block_prefix():
+    shared = prompt(1600)
+    result = account_trace([request(0, shared + prompt(400, start=10_000)),
+                            request(1, shared + prompt(200, start=20_000))])
+    assert result.groups["doc"].shared_tokens == 1600  # 100 blocks in common
+
+
 def test_requests_without_a_group_are_grouped_by_their_first_block():
     a, b = prompt(2048), prompt(2048, start=50_000)
     result = account_trace([request(0, a, group=None), request(1, b, group=None),
@@ -262,7 +269,7 @@ def test_storage_is_billed_from_write_to_expiry():
     # One entry of 2,048 tokens written at 0 s, last used at 200 s, expiring 1 h later:
     # alive 3,800 s.
     assert result.total.storage_token_seconds == pytest.approx(2048 * 3800)
-    costs = ledger_costs(result.total, EXPLICIT_OBJECT, 3.0, result.duration_s)
+    costs = ledger_costs(result.total, EXPLICIT_OBJECT, 3.0)
     # 2,048 tokens x 3,800/3,600 h x $1 per Mtok-hour.
     assert costs["storage_usd"] == pytest.approx(2048 * 3800 / 3600 / 1e6)
 
@@ -280,6 +287,13 @@ def test_the_report_puts_the_poisson_figure_beside_the_exact_one():
     assert group["poisson"]["p_hit"] == pytest.approx(0.77687, abs=1e-5)
     # Exact: (4,096 x 1.25 + 2,048 x 0.1) / 6,144 = 0.8667 of the cacheable tokens.
     assert group["cache_multiplier"] == pytest.approx((4096 * 1.25 + 2048 * 0.1) / 6144)
+    # Poisson: each of the 3 requests reads the shared 2,048 tokens with P(hit):
+    # 0.77687 x 3 x 2,048 = 4,773 read, 1,371 written.
+    assert group["shared_prefix_tokens"] == 2048
+    read = 0.776870 * 3 * 2048
+    assert group["poisson"]["read_tokens"] == pytest.approx(read, rel=1e-5)
+    assert group["poisson"]["multiplier"] == pytest.approx(
+        (read * 0.1 + (6144 - read) * 1.25) / 6144, rel=1e-5)
     assert report["totals"]["usd"] == pytest.approx((4096 * 1.25 + 2048 * 0.1) * 3 / 1e6)
 
 

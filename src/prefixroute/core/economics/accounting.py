@@ -77,7 +77,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prefixroute.core.caches.key_lru import KeyLRUCache
@@ -268,6 +268,9 @@ class PrefixLedger:
     read_tokens: int = 0
     uncached_tokens: int = 0
     storage_token_seconds: float = 0.0
+    # Tokens every request of the group shares (their longest common block-aligned prefix):
+    # what SPEC section 2's "prefix" is, and what the Poisson approximation prices.
+    shared_tokens: int = 0
 
     def add(self, charge: RequestCharge) -> None:
         self.requests += 1
@@ -323,6 +326,7 @@ class ProviderCacheReplay:
         self.last_arrival: float | None = None
         self._lives: dict[Hashable, _EntryLife] = {}
         self._last_sweep = -math.inf
+        self._shared_keys: dict[str, list] = {}  # per group: the keys all its requests share
 
     # -- one request ----------------------------------------------------------------------------
     def charge(self, request: Request) -> RequestCharge:
@@ -342,8 +346,9 @@ class ProviderCacheReplay:
             self.first_arrival = now
         self.last_arrival = now
         self._sweep(now)
-        if not request.block_keys:
-            self.keyer.fill(request)
+        if not request.block_keys and (request.token_ids is not None
+                                       or request.hash_ids is not None):
+            self.keyer.fill(request)  # (empty keys with no tokens left: hashed, no full block)
         block = request.block_size
         keys = request.block_keys[:prompt_block_count(request)]
         group = request.prefix_group or _group_of(keys)
@@ -384,9 +389,25 @@ class ProviderCacheReplay:
         written = (writes[-1] - read_upto) * block if writes else 0
         result = RequestCharge(request.request_id, group, request.input_tokens, written, read,
                                request.input_tokens - read - written)
-        self.groups.setdefault(group, PrefixLedger()).add(result)
+        ledger = self.groups.get(group)
+        if ledger is None:
+            ledger = self.groups[group] = PrefixLedger()
+        ledger.add(result)
         self.total.add(result)
+        ledger.shared_tokens = self._shared_blocks(group, keys) * block
         return result
+
+    def _shared_blocks(self, group: str, keys: Sequence[Hashable]) -> int:
+        shared = self._shared_keys.get(group)
+        if shared is None:
+            self._shared_keys[group] = list(keys)
+            return len(keys)
+        n = min(len(shared), len(keys))
+        common = 0
+        while common < n and shared[common] == keys[common]:
+            common += 1
+        del shared[common:]
+        return common
 
     def _deepest_live(self, keys: Sequence[Hashable], top: int, lowest: int, now: float,
                       limit: int | None) -> int:
@@ -440,7 +461,7 @@ class ProviderCacheReplay:
 def _copy(ledger: PrefixLedger) -> PrefixLedger:
     return PrefixLedger(ledger.requests, ledger.read_requests, ledger.input_tokens,
                         ledger.written_tokens, ledger.read_tokens, ledger.uncached_tokens,
-                        ledger.storage_token_seconds)
+                        ledger.storage_token_seconds, ledger.shared_tokens)
 
 
 def _group_of(keys: Sequence[Hashable]) -> str:
@@ -454,51 +475,16 @@ def _group_of(keys: Sequence[Hashable]) -> str:
 
 
 # -- the report ---------------------------------------------------------------------------------
-def ledger_costs(ledger: PrefixLedger, policy: CachePolicy, price_per_mtok: float,
-                 duration_s: float, prefixes: int = 1) -> dict:
-    """Exact cost of ``ledger`` under ``policy``, beside the Poisson approximation.
-
-    The approximation takes the group's own rate (``requests / duration``, per prefix when
-    ``prefixes`` groups are summed), P(hit) = 1 - exp(-rate x TTL), and prices the same
-    cacheable tokens at ``h*r + (1-h)*w`` (SPEC section 2); uncached tokens cost the base price
-    in both. ``None`` where a figure is undefined (no duration, nothing cacheable).
-    """
+def ledger_costs(ledger: PrefixLedger, policy: CachePolicy, price_per_mtok: float) -> dict:
+    """Exact cost of ``ledger`` under ``policy`` (the replay's own figures, no model)."""
     price = require_non_negative("price per million input tokens", price_per_mtok)
     w, r = policy.write_multiplier, policy.read_multiplier
     per_token = price / TOKENS_PER_MTOK
-    storage_hours = ledger.storage_token_seconds / SECONDS_PER_HOUR
-    storage_usd = storage_cost(storage_hours, policy.storage_usd_per_mtok_hour, 1.0)
+    storage_usd = storage_cost(ledger.storage_token_seconds / SECONDS_PER_HOUR,
+                               policy.storage_usd_per_mtok_hour, 1.0)
     cacheable = ledger.cacheable_tokens
-    exact_usd = per_token * (ledger.written_tokens * w + ledger.read_tokens * r
-                             + ledger.uncached_tokens) + storage_usd
-    out = {
-        **_ledger_dict(ledger),
-        "storage_usd": storage_usd,
-        "cache_multiplier": ((ledger.written_tokens * w + ledger.read_tokens * r) / cacheable)
-        if cacheable else None,
-        "input_multiplier": (exact_usd / (per_token * ledger.input_tokens))
-        if ledger.input_tokens and price else None,
-        "usd": exact_usd,
-        "no_cache_usd": per_token * ledger.input_tokens,
-    }
-    poisson: dict = {"requests_per_hour": None, "p_hit": None, "multiplier": None, "usd": None}
-    if duration_s > 0 and ledger.requests:
-        rate = ledger.requests / prefixes / (duration_s / SECONDS_PER_HOUR)
-        p_hit = poisson_hit_probability(rate, policy.ttl_seconds)
-        multiplier = cost_multiplier(p_hit, w, r)
-        # Storage under the approximation: one object per prefix, alive a fraction P(hit) of
-        # the time (Poisson arrivals see time averages), holding the mean cacheable tokens.
-        mean_cacheable = cacheable / ledger.requests
-        poisson_storage = prefixes * storage_cost(
-            mean_cacheable, policy.storage_usd_per_mtok_hour, duration_s / SECONDS_PER_HOUR * p_hit)
-        poisson = {"requests_per_hour": rate, "p_hit": p_hit, "multiplier": multiplier,
-                   "usd": per_token * (cacheable * multiplier + ledger.uncached_tokens)
-                   + poisson_storage}
-    out["poisson"] = poisson
-    return out
-
-
-def _ledger_dict(ledger: PrefixLedger) -> dict:
+    usd = per_token * (ledger.written_tokens * w + ledger.read_tokens * r
+                       + ledger.uncached_tokens) + storage_usd
     return {
         "requests": ledger.requests,
         "read_requests": ledger.read_requests,
@@ -506,9 +492,55 @@ def _ledger_dict(ledger: PrefixLedger) -> dict:
         "written_tokens": ledger.written_tokens,
         "read_tokens": ledger.read_tokens,
         "uncached_tokens": ledger.uncached_tokens,
+        "shared_prefix_tokens": ledger.shared_tokens,
         "token_hit_rate": ledger.token_hit_rate,
         "request_hit_rate": ledger.request_hit_rate,
         "storage_token_hours": ledger.storage_token_seconds / SECONDS_PER_HOUR,
+        "storage_usd": storage_usd,
+        "cache_multiplier": ((ledger.written_tokens * w + ledger.read_tokens * r) / cacheable)
+        if cacheable else None,
+        "input_multiplier": usd / (per_token * ledger.input_tokens)
+        if ledger.input_tokens and price else None,
+        "usd": usd,
+        "no_cache_usd": per_token * ledger.input_tokens,
+    }
+
+
+def poisson_costs(ledger: PrefixLedger, policy: CachePolicy, price_per_mtok: float,
+                  duration_s: float, min_tokens: int) -> dict:
+    """SPEC section 2's approximation for one prefix group, priced like the exact replay.
+
+    The group's rate is ``requests / duration`` (the whole trace's span); each request reads the
+    group's shared prefix with P(hit) = 1 - exp(-rate x TTL) and writes the rest of the tokens
+    the replay found cacheable; uncached tokens are the replay's. So the two columns differ only
+    where the Poisson assumptions do (bursts, day/night, breakpoints that miss, prefixes that
+    are not shared). ``multiplier`` is the result on the cacheable tokens; ``prefix_multiplier``
+    is ``h*r + (1-h)*w`` itself. ``None`` throughout when the trace spans no time.
+    """
+    none = {"requests_per_hour": None, "p_hit": None, "prefix_multiplier": None,
+            "read_tokens": None, "multiplier": None, "usd": None}
+    if duration_s <= 0 or not ledger.requests:
+        return none
+    w, r = policy.write_multiplier, policy.read_multiplier
+    per_token = require_non_negative("price per million input tokens", price_per_mtok) \
+        / TOKENS_PER_MTOK
+    rate = ledger.requests / (duration_s / SECONDS_PER_HOUR)
+    p_hit = poisson_hit_probability(rate, policy.ttl_seconds)
+    cacheable = ledger.cacheable_tokens
+    shared = ledger.shared_tokens if ledger.shared_tokens >= max(1, min_tokens) else 0
+    read = min(float(cacheable), p_hit * ledger.requests * shared)
+    written = cacheable - read
+    # Explicit objects: one per group, alive a fraction P(hit) of the time (Poisson arrivals see
+    # time averages), holding the shared prefix.
+    storage = storage_cost(shared, policy.storage_usd_per_mtok_hour,
+                           duration_s / SECONDS_PER_HOUR * p_hit)
+    return {
+        "requests_per_hour": rate,
+        "p_hit": p_hit,
+        "prefix_multiplier": cost_multiplier(p_hit, w, r),
+        "read_tokens": read,
+        "multiplier": (read * r + written * w) / cacheable if cacheable else None,
+        "usd": per_token * (read * r + written * w + ledger.uncached_tokens) + storage,
     }
 
 
@@ -530,27 +562,18 @@ class TraceAccounting:
 
     def as_dict(self, price_per_mtok: float) -> dict:
         """JSON-ready: ``policy``, ``model``, ``duration_s``, ``totals`` and ``groups`` (each
-        with the exact figures and a ``poisson`` block), groups ordered by input tokens."""
+        with the exact figures and a ``poisson`` block), groups by input tokens, largest first.
+        The totals' Poisson figures are sums over the groups, each at its own rate."""
         duration = self.duration_s
-        groups = sorted(self.groups.items(), key=lambda item: (-item[1].input_tokens, item[0]))
-        group_costs = {name: ledger_costs(ledger, self.policy, price_per_mtok, duration)
-                       for name, ledger in groups}
-        totals = ledger_costs(self.total, self.policy, price_per_mtok, duration,
-                              prefixes=max(1, len(self.groups)))
-        # The fleet's Poisson figure is the sum over groups, each at its own rate.
-        if duration > 0 and group_costs:
-            totals["poisson"]["usd"] = sum(c["poisson"]["usd"] for c in group_costs.values())
-            totals["poisson"]["requests_per_hour"] = None
-            predicted_reads = sum(c["poisson"]["p_hit"] * c["requests"]
-                                  for c in group_costs.values())
-            totals["poisson"]["p_hit"] = predicted_reads / self.total.requests
-            cacheable = self.total.cacheable_tokens
-            if cacheable:
-                weighted = sum(c["poisson"]["multiplier"] * (c["written_tokens"] + c["read_tokens"])
-                               for c in group_costs.values())
-                totals["poisson"]["multiplier"] = weighted / cacheable
-            else:
-                totals["poisson"]["multiplier"] = None
+        minimum = self.model.min_cacheable_tokens
+        ordered = sorted(self.groups.items(), key=lambda item: (-item[1].input_tokens, item[0]))
+        groups = {}
+        for name, ledger in ordered:
+            groups[name] = ledger_costs(ledger, self.policy, price_per_mtok)
+            groups[name]["poisson"] = poisson_costs(ledger, self.policy, price_per_mtok,
+                                                    duration, minimum)
+        totals = ledger_costs(self.total, self.policy, price_per_mtok)
+        totals["poisson"] = _sum_poisson(list(groups.values()), self.total, self.policy)
         return {
             "policy": self.policy.as_dict(),
             "model": self.model.as_dict(),
@@ -558,22 +581,60 @@ class TraceAccounting:
             "duration_s": duration,
             "price_per_mtok": price_per_mtok,
             "totals": totals,
-            "groups": group_costs,
+            "groups": groups,
         }
+
+
+def _sum_poisson(groups: list[dict], total: PrefixLedger, policy: CachePolicy) -> dict:
+    if not groups or any(g["poisson"]["usd"] is None for g in groups):
+        return {"p_hit": None, "read_tokens": None, "multiplier": None, "usd": None}
+    read = sum(g["poisson"]["read_tokens"] for g in groups)
+    cacheable = total.cacheable_tokens
+    w, r = policy.write_multiplier, policy.read_multiplier
+    return {
+        "p_hit": sum(g["poisson"]["p_hit"] * g["requests"] for g in groups) / total.requests,
+        "read_tokens": read,
+        "multiplier": (read * r + (cacheable - read) * w) / cacheable if cacheable else None,
+        "usd": sum(g["poisson"]["usd"] for g in groups),
+    }
 
 
 def account_trace(requests: Iterable[Request], policy: CachePolicy = FIVE_MINUTE,
                   model: CacheModel = CacheModel(), keyer: BlockKeyer | None = None,
                   limit: int | None = None) -> TraceAccounting:
     """Replay ``requests`` (any simulator workload or trace reader) through one provider cache."""
-    replay = ProviderCacheReplay(policy, model, keyer)
-    for count, request in enumerate(requests):
+    return account_policies(requests, (policy,), model, keyer, limit)[policy.name]
+
+
+def account_policies(requests: Iterable[Request], policies: Sequence[CachePolicy],
+                     model: CacheModel = CacheModel(), keyer: BlockKeyer | None = None,
+                     limit: int | None = None,
+                     progress: Callable[[int], None] | None = None) -> dict[str, TraceAccounting]:
+    """One pass over ``requests``, one provider cache per policy (keys are hashed once and
+    token ids dropped after, so a long trace streams in bounded memory)."""
+    if not policies:
+        raise ConfigError("no cache policy to account for")
+    names = [policy.name for policy in policies]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"cache policy names must be unique, got {', '.join(names)}")
+    keyer = keyer or BlockKeyer()
+    replays = [ProviderCacheReplay(policy, model, keyer) for policy in policies]
+    count = 0
+    for request in requests:
         if limit is not None and count >= limit:
             break
-        replay.charge(request)
-    if replay.total.requests == 0:
+        if not request.block_keys:
+            keyer.fill(request)
+        request.token_ids = None
+        request.output_token_ids = None
+        for replay in replays:
+            replay.charge(request)
+        count += 1
+        if progress is not None and count % 1000 == 0:
+            progress(count)
+    if count == 0:
         raise InputError("the trace has no requests")
-    return replay.result()
+    return {replay.policy.name: replay.result() for replay in replays}
 
 
 # -- the growing-conversation failure and its fix -----------------------------------------------
@@ -625,7 +686,7 @@ def growing_conversation_demo(turns: int = 6, system_tokens: int = 2048, user_to
         replay = ProviderCacheReplay(policy, CacheModel(parse_breakpoints(spec), lookback_blocks,
                                                         min_tokens))
         charges = [replay.charge(request) for request in requests]
-        costs = ledger_costs(replay.result().total, policy, price_per_mtok, 0.0)
+        costs = ledger_costs(replay.result().total, policy, price_per_mtok)
         out["layouts"][spec] = {
             "meaning": meaning,
             "written_by_turn": [c.written_tokens for c in charges],

@@ -5,6 +5,12 @@ at 1/6/12/60/600 requests per hour, and the worked example (200 prefixes x 10,00
 requests/day, $3 per million input tokens). Every figure comes from
 :mod:`prefixroute.core.economics`; this module only parses flags and formats.
 
+With ``--trace FILE`` it also replays a trace (any format ``prefixroute simulate`` reads) through
+a provider cache per policy (:mod:`prefixroute.core.economics.accounting`: refresh-on-hit TTL,
+automatic caching or ``cache_control`` breakpoints with the 20-block lookback and a minimum
+cacheable length) and prints the exact written / read / uncached tokens and cost, per prefix
+group, beside the Poisson approximation for the same per-group rates.
+
 Numbers are parsed here rather than by argparse so that bad input gives one line naming the flag
 (and exit code 2 through :func:`prefixroute.edges.cli.main.main`), not a usage dump.
 """
@@ -19,6 +25,15 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
+from prefixroute.core.economics.accounting import (
+    DEFAULT_LOOKBACK_BLOCKS,
+    DEFAULT_MIN_CACHEABLE_TOKENS,
+    CacheModel,
+    TraceAccounting,
+    account_policies,
+    min_cacheable_tokens,
+    parse_breakpoints,
+)
 from prefixroute.core.economics.advice import TTLAdvice, advise_ttl
 from prefixroute.core.economics.formulas import require_non_negative
 from prefixroute.core.economics.presets import (
@@ -34,6 +49,7 @@ from prefixroute.core.errors import ConfigError
 from prefixroute.edges.cli.common import print_json
 
 _EXAMPLE = WorkedExample()
+_TRACE_FORMATS = ("jsonl", "mooncake", "kvtester", "azure")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,6 +89,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also advise, per rate, the cheapest option for one prefix of "
                              "--prefix-tokens (no caching, each policy, each pre-warmed, and an "
                              "explicit cache object with storage)")
+    trace = parser.add_argument_group(
+        "trace accounting",
+        "Replay a trace through a provider cache per policy and bill every prompt token as "
+        "written, read or uncached, per prefix group, beside the Poisson approximation.")
+    trace.add_argument("--trace", metavar="FILE", help="a trace file (kvtester: a file or a "
+                       "directory), as 'prefixroute simulate' reads it")
+    trace.add_argument("--trace-format", choices=_TRACE_FORMATS, default=None,
+                       help="format of --trace (default jsonl; docs/trace-format.md)")
+    trace.add_argument("--trace-block-size", metavar="N",
+                       help="block size of the trace's block ids (default: the format's)")
+    trace.add_argument("--requests", metavar="N", help="replay only the first N requests")
+    trace.add_argument("--breakpoints", metavar="SPEC",
+                       help="'auto' (automatic prefix caching, the default) or up to 4 "
+                            "cache_control breakpoints: end, end-N, static, or a token position "
+                            "N, comma-separated (e.g. static,end or 10000,end)")
+    trace.add_argument("--lookback-blocks", metavar="N",
+                       help=f"blocks each breakpoint looks back for an earlier write (default "
+                            f"{DEFAULT_LOOKBACK_BLOCKS}, Anthropic's)")
+    trace.add_argument("--min-cacheable-tokens", metavar="N|MODEL",
+                       help=f"shortest cacheable prefix, tokens or a model family such as "
+                            f"claude-haiku-4.5 (default {DEFAULT_MIN_CACHEABLE_TOKENS})")
+    trace.add_argument("--groups", metavar="N", default="10",
+                       help="prefix groups to print, most input tokens first (default "
+                            "%(default)s; --json has all)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.set_defaults(handler=run)
 
@@ -143,18 +183,93 @@ def run(args: argparse.Namespace) -> int:
     with _flag("--prefixes"):
         example = WorkedExample(prefixes, tokens, per_day, price)
 
+    trace_options = _trace_options(args)
     report = economics_report(policies, rates, example)
     advice = []
     if args.advise:
         advice_policies = _policies(args, ADVICE_POLICIES)
         advice = [advise_ttl(rate, tokens, price, advice_policies) for rate in rates]
         report["advice"] = [item.as_dict() for item in advice]
+    accounting: dict[str, TraceAccounting] = {}
+    if trace_options is not None:
+        accounting = _account(args, trace_options, policies)
+        report["trace"] = {
+            "file": str(args.trace),
+            "format": trace_options["format"],
+            "requests": next(iter(accounting.values())).total.requests,
+            "model": trace_options["model"].as_dict(),
+            "policies": {name: result.as_dict(price) for name, result in accounting.items()},
+        }
 
     if args.json:
         print_json(report)
     else:
         _print_report(report, policies, example, advice)
+        if accounting:
+            _print_trace(report["trace"], policies, trace_options["groups"])
     return 0
+
+
+# -- trace accounting ---------------------------------------------------------------------------
+def _trace_options(args: argparse.Namespace) -> dict | None:
+    """Check every trace flag before any work; ``None`` without ``--trace``."""
+    given = [flag for flag, value in (("--trace-format", args.trace_format),
+                                      ("--trace-block-size", args.trace_block_size),
+                                      ("--requests", args.requests),
+                                      ("--breakpoints", args.breakpoints),
+                                      ("--lookback-blocks", args.lookback_blocks),
+                                      ("--min-cacheable-tokens", args.min_cacheable_tokens))
+             if value is not None]
+    if not args.trace:
+        if given:
+            raise ConfigError(f"{given[0]} needs --trace FILE")
+        return None
+    block_size = None if args.trace_block_size is None else \
+        _positive_integer(args.trace_block_size, "--trace-block-size")
+    limit = None if args.requests is None else _positive_integer(args.requests, "--requests")
+    lookback = DEFAULT_LOOKBACK_BLOCKS if args.lookback_blocks is None else \
+        _integer(args.lookback_blocks, "--lookback-blocks")
+    with _flag("--lookback-blocks"):
+        require_non_negative("lookback (blocks)", lookback)
+    with _flag("--breakpoints"):
+        breakpoints = parse_breakpoints(args.breakpoints or "auto")
+    with _flag("--min-cacheable-tokens"):
+        minimum = min_cacheable_tokens(DEFAULT_MIN_CACHEABLE_TOKENS if args.min_cacheable_tokens
+                                       is None else args.min_cacheable_tokens)
+    return {"format": args.trace_format or "jsonl", "block_size": block_size, "limit": limit,
+            "model": CacheModel(breakpoints, lookback, minimum),
+            "groups": _non_negative_integer(args.groups, "--groups")}
+
+
+def _non_negative_integer(text: str, flag: str) -> int:
+    value = _integer(text, flag)
+    if value < 0:
+        raise ConfigError(f"{flag}: must be non-negative, got {value}")
+    return value
+
+
+def _positive_integer(text: str, flag: str) -> int:
+    value = _integer(text, flag)
+    if value < 1:
+        raise ConfigError(f"{flag}: must be at least 1, got {value}")
+    return value
+
+
+def _account(args: argparse.Namespace, options: dict,
+             policies: tuple[CachePolicy, ...]) -> dict[str, TraceAccounting]:
+    import sys
+
+    from prefixroute.edges.traces import read_trace
+
+    requests = read_trace(args.trace, options["format"], options["block_size"])
+    if not sys.stderr.isatty() or args.json:
+        return account_policies(requests, policies, options["model"], limit=options["limit"])
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    with Progress(SpinnerColumn(), TextColumn("replaying {task.fields[done]:,} requests"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("replay", total=None, done=0)
+        return account_policies(requests, policies, options["model"], limit=options["limit"],
+                                progress=lambda done: progress.update(task, done=done))
 
 
 def _percent(fraction: float | None, digits: int) -> str:
@@ -207,3 +322,76 @@ def _print_report(report: dict, policies: tuple[CachePolicy, ...], example: Work
                  f"x{best.multiplier:.2f} plus ${best.overhead_usd_per_day:,.2f}/day overhead)")
             for note in item.notes:
                 line(f"    {note}")
+
+
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.2g}"
+
+
+def _share(fraction: float | None, digits: int) -> str:
+    return "-" if fraction is None else f"{fraction:.{digits}%}"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"x{value:.2f}"
+
+
+def _print_trace(trace: dict, policies: tuple[CachePolicy, ...], group_limit: int) -> None:
+    import sys
+
+    # Wide tables: let a pipe or a file keep whole rows rather than rich's 80 columns.
+    console = Console(highlight=False, markup=False, emoji=False,
+                      width=None if sys.stdout.isatty() else 220)
+    first = trace["policies"][policies[0].name]
+    model = trace["model"]
+    hours = first["duration_s"] / 3600
+    console.print()
+    console.print(f"Trace accounting: {trace['file']} ({trace['format']}, {trace['requests']:,} "
+                  f"requests over {hours:.2f} h, {len(first['groups']):,} prefix groups, "
+                  f"{first['block_size']}-token blocks)", soft_wrap=True)
+    where = ("automatic prefix caching (every block)" if model["breakpoints"] == "auto" else
+             f"breakpoints {model['breakpoints']}, {model['lookback_blocks']}-block lookback")
+    console.print(f"Cache: {where}, minimum {model['min_cacheable_tokens']:,} tokens; "
+                  f"${first['price_per_mtok']:g} per million input tokens. Exact replay beside "
+                  f"Poisson P(hit) = 1 - exp(-rate x TTL) at each group's own rate.", soft_wrap=True)
+    table = Table()
+    for column in ("policy", "written", "read", "uncached", "token hit", "requests hit",
+                   "P(hit) Poisson", "x exact", "x Poisson", "USD exact", "USD Poisson",
+                   "USD uncached"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for policy in policies:
+        totals = trace["policies"][policy.name]["totals"]
+        poisson = totals["poisson"]
+        table.add_row(policy.name, f"{totals['written_tokens']:,}", f"{totals['read_tokens']:,}",
+                      f"{totals['uncached_tokens']:,}", _share(totals["token_hit_rate"], 1),
+                      _share(totals["request_hit_rate"], 1), _share(poisson["p_hit"], 1),
+                      _times(totals["cache_multiplier"]), _times(poisson["multiplier"]),
+                      _usd(totals["usd"]), _usd(poisson["usd"]), _usd(totals["no_cache_usd"]))
+    console.print(table)
+    console.print("x = cost of the written and read tokens relative to sending them uncached "
+                  "(SPEC section 2's h*r + (1-h)*w).", soft_wrap=True)
+    names = list(first["groups"])
+    shown = names[:max(0, group_limit)]
+    if not shown:
+        return
+    console.print(f"Per prefix group ({len(shown)} of {len(names)}, most input tokens first): "
+                  f"requests that read, exact / Poisson, and the cost multiplier, exact / Poisson:",
+                  soft_wrap=True)
+    groups = Table()
+    groups.add_column("group")
+    groups.add_column("requests", justify="right")
+    groups.add_column("per hour", justify="right")
+    for policy in policies:
+        groups.add_column(policy.name, justify="right")
+    for name in shown:
+        entry = first["groups"][name]
+        rate = entry["poisson"]["requests_per_hour"]
+        cells = [name, f"{entry['requests']:,}", "-" if rate is None else f"{rate:.3g}"]
+        for policy in policies:
+            g = trace["policies"][policy.name]["groups"][name]
+            cells.append(f"{_share(g['request_hit_rate'], 0)} / {_share(g['poisson']['p_hit'], 0)}"
+                          f"  {_times(g['cache_multiplier'])} / {_times(g['poisson']['multiplier'])}")
+        groups.add_row(*cells)
+    console.print(groups)
