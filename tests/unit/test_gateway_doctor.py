@@ -90,11 +90,19 @@ def test_agreeing_engine_passes_every_check(tokenizer):
     assert checks["tokenize_completion"].status == OK
 
 
-def test_block_size_is_read_off_the_hit_when_the_engine_does_not_export_it(tokenizer):
+def test_a_given_block_size_the_hit_contradicts_fails_and_names_the_real_one(tokenizer):
     engine = FakeEngine(tokenizer, block_size=64, export_config=False)
     checks = by_name(doctor_for(engine, block_size=16).run())
     assert checks["prefix_hit"].status == FAIL
     assert "looks like 64" in checks["prefix_hit"].detail  # 504 // 64 * 64 = 448
+
+
+def test_an_unknown_block_size_is_measured_from_the_hit(tokenizer):
+    engine = FakeEngine(tokenizer, block_size=64, export_config=False)
+    doctor = doctor_for(engine, tokenizer=tokenizer)
+    checks = by_name(doctor.run())
+    assert checks["prefix_hit"].status == OK and doctor.block_size == 64
+    assert doctor.ok
 
 
 def test_configured_block_size_that_differs_from_the_engines_fails(tokenizer):

@@ -101,6 +101,9 @@ class Doctor:
         self.hash_algo = hash_algo
         self.none_hash_seed = none_hash_seed
         self.events = events  # a started KVEventSubscriber, or None
+        # Where the block size came from: "given" (--block-size), "engine" (its metrics) or
+        # "assumed" (neither: the prefix-hit probe then measures it instead of judging it).
+        self.block_size_source = "given" if block_size else "assumed"
         self.checks: list[Check] = []
         self._cached_reported = True
 
@@ -161,8 +164,8 @@ class Doctor:
         if not info:
             self.block_size = self.block_size or 16
             self.checks.append(Check("engine_config", WARN, "no vllm:cache_config_info in "
-                                     f"/metrics; assuming block size {self.block_size} (the "
-                                     "prefix-hit probe measures the real one)"))
+                                     "/metrics: block size and hash algorithm unknown (the "
+                                     "prefix-hit probe measures the block size)"))
             return
         engine_block = int(info["block_size"]) if info.get("block_size", "").isdigit() else None
         engine_algo = info.get("prefix_caching_hash_algo") or None
@@ -174,6 +177,8 @@ class Doctor:
                             f"{engine_block}")
         if self.hash_algo and engine_algo and self.hash_algo != engine_algo:
             problems.append(f"--hash-algo {self.hash_algo} but the engine uses {engine_algo}")
+        if not self.block_size and engine_block:
+            self.block_size_source = "engine"
         self.block_size = self.block_size or engine_block or 16
         self.hash_algo = self.hash_algo or engine_algo or "sha256"
         self.checks.append(Check(
@@ -222,6 +227,13 @@ class Doctor:
         else:
             sizes = [b for b in CANDIDATE_BLOCK_SIZES if expected_cached(PROBE_TOKENS, b)
                      == cached]
+            if sizes and self.block_size_source == "assumed":
+                self.block_size = sizes[0]
+                data.update(expected=cached, block_size=sizes[0])
+                self.checks.append(Check("prefix_hit", OK, f"the repeat hit {cached} of "
+                                         f"{PROBE_TOKENS} tokens: the engine's block size is "
+                                         f"{sizes[0]} (measured)", data))
+                return {"salt": salt, "response": first}
             hint = f"; the engine's block size looks like {sizes[0]}" if sizes else ""
             self.checks.append(Check("prefix_hit", FAIL, f"the repeat hit {cached} tokens, "
                                      f"block size {self.block_size} predicts {expected}{hint}",
