@@ -73,11 +73,14 @@ def main() -> int:
                   f"{summary['max_assignment_skew']:6d}", flush=True)
     total = time.perf_counter() - start
     peak = peak_rss_mb()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    workers = ""
+    if args.jobs > 1:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        workers = f", largest worker {children:.0f} MB"
+        peak = max(peak, children)
     print(f"total {total:.1f} s for {len(specs)} policies with {args.jobs} process(es) (limit "
-          f"{TIME_LIMIT_S:.0f} s); peak memory {peak:.0f} MB, largest worker {children:.0f} MB "
-          f"(limit {MEMORY_LIMIT_MB:.0f} MB)")
-    peak = max(peak, children)
+          f"{TIME_LIMIT_S:.0f} s); peak memory {peak:.0f} MB{workers} (limit "
+          f"{MEMORY_LIMIT_MB:.0f} MB)")
     return 0 if total <= TIME_LIMIT_S and peak <= MEMORY_LIMIT_MB else 1
 
 

@@ -68,13 +68,9 @@ class Vocabulary:
 
     def ids(self, tokens: Iterable[str]) -> array:
         table = self._ids
-        out = array("I")
-        for token in tokens:
-            token_id = table.get(token)
-            if token_id is None:
-                token_id = table[token] = len(table) + 1
-            out.append(token_id)
-        return out
+        setdefault = table.setdefault
+        # A new string gets len + 1 as it is inserted, so ids stay dense and unique.
+        return array("I", [setdefault(token, len(table) + 1) for token in tokens])
 
     def __len__(self) -> int:
         return len(self._ids)

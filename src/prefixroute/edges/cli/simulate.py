@@ -266,11 +266,37 @@ def _progress(enabled: bool, console) -> tuple[Any, Callable[[str, int, int], No
     return progress, update
 
 
+def check_output_paths(json_path: str | None, plot_dir: str | None) -> None:
+    """Refuse unwritable destinations before any work, so a failure writes nothing."""
+    if json_path and json_path != "-":
+        if os.path.isdir(json_path):
+            raise ConfigError(f"--json: {json_path} is a directory")
+        parent = Path(json_path).resolve().parent
+        for ancestor in (parent, *parent.parents):
+            if ancestor.exists():
+                if not ancestor.is_dir():
+                    raise ConfigError(f"--json: {ancestor} is not a directory")
+                break
+    if plot_dir:
+        for ancestor in (Path(plot_dir).resolve(), *Path(plot_dir).resolve().parents):
+            if ancestor.exists():
+                if not ancestor.is_dir():
+                    raise ConfigError(f"--plot: {ancestor} is not a directory")
+                break
+
+
+def write_outputs(outputs: list[tuple[str, str | bytes]]) -> None:
+    for path, data in outputs:
+        try:
+            write_atomic(path, data)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     specs = expand_specs(args.policy or ["all"])
-    if args.json and args.json != "-" and os.path.isdir(args.json):
-        raise ConfigError(f"--json: {args.json} is a directory")
+    check_output_paths(args.json, args.plot)
     workload, defaults = load_workload(args)
     fleet = resolve_fleet(args, workload, defaults)
     # Check every policy spec before the first (possibly long) run.
@@ -303,8 +329,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         outputs.extend((str(Path(args.plot) / name), data)
                        for name, data in render_plots(workload, runs).items())
-    for path, data in outputs:
-        write_atomic(path, data)
+    write_outputs(outputs)
     if args.json == "-":
         print_json(result)
     else:

@@ -22,9 +22,10 @@ from typing import Any
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.registry import create_policy, expand_specs, parse_spec
 from prefixroute.core.simulator.simulation import simulate_policy, split_view
-from prefixroute.edges.cli.common import print_json, write_atomic
+from prefixroute.edges.cli.common import print_json
 from prefixroute.edges.cli.simulate import (_pct, _png, _secs, add_workload_arguments,
-                                            load_workload, resolve_fleet)
+                                            check_output_paths, load_workload, resolve_fleet,
+                                            write_outputs)
 
 DEFAULT_JOBS = 2  # this machine's cores; override with --jobs
 
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give --cache-blocks or --kv-memory-gib, not both")
     specs = [s for spec in expand_specs(args.policy or ["hybrid", "round_robin"])
              for s in expand_alternatives(spec)]
+    check_output_paths(args.json, args.plot)
     workload, defaults = load_workload(args)
     # Resolve every grid point's fleet and policy now: bad input fails before any work.
     points = []
@@ -145,8 +147,7 @@ def run(args: argparse.Namespace) -> int:
         outputs.append((args.json, json.dumps(result, indent=2) + "\n"))
     if args.plot:
         outputs.append((str(Path(args.plot) / "sweep.png"), render_sweep_plot(result)))
-    for path, data in outputs:
-        write_atomic(path, data)
+    write_outputs(outputs)
     if args.json == "-":
         print_json(result)
     else:
