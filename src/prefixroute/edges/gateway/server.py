@@ -34,6 +34,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """Marks the gateway as draining the moment a stop signal arrives, so ``/health`` answers
+    503 while open requests finish and load balancers stop sending new ones."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway):
+        super().__init__(config)
+        self.gateway = gateway
+
+    def handle_exit(self, sig, frame) -> None:  # type: ignore[override]
+        self.gateway.draining = True
+        super().handle_exit(sig, frame)
+
+
 def serve(config: GatewayConfig, host: str, port: int, *, log_level: str = "info") -> int:
     tokenizer = None
     if config.tokenizer is not None:
@@ -45,11 +58,11 @@ def serve(config: GatewayConfig, host: str, port: int, *, log_level: str = "info
     sock = bind_socket(host, port)
     try:
         gateway.pool.open_event_streams()
-        server = uvicorn.Server(uvicorn.Config(
+        server = _Server(uvicorn.Config(
             gateway.app, loop="uvloop", http="httptools", lifespan="on",
             log_config=log_config, log_level=log_level, access_log=False,
             timeout_keep_alive=KEEP_ALIVE_S,
-            timeout_graceful_shutdown=int(config.shutdown_grace_s + 0.999)))
+            timeout_graceful_shutdown=int(config.shutdown_grace_s + 0.999)), gateway)
         server.run(sockets=[sock])
     finally:
         gateway.pool.close_event_streams()
