@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 
 def prefixroute(*args, cwd=None):
@@ -73,3 +72,12 @@ def test_sweep_runs_a_grid_across_processes(tmp_path):
     assert len(report["results"]) == 2 * 2 * 2
     assert report["grid"]["policies"] == ["hybrid:max_skew=0", "hybrid:max_skew=2"]
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_kv_memory_and_model_config_size_the_cache():
+    # Llama-3-8B: 128 KiB of KV per token; 1 GiB = 8,192 tokens = 512 blocks of 16.
+    result = prefixroute("simulate", "--workload", "seed-fleet:requests=10", "--policy",
+                         "round_robin", "--kv-memory-gib", "1", "--model-config", "llama-3-8b",
+                         "--json", "-")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["fleet"]["cache_blocks"] == 512

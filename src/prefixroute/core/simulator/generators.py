@@ -534,6 +534,6 @@ def make_workload(name: str, params: dict[str, str] | None = None,
 
 
 __all__ = ["TokenSpace", "Vocabulary", "five_turn_conversation", "universal_prefix",
-           "skewed_trace", "seed_fleet", "draw_fleet_prompt", "FleetPrompt", "FleetEncoder", "design_scenario",
-           "conversations", "hot_burst", "with_prefixes", "Shape", "WORKLOADS", "Workload",
+           "skewed_trace", "seed_fleet", "draw_fleet_prompt", "FleetPrompt", "FleetEncoder",
+           "design_scenario", "conversations", "hot_burst", "with_prefixes", "Shape", "WORKLOADS", "Workload",
            "make_workload", "workload_parameters", "zipf_weights"]
