@@ -131,7 +131,8 @@ class PromptPreparer:
         return PreparedPrompt(len(token_ids), tuple(event_id(d) for d in digests), compact, mode)
 
     def _from_chars(self, text: str, identity: CacheIdentity) -> PreparedPrompt:
-        codes = [ord(c) for c in text]
+        codes = array("I")  # code points, straight from UTF-32 in C
+        codes.frombytes(text.encode("utf-32-le", "surrogatepass"))
         keys = self._char_hasher.block_hashes(codes, identity)
         num_tokens = -(-len(text) // CHARS_PER_TOKEN)
         return PreparedPrompt(num_tokens, tuple(keys), None, CHARS)

@@ -82,6 +82,15 @@ class Proxy:
         self.clock = clock
         self.retries = retries
         self.block_size = block_size
+        self._urls: dict[tuple[int, str], httpx.URL] = {}
+
+    def _url(self, backend: Backend, path: str) -> httpx.URL:
+        """Parsed once per backend and path (URL parsing is a visible share of a hop)."""
+        key = (backend.index, path)
+        url = self._urls.get(key)
+        if url is None:
+            url = self._urls[key] = httpx.URL(backend.url + path)
+        return url
 
     async def forward(self, job: Job, on_done: Callable[[Job], None]) -> Response:
         """Answer ``job``: the replica's response, relayed, or a clear error.
@@ -126,8 +135,8 @@ class Proxy:
             job.predicted_cached_tokens = attempt.predicted_cached_tokens
             headers = {"content-type": "application/json", "x-request-id": job.request_id,
                        **backend.headers}
-            request = self.client.build_request("POST", backend.url + path, content=payload,
-                                                headers=headers)
+            request = self.client.build_request("POST", self._url(backend, path),
+                                                content=payload, headers=headers)
             try:
                 upstream = await self.client.send(request, stream=True)
             except httpx.TimeoutException:
