@@ -30,7 +30,7 @@ from prefixroute.core.identity.model_config import MODEL_PRESETS, ModelConfig
 from prefixroute.core.replica.service_time import (DEFAULT_PROFILE, PRESETS, ServiceTimeModel,
                                                    get_profile, profile_from_dict)
 from prefixroute.core.routing.registry import expand_specs, parse_spec
-from prefixroute.core.simulator.generators import WORKLOADS, make_workload
+from prefixroute.core.simulator.generators import WORKLOADS, make_workload, workload_parameters
 from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, VIEWS, FleetConfig, PolicyRun,
                                                    PreparedWorkload, prepare_workload, report,
                                                    simulate_policy)
@@ -228,11 +228,30 @@ def resolve_fleet(args: argparse.Namespace, workload: PreparedWorkload,
     return FleetConfig(replicas, cache_blocks, block_size, service, **kwargs)
 
 
+def describe(doc: str) -> str:
+    """A module docstring's first two paragraphs as plain help text."""
+    import textwrap
+    text = " ".join(doc.split("\n\n")[:2]).replace("``", "")
+    return textwrap.fill(" ".join(text.split()), width=78)
+
+
+def workloads_epilog() -> str:
+    import textwrap
+    lines = ["workloads and their parameters (NAME:key=value,...):"]
+    for name, workload in WORKLOADS.items():
+        params = ", ".join(f"{k}={v}" for k, v in workload_parameters(name).items())
+        lines.append(f"  {name}: {workload.description}")
+        lines.extend(textwrap.wrap(params, width=78, initial_indent="      ",
+                                   subsequent_indent="      "))
+    return "\n".join(lines)
+
+
 # -- the subcommand ------------------------------------------------------------------------------
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate", help="replay a workload or trace through replicas under routing policies",
-        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
+        description=describe(__doc__), epilog=workloads_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser)
     parser.add_argument("--replicas", type=int, metavar="N",
                         help="replicas (default: the workload's; traces 8)")

@@ -24,8 +24,8 @@ from prefixroute.core.routing.registry import create_policy, expand_specs, parse
 from prefixroute.core.simulator.simulation import simulate_policy, split_view
 from prefixroute.edges.cli.common import print_json
 from prefixroute.edges.cli.simulate import (_pct, _png, _secs, add_workload_arguments,
-                                            check_output_paths, load_workload, resolve_fleet,
-                                            write_outputs)
+                                            check_output_paths, describe, load_workload,
+                                            resolve_fleet, workloads_epilog, write_outputs)
 
 DEFAULT_JOBS = 2  # this machine's cores; override with --jobs
 
@@ -36,7 +36,8 @@ _SHARED: dict[str, Any] = {}
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sweep", help="run a grid of replicas, cache sizes and policy parameters in parallel",
-        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
+        description=describe(__doc__), epilog=workloads_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser, grid=True)
     parser.add_argument("--replicas", metavar="N,N,...",
                         help="fleet sizes, comma-separated (default: the workload's)")
