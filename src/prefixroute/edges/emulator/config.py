@@ -85,8 +85,6 @@ def _read_mapping(path: Path) -> dict:
                           f" {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of fields")
-    if isinstance(data.get("profile"), dict):  # a calibration report: the profile inside
-        data = data["profile"]
     return data
 
 

@@ -1,0 +1,148 @@
+"""Fit a :class:`ServiceTimeModel` to what a live engine was measured doing.
+
+Two kinds of probe (``prefixroute calibrate`` takes them over HTTP; this module only fits):
+
+Prefill probes: a request alone on an idle engine with ``u`` uncached prompt tokens and no
+cached prefix. Its time to first token is one prefill step plus the round trip,
+
+    ttft(u) = a + b*u + c*u*u            (context = u)
+
+so least squares over several sizes gives the step overhead ``a`` (which absorbs the HTTP
+round trip: the emulator's own overhead is far smaller), the per-token cost ``b`` and the
+attention term ``c``.
+
+Decode probes: ``B`` requests decoding together, ``C`` context tokens in total; the time
+between their tokens is one decode step,
+
+    itl(B, C) = a + d1*B + d2*C
+
+and with ``a`` from the prefill fit, least squares over (B, C) gives ``d1`` and ``d2``.
+
+Every coefficient must be non-negative (the model rejects negative durations), so the fits
+are non-negative least squares, solved exactly for these two or three unknowns by trying
+every subset of free coefficients (the optimum of an NNLS problem is the unconstrained
+optimum on some subset, with the rest at zero). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.replica.service_time import ServiceTimeModel, get_profile
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSample:
+    """One prefill probe: uncached prompt tokens and the measured time to first token."""
+
+    uncached_tokens: int
+    ttft_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSample:
+    """One decode probe: requests decoding together, their total context tokens, and the
+    measured time per decode step (inter-token latency)."""
+
+    batch: int
+    context_tokens: int
+    itl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Coefficients in the order of the design matrix's columns, and the fit's quality."""
+
+    coefficients: tuple[float, ...]
+    r_squared: float
+    rms_error_s: float
+
+
+def nonnegative_least_squares(design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """argmin ||design @ x - target|| subject to x >= 0, by enumerating supports (exact for
+    the handful of columns used here; 2^k small solves)."""
+    columns = design.shape[1]
+    if columns > 8:
+        raise ConfigError("nonnegative_least_squares enumerates supports: at most 8 columns")
+    best = np.zeros(columns)
+    best_error = float(np.sum(target ** 2))
+    for size in range(1, columns + 1):
+        for support in itertools.combinations(range(columns), size):
+            sub = design[:, support]
+            solution, *_ = np.linalg.lstsq(sub, target, rcond=None)
+            if np.any(solution < 0):
+                continue
+            error = float(np.sum((sub @ solution - target) ** 2))
+            if error < best_error - 1e-18:
+                best_error = error
+                best = np.zeros(columns)
+                best[list(support)] = solution
+    return best
+
+
+def _quality(design: np.ndarray, target: np.ndarray, x: np.ndarray) -> tuple[float, float]:
+    residual = design @ x - target
+    ss_res = float(np.sum(residual ** 2))
+    ss_tot = float(np.sum((target - target.mean()) ** 2))
+    r_squared = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return r_squared, math.sqrt(ss_res / len(target))
+
+
+def fit_prefill(samples: Sequence[PrefillSample]) -> Fit:
+    """(a, b, c) of ``ttft = a + b*u + c*u^2``; needs at least three distinct sizes."""
+    if len({s.uncached_tokens for s in samples}) < 3:
+        raise ConfigError("a prefill fit needs probes at three or more prompt sizes")
+    u = np.array([s.uncached_tokens for s in samples], dtype=float)
+    design = np.column_stack([np.ones_like(u), u, u * u])
+    target = np.array([s.ttft_s for s in samples], dtype=float)
+    x = nonnegative_least_squares(design, target)
+    r_squared, rms = _quality(design, target, x)
+    return Fit(tuple(float(v) for v in x), r_squared, rms)
+
+
+def fit_decode(samples: Sequence[DecodeSample], step_overhead_s: float) -> Fit:
+    """(d1, d2) of ``itl = a + d1*B + d2*C`` with ``a`` fixed from the prefill fit."""
+    if len({(s.batch, s.context_tokens) for s in samples}) < 2:
+        raise ConfigError("a decode fit needs probes at two or more (batch, context) points")
+    design = np.array([[s.batch, s.context_tokens] for s in samples], dtype=float)
+    target = np.array([s.itl_s - step_overhead_s for s in samples], dtype=float)
+    x = nonnegative_least_squares(design, target)
+    full_target = target + step_overhead_s
+    r_squared, rms = _quality(np.column_stack([np.ones(len(samples)), design]), full_target,
+                              np.concatenate([[step_overhead_s], x]))
+    return Fit(tuple(float(v) for v in x), r_squared, rms)
+
+
+def calibrated_profile(name: str, prefill: Sequence[PrefillSample],
+                       decode: Sequence[DecodeSample] = (), *, base: str = "instant",
+                       model: str | None = None, kv_memory_gib: float | None = None,
+                       source: str = "") -> tuple[ServiceTimeModel, dict]:
+    """The fitted profile (decode terms from ``base`` when there are no decode probes) and a
+    summary of both fits."""
+    prefill_fit = fit_prefill(prefill)
+    a, b, c = prefill_fit.coefficients
+    profile = replace(get_profile(base), name=name, step_overhead_s=a, prefill_s_per_token=b,
+                      attention_s_per_token_context=c, source=source)
+    summary: dict = {"prefill": {"step_overhead_s": a, "prefill_s_per_token": b,
+                                 "attention_s_per_token_context": c,
+                                 "r_squared": prefill_fit.r_squared,
+                                 "rms_error_s": prefill_fit.rms_error_s,
+                                 "samples": len(prefill)}}
+    if decode:
+        decode_fit = fit_decode(decode, a)
+        d1, d2 = decode_fit.coefficients
+        profile = replace(profile, decode_s_per_seq=d1, decode_s_per_context_token=d2)
+        summary["decode"] = {"decode_s_per_seq": d1, "decode_s_per_context_token": d2,
+                             "r_squared": decode_fit.r_squared,
+                             "rms_error_s": decode_fit.rms_error_s, "samples": len(decode)}
+    if model is not None:
+        profile = replace(profile, model=model)
+    if kv_memory_gib is not None:
+        profile = replace(profile, kv_memory_gib=kv_memory_gib)
+    return profile, summary
