@@ -58,3 +58,10 @@ def test_a_known_reply_extends_the_keys_except_its_last_token():
     expected = BlockHasher("native", block_size=16).block_hashes(
         tokens(20) + tokens(12, start=500))
     assert keys == expected and len(keys) == 2
+
+
+def test_a_gateway_hashing_the_same_tokens_gets_the_simulators_keys():
+    from prefixroute.core.simulator.keys import token_block_keys
+    identity = CacheIdentity(model="m", cache_salt="s")
+    request = Request("r", 0.0, 50, 1, 16, token_ids=tokens(50), identity=identity)
+    assert token_block_keys(list(tokens(50)), 16, identity) == BlockKeyer().keys(request)

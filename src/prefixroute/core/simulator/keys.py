@@ -18,11 +18,11 @@ last sampled token is never fed back through the model, so it never has KV.
 from __future__ import annotations
 
 from array import array
-from typing import Any, Hashable
+from typing import Any, Hashable, Sequence
 
 from prefixroute.core.errors import InputError
 from prefixroute.core.identity.hashing import BlockHasher
-from prefixroute.core.identity.identity import CacheIdentity
+from prefixroute.core.identity.identity import DEFAULT_IDENTITY, CacheIdentity
 from prefixroute.core.simulator.request import Request
 
 MAX_BLOCK_ID = (1 << 32) - 1  # block ids are hashed as uint32 tokens
@@ -106,6 +106,14 @@ _DEFAULT = BlockKeyer()
 def block_keys(request: Request, keyer: BlockKeyer | None = None) -> list[Hashable]:
     """The block keys of ``request`` (module-level keyer unless one is given)."""
     return (keyer or _DEFAULT).keys(request)
+
+
+def token_block_keys(token_ids: Sequence[int], block_size: int,
+                     identity: CacheIdentity = DEFAULT_IDENTITY,
+                     keyer: BlockKeyer | None = None) -> list[Hashable]:
+    """Keys of a tokenized prompt's full blocks: what a gateway that tokenized a request
+    hashes before asking a policy (same keys as the simulator's for the same tokens)."""
+    return (keyer or _DEFAULT).hasher(block_size).block_hashes(token_ids, identity)
 
 
 def fill_block_keys(request: Request, keyer: BlockKeyer | None = None) -> Request:
