@@ -414,3 +414,52 @@ def test_health_reports_ok_with_healthy_replicas(config):
             response = await h.http.get("/health")
             assert response.status_code == 200 and response.json()["status"] == "ok"
     run(scenario())
+
+
+# -- robustness ------------------------------------------------------------------------------
+
+def test_a_large_prompt_is_prepared_off_the_event_loop_and_routed(config):
+    async def scenario():
+        async with Harness(config) as h:
+            prompt = "a long shared document " * 2000  # 46 KB
+            await h.openai().completions.create(model="tiny", prompt=prompt)
+            record = h.gateway.router.decisions[-1]
+            assert record.tokenization == "chars"
+            assert record.full_blocks == len(prompt) // (BLOCK * 4)
+    run(scenario())
+
+
+def test_a_policy_choosing_a_non_candidate_falls_back_to_least_loaded(config):
+    async def scenario():
+        async with Harness(config) as h:
+            policy = h.gateway.router.policy
+            original = policy.route
+
+            def wrong(request, replicas):
+                decision = original(request, replicas)
+                decision.replica = 99
+                return decision
+
+            policy.route = wrong
+            result = await h.openai().completions.create(model="tiny", prompt="x")
+            assert result.choices[0].text == "ok ok"
+            assert h.gateway.router.decisions[-1].branch == "policy_error_least_loaded"
+    run(scenario())
+
+
+def test_a_policy_that_raises_gives_a_500_error_object_and_is_counted(config):
+    async def scenario():
+        async with Harness(config) as h:
+            def broken(request, replicas):
+                raise RuntimeError("bug")
+
+            h.gateway.router.policy.route = broken
+            response = await h.http.post("/v1/completions", json={"model": "tiny",
+                                                                   "prompt": "x"},
+                                         headers={"authorization": "Bearer key-alice"})
+            assert response.status_code == 500
+            assert response.json()["error"]["code"] == "internal_error"
+            text = (await h.http.get("/metrics")).text
+            assert 'requests_total{endpoint="completions",status="500"} 1.0' in text
+            assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+    run(scenario())

@@ -50,6 +50,9 @@ from prefixroute.edges.gateway.tenants import TenantRegistry
 log = logging.getLogger("prefixroute.gateway")
 
 DEFAULT_DECISIONS_SHOWN = 20
+# Bodies above this are tokenized and hashed on a worker thread: about 8k tokens of text, which
+# takes milliseconds, long enough to stall every other request on the event loop.
+OFFLOAD_PREPARE_BYTES = 32 * 1024
 
 
 class Gateway:
@@ -153,7 +156,8 @@ class Gateway:
             except GatewayError:
                 self.metrics.rate_limited.labels(tenant.name).inc()
                 raise
-            body = parse_json_body(await self._read_body(request))
+            raw = await self._read_body(request)
+            body = parse_json_body(raw)
             checked = check_request(endpoint, body, tenant, self.tenants,
                                     self.config.caller_cache_salt)
             backends = self.pool.serving(checked.model)
@@ -164,7 +168,10 @@ class Gateway:
                                    code="model_not_found")
             adapter = next((b.adapters[checked.model] for b in backends
                             if checked.model in b.adapters), None)
-            prompt = self.prompts.prepare(checked, adapter)
+            if len(raw) > OFFLOAD_PREPARE_BYTES:  # keep the loop (and every stream) moving
+                prompt = await asyncio.to_thread(self.prompts.prepare, checked, adapter)
+            else:
+                prompt = self.prompts.prepare(checked, adapter)
             if prompt.fallback_reason:
                 self.metrics.tokenize_fallbacks.inc()
             self.metrics.queue_depth.set(self.admission.waiting + 1)
@@ -193,7 +200,13 @@ class Gateway:
         self.metrics.overhead.observe(self.clock.now() - started)
         job = Job(request_id, tenant.name, checked, prompt, backends, started)
         assert self.proxy is not None
-        return await self.proxy.forward(job, self._job_done)
+        try:
+            return await self.proxy.forward(job, self._job_done)
+        except Exception as exc:  # a bug of ours: the caller still gets a clear answer
+            log.error("unexpected error while forwarding", exc_info=exc, extra={"fields": {
+                "event": "internal_error", "request_id": request_id}})
+            return GatewayError(500, "internal error in the gateway; the request may not have "
+                                "completed", code="internal_error").response(request_id)
 
     def _job_done(self, job: Job) -> None:
         self.admission.release()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class PromptPreparer:
         self._char_hasher = BlockHasher("native", block_size=hashing.block_size * CHARS_PER_TOKEN)
         self._cache: OrderedDict[bytes, PreparedPrompt] = OrderedDict()
         self._cache_size = cache_size
+        self._lock = threading.Lock()  # large prompts are prepared on a worker thread
         self.cache_hits = 0
         self.cache_misses = 0
 
@@ -85,16 +87,18 @@ class PromptPreparer:
         key = hashlib.sha256(json.dumps(
             [identity.cache_salt, adapter and [adapter.name, adapter.path], part],
             separators=(",", ":"), ensure_ascii=False, default=str).encode()).digest()
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._cache.move_to_end(key)
-            self.cache_hits += 1
-            return cached
-        self.cache_misses += 1
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+                return cached
+            self.cache_misses += 1
         prepared = self._prepare(part, identity)
-        self._cache[key] = prepared
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[key] = prepared
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
         return prepared
 
     # -- the three modes ------------------------------------------------------------------

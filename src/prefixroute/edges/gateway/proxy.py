@@ -102,6 +102,9 @@ class Proxy:
             response = await self._attempts(job, on_done)
             handed_off = isinstance(response, ClosingStreamingResponse)
             return response
+        except Exception:  # a bug of ours: the app answers 500; count it as that
+            job.status = "500"
+            raise
         finally:
             if not handed_off:
                 on_done(job)
