@@ -187,3 +187,17 @@ def test_unauthenticated_requests_are_refused_and_counted(tmp_path, tenant_key):
                               json={"model": fleet.model, "prompt": "x"}, timeout=10)
         assert response.status_code == 401
         wait_counted(fleet, 1)
+
+
+def test_a_full_queue_answers_429_and_the_rest_complete(tmp_path):
+    with Fleet(tmp_path, replicas=1, replica_args=["--time-scale", "5"], gateway={
+            "limits": {"max_concurrent": 2, "max_queued": 2, "queue_timeout_s": 60}}) as fleet:
+        many = [{**body, "max_tokens": 30} for body in bodies(fleet, 12, "queue")]
+        results = asyncio.run(send_all(fleet, many, concurrency=12))
+        assert_answered(results)
+        statuses = [status for status, _ in results]
+        refused = [body for status, body in results if status == 429]
+        assert statuses.count(200) >= 4  # two running and two queued at the least
+        assert refused and all(body["error"]["code"] == "queue_full" for body in refused)
+        assert statuses.count(200) + len(refused) == 12
+        wait_counted(fleet, 12)
