@@ -1,0 +1,122 @@
+"""The driver times the engine on the asyncio loop; config and metrics pieces."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.identity.identity import CacheIdentity
+from prefixroute.core.replica.service_time import INSTANT, ServiceTimeModel
+from prefixroute.edges.emulator.config import (
+    EmulatorConfig,
+    resolve_max_model_len,
+    resolve_num_blocks,
+)
+from prefixroute.edges.emulator.driver import EngineDriver
+from prefixroute.edges.emulator.metrics import EmulatorMetrics, request_tokens_buckets
+from prefixroute.edges.emulator.replica import EmulatedReplica, SequenceMeta
+
+META = SequenceMeta(CacheIdentity())
+SLOW = ServiceTimeModel("slow", step_overhead_s=0.05, prefill_s_per_token=0.0,
+                        attention_s_per_token_context=0.0, decode_s_per_seq=0.0,
+                        decode_s_per_context_token=0.0)
+
+
+def make_driver(service, published=None):
+    replica = EmulatedReplica(num_blocks=64, block_size=16, service=service,
+                              record_events=published is not None)
+    metrics = EmulatorMetrics(replica.engine, "m", 1008)
+    publish = published.append if published is not None else None
+    return EngineDriver(replica, metrics, publish=publish)
+
+
+def test_an_instant_engine_answers_within_the_submit_call():
+    async def scenario():
+        driver = make_driver(INSTANT)
+        seq = driver.submit(list(range(40)), [5, 5, 5], META)
+        assert seq.done.done() and seq.cached_tokens == 0
+        again = driver.submit(list(range(40)), [5, 5, 5], META)
+        assert again.done.result() == 32
+
+    asyncio.run(scenario())
+
+
+def test_a_timed_engine_resolves_when_its_steps_end():
+    # 3 steps of 50 ms: the prefill (first token), then two decode steps.
+    async def scenario():
+        driver = make_driver(SLOW)
+        start = time.perf_counter()
+        seq = driver.submit(list(range(20)), [1, 2, 3], META)
+        await seq.first
+        first = time.perf_counter() - start
+        await seq.done
+        done = time.perf_counter() - start
+        return first, done
+
+    first, done = asyncio.run(scenario())
+    assert 0.045 <= first < 0.09
+    assert 0.145 <= done < 0.25
+
+
+def test_kv_events_are_published_once_a_step_ends():
+    async def scenario():
+        published = []
+        driver = make_driver(SLOW, published)
+        seq = driver.submit(list(range(40)), [1], META)
+        assert published == []  # the prefill step has begun, not ended
+        await seq.done
+        return published
+
+    (batch,) = asyncio.run(scenario())
+    assert [len(e.block_hashes) for e in batch.events] == [2]
+
+
+def test_an_aborted_sequence_leaves_the_engine():
+    async def scenario():
+        driver = make_driver(SLOW)
+        seq = driver.submit(list(range(20)), [1] * 50, META)
+        await seq.first
+        driver.abort(seq)
+        await asyncio.sleep(0.12)
+        return driver
+
+    driver = asyncio.run(scenario())
+    assert driver.engine.running == 0 and driver.metrics.success["abort"] == 1
+
+
+def test_capacity_comes_from_blocks_memory_or_the_profile():
+    config = EmulatorConfig(block_size=16, num_blocks=65)
+    assert resolve_num_blocks(config, INSTANT) == (65, "--num-blocks")
+    # tiny: 2 x 2 layers x 2 kv heads x 32 x 2 bytes = 512 B/token; 1 MiB / (512 x 16) = 128.
+    config = EmulatorConfig(block_size=16, kv_memory_gib=1 / 1024, model_config="tiny")
+    assert resolve_num_blocks(config, INSTANT)[0] == 128
+    with pytest.raises(ConfigError, match="needs --model-config"):
+        resolve_num_blocks(EmulatorConfig(kv_memory_gib=1.0), INSTANT)
+
+
+def test_the_context_limit_must_fit_in_the_cache():
+    config = EmulatorConfig(block_size=32, max_model_len=2048)
+    assert resolve_max_model_len(config, 65) == 2048
+    with pytest.raises(ConfigError, match="does not fit"):
+        resolve_max_model_len(config, 64)
+    assert resolve_max_model_len(EmulatorConfig(block_size=32), 65) == 2048
+
+
+def test_request_token_buckets_are_vllms_1_2_5_series():
+    assert request_tokens_buckets(1000) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+def test_metrics_render_vllm_names():
+    replica = EmulatedReplica(num_blocks=8, block_size=16, service=INSTANT)
+    metrics = EmulatorMetrics(replica.engine, "m", 100)
+    metrics.first_token(0.003)
+    metrics.finished(10, 2, 0.004, "length")
+    text = metrics.render().decode()
+    assert 'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0.0' in text
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 1.0' \
+        in text
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.005",model_name="m"} 1.0' \
+        in text
