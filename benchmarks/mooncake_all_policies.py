@@ -6,13 +6,17 @@ keys are computed once and shared by every policy; each policy gets fresh replic
 (llama-3-8b-h100 engine profile: 50 GiB of KV = 800 blocks of 512 tokens per replica unless
 ``--cache-blocks`` says otherwise).
 
+Policies run in as many worker processes as the machine has cores (``--jobs``, as
+``prefixroute simulate --jobs``); ``--jobs 1`` runs them one after another in this process.
+
 Usage: ``python benchmarks/mooncake_all_policies.py [--trace FILE] [--replicas 8]
-[--cache-blocks N] [--policy NAME ...]``
+[--cache-blocks N] [--policy NAME ...] [--jobs N]``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 from pathlib import Path
@@ -39,8 +43,9 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--cache-blocks", type=int)
     parser.add_argument("--policy", action="append")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="policies in N worker processes (default 1: sequential)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="policies in N worker processes, as `prefixroute simulate --jobs` "
+                             "runs them (default: this machine's cores; 1 is sequential)")
     args = parser.parse_args()
 
     start = time.perf_counter()
