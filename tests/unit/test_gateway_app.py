@@ -49,6 +49,8 @@ class FakeReplica:
                 {"id": "tiny", "object": "model"}]})
         body = json.loads(request.content)
         self.bodies.append(body)
+        if self.fault == "hang":
+            await asyncio.sleep(3600)
         if self.fault == "500":
             return httpx.Response(500, json={"error": {"message": "boom", "type": "x"}})
         if self.fault == "400":
@@ -462,4 +464,26 @@ def test_a_policy_that_raises_gives_a_500_error_object_and_is_counted(config):
             text = (await h.http.get("/metrics")).text
             assert 'requests_total{endpoint="completions",status="500"} 1.0' in text
             assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+    run(scenario())
+
+
+def test_a_cancelled_request_releases_its_replica_and_slot(config):
+    async def scenario():
+        async with Harness(config) as h:
+            h.r("r0").fault = h.r("r1").fault = "hang"
+            task = asyncio.create_task(h.http.post(
+                "/v1/completions", json={"model": "tiny", "prompt": "x"},
+                headers={"authorization": "Bearer key-alice"}))
+            backends = h.gateway.pool.backends
+            for _ in range(200):
+                if sum(b.in_flight for b in backends):
+                    break
+                await asyncio.sleep(0.01)
+            assert sum(b.in_flight for b in backends) == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert sum(b.in_flight for b in backends) == 0
+            assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+            assert h.gateway.router.decisions[-1].outcome == "abandoned"
     run(scenario())

@@ -136,62 +136,17 @@ class Proxy:
             job.attempts += 1
             job.replica = backend.name
             job.predicted_cached_tokens = attempt.predicted_cached_tokens
-            headers = {"content-type": "application/json", "x-request-id": job.request_id,
-                       **backend.headers}
-            request = self.client.build_request("POST", self._url(backend, path),
-                                                content=payload, headers=headers)
             try:
-                upstream = await self.client.send(request, stream=True)
-            except httpx.TimeoutException:
-                self._failed(job, attempt, "timeout", "timed out waiting for the replica")
-                continue
-            except httpx.TransportError as exc:
-                self._failed(job, attempt, "connect", f"{type(exc).__name__}: {exc}")
-                continue
-
-            status = upstream.status_code
-            if status >= 500:
-                content = await _read_quietly(upstream)
-                self._failed(job, attempt, f"http_{status}", content[:_ERROR_SNIPPET].decode(
-                    "utf-8", "replace"))
-                last_5xx = (status, content, upstream.headers.get("content-type", ""))
-                continue
-            if status >= 400:  # the replica refused the request itself: pass it on, no retry
-                content = await _read_quietly(upstream)
-                self.router.refused(attempt)
-                job.status = str(status)
-                return Response(content, status_code=status, headers=_reply_headers(
-                    upstream, job), media_type=upstream.headers.get("content-type"))
-
-            if job.checked.stream:
-                chunks = upstream.aiter_raw()
-                try:
-                    first = await _first_chunk(chunks)
-                except (httpx.TimeoutException, httpx.TransportError) as exc:
-                    await upstream.aclose()
-                    reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream"
-                    self._failed(job, attempt, reason, f"stream broke before its first "
-                                 f"event: {type(exc).__name__}")
-                    continue
-                self.router.first_byte(attempt)
-                relay = SSERelay(job, attempt, upstream, chunks, first, self, on_done)
-                return ClosingStreamingResponse(relay, status_code=status,
-                                                headers=_reply_headers(upstream, job),
-                                                media_type="text/event-stream")
-            try:
-                content = await upstream.aread()
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
-                await upstream.aclose()
-                reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "read"
-                self._failed(job, attempt, reason, f"response broke: {type(exc).__name__}")
-                continue
-            self.router.first_byte(attempt)
-            usage = _usage_of(content)
-            self.router.succeeded(attempt, usage)
-            job.cached_tokens = attempt.record.reported_cached_tokens
-            job.status = str(status)
-            return Response(content, status_code=status, headers=_reply_headers(upstream, job),
-                            media_type=upstream.headers.get("content-type", "application/json"))
+                outcome = await self._attempt(job, attempt, path, payload, on_done)
+            except BaseException:
+                # Cancelled (the server is stopping, the caller left) or a bug: the replica's
+                # count, breaker trial and view must not keep this attempt forever.
+                self.router.abandoned(attempt, started=False)
+                raise
+            if isinstance(outcome, Response):
+                return outcome
+            if outcome is not None:
+                last_5xx = outcome
 
         if last_5xx is not None and _is_openai_error(last_5xx[1]):
             job.status = str(last_5xx[0])
@@ -205,6 +160,74 @@ class Proxy:
                              code="replicas_unavailable", headers={"retry-after": "1"})
         job.status = str(error.status)
         return error.response(job.request_id)
+
+    async def _attempt(self, job: Job, attempt: Attempt, path: str, payload: bytes,
+                       on_done: Callable[[Job], None]) -> Response | tuple[int, bytes, str] | None:
+        """Send one attempt. A response ends the request; a (status, body, content type) is a
+        5xx worth retrying; ``None`` a failure worth retrying."""
+        backend = attempt.backend
+        headers = {"content-type": "application/json", "x-request-id": job.request_id,
+                   **backend.headers}
+        request = self.client.build_request("POST", self._url(backend, path),
+                                            content=payload, headers=headers)
+        try:
+            upstream = await self.client.send(request, stream=True)
+        except httpx.TimeoutException:
+            self._failed(job, attempt, "timeout", "timed out waiting for the replica")
+            return None
+        except httpx.TransportError as exc:
+            self._failed(job, attempt, "connect", f"{type(exc).__name__}: {exc}")
+            return None
+        try:
+            return await self._answer(job, attempt, upstream, on_done)
+        except BaseException:
+            await upstream.aclose()
+            raise
+
+    async def _answer(self, job: Job, attempt: Attempt, upstream: httpx.Response,
+                      on_done: Callable[[Job], None]) -> Response | tuple[int, bytes, str] | None:
+        status = upstream.status_code
+        if status >= 500:
+            content = await _read_quietly(upstream)
+            self._failed(job, attempt, f"http_{status}", content[:_ERROR_SNIPPET].decode(
+                "utf-8", "replace"))
+            return (status, content, upstream.headers.get("content-type", ""))
+        if status >= 400:  # the replica refused the request itself: pass it on, no retry
+            content = await _read_quietly(upstream)
+            self.router.refused(attempt)
+            job.status = str(status)
+            return Response(content, status_code=status, headers=_reply_headers(
+                upstream, job), media_type=upstream.headers.get("content-type"))
+
+        if job.checked.stream:
+            chunks = upstream.aiter_raw()
+            try:
+                first = await _first_chunk(chunks)
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                await upstream.aclose()
+                reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream"
+                self._failed(job, attempt, reason, f"stream broke before its first "
+                             f"event: {type(exc).__name__}")
+                return None
+            self.router.first_byte(attempt)
+            relay = SSERelay(job, attempt, upstream, chunks, first, self, on_done)
+            return ClosingStreamingResponse(relay, status_code=status,
+                                            headers=_reply_headers(upstream, job),
+                                            media_type="text/event-stream")
+        try:
+            content = await upstream.aread()
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            await upstream.aclose()
+            reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "read"
+            self._failed(job, attempt, reason, f"response broke: {type(exc).__name__}")
+            return None
+        self.router.first_byte(attempt)
+        usage = _usage_of(content)
+        self.router.succeeded(attempt, usage)
+        job.cached_tokens = attempt.record.reported_cached_tokens
+        job.status = str(status)
+        return Response(content, status_code=status, headers=_reply_headers(upstream, job),
+                        media_type=upstream.headers.get("content-type", "application/json"))
 
     def _failed(self, job: Job, attempt: Attempt, reason: str, detail: str) -> None:
         self.router.failed(attempt, reason)
