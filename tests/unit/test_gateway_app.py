@@ -487,3 +487,16 @@ def test_a_cancelled_request_releases_its_replica_and_slot(config):
             assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
             assert h.gateway.router.decisions[-1].outcome == "abandoned"
     run(scenario())
+
+
+def test_an_unhealthy_replica_forgets_what_was_routed_to_it(config):
+    async def scenario():
+        async with Harness(config) as h:
+            await h.openai().completions.create(model="tiny", prompt=list(range(1, 41)))
+            backend = next(b for b in h.gateway.pool.backends if b.assignments)
+            assert len(backend.view) == 10
+            h.replicas[f"{backend.name}.test"].fault = "connect"
+            for _ in range(2):  # unhealthy_after: 2 failed checks
+                await backend.check_health(h.gateway.client, 1.0)
+            assert not backend.healthy and len(backend.view) == 0
+    run(scenario())

@@ -230,6 +230,7 @@ class Backend:
             self.last_health_error = error
             if self.healthy and self.health_failures >= self._unhealthy_after:
                 self.healthy = False
+                self._forget_routed_blocks()
                 log.warning("replica unhealthy", extra={"fields": {
                     "event": "replica_unhealthy", "replica": self.name, "error": error}})
         self._publish_state()
@@ -263,6 +264,14 @@ class Backend:
         if blocks and self.num_gpu_blocks is None:
             self.num_gpu_blocks = int(blocks)
             self._size_approximate_view()
+
+    def _forget_routed_blocks(self) -> None:
+        """A replica that stopped answering health checks has most likely restarted, and a
+        restarted engine starts with an empty cache. An event view learns that from the
+        sequence numbers; an approximate view has to be told."""
+        if isinstance(self.view, ApproximateView):
+            self.view = ApproximateView(self.view.capacity_blocks)
+            self._metrics.view_blocks.labels(self.name).set(0)
 
     def _size_approximate_view(self) -> None:
         """Bound an empty approximate view by the engine's KV size once it is known (block 0
