@@ -87,6 +87,13 @@ class PreparedWorkload:
     block_size: int
     ideal_cached: array
     info: dict[str, Any] = field(default_factory=dict)
+    prompt_keys: list[list] = field(default_factory=list)  # per request, what routers see
+
+    def __post_init__(self) -> None:
+        if not self.prompt_keys:
+            self.prompt_keys = [r.block_keys if len(r.block_keys) == metrics.prompt_blocks(r)
+                                else r.block_keys[:metrics.prompt_blocks(r)]
+                                for r in self.requests]
 
     @property
     def input_tokens(self) -> int:
@@ -241,6 +248,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     approximate = view == "approximate"
 
     requests = workload.requests
+    all_prompt_keys = workload.prompt_keys
     total = len(requests)
     first_token = array("d", [-1.0]) * total
     finish = array("d", [-1.0]) * total
@@ -294,26 +302,24 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
                 continue  # superseded
             wake[i] = None
             clock.advance_to(t)
-            handle(i, engines[i].advance(t))
+            events = engines[i].advance(t)
+            if events:
+                handle(i, events)
             schedule(i)
             continue
         request = requests[k]
         clock.advance_to(arrival)
-        keys = request.block_keys
-        n_prompt = metrics.prompt_blocks(request)
-        prompt_keys = keys if n_prompt == len(keys) else keys[:n_prompt]
+        prompt_keys = all_prompt_keys[k]
         rv = RequestView(request.request_id, request.input_tokens, block_size,
                          block_keys=prompt_keys, tenant=request.tenant,
                          routing_key=request.session, now=arrival)
-        for i in range(n_replicas):
-            engine = engines[i]
-            v = replica_views[i]
-            v.in_flight = in_flight[i]
+        for engine, v, flying, assigned in zip(engines, replica_views, in_flight, assignments):
+            v.in_flight = flying
             v.queued = engine.waiting
             v.running = engine.running
             v.pending_prefill_tokens = engine.pending_prefill_tokens
             v.kv_usage = engine.kv_usage
-            v.assignments = assignments[i]
+            v.assignments = assigned
         decision = policy.route(rv, replica_views)
         target = decision.replica
         if not isinstance(target, int) or not 0 <= target < n_replicas:
@@ -330,8 +336,11 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         timeline_t.append(arrival)
         timeline_rows.append(list(in_flight))
         engine = engines[target]
-        engine.submit(k, request.input_tokens, request.output_tokens, keys, arrival)
-        handle(target, engine.advance(arrival))
+        engine.submit(k, request.input_tokens, request.output_tokens, request.block_keys,
+                      arrival)
+        events = engine.advance(arrival)
+        if events:
+            handle(target, events)
         schedule(target)
         k += 1
         if progress is not None and k % report_every == 0:
