@@ -22,6 +22,10 @@ Cache views, chosen per run (``view=`` in the policy spec, or the default):
 of the replica's size: what it can infer from its own history), ``events`` (the replica
 pool's KV events feed an :class:`EventView`) or ``oracle`` (the pool itself).
 
+Routers see each request's prompt block keys; token ids only when the workload was prepared
+with ``keep_token_ids`` (a 10,000-token prompt is 40 kB, so by default they are dropped once
+hashed), as a gateway that hashes without keeping tokens would.
+
 Every run gets fresh replicas and a fresh policy over the same requests, and nothing depends
 on anything but the inputs and the seed, so runs repeat exactly.
 """
@@ -311,8 +315,8 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         clock.advance_to(arrival)
         prompt_keys = all_prompt_keys[k]
         rv = RequestView(request.request_id, request.input_tokens, block_size,
-                         block_keys=prompt_keys, tenant=request.tenant,
-                         routing_key=request.session, now=arrival)
+                         block_keys=prompt_keys, token_ids=request.token_ids,
+                         tenant=request.tenant, routing_key=request.session, now=arrival)
         for engine, v, flying, assigned in zip(engines, replica_views, in_flight, assignments):
             v.in_flight = flying
             v.queued = engine.waiting

@@ -62,6 +62,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
     source.add_argument("--time-scale", type=float, default=1.0, metavar="F",
                         help="multiply arrival times by F: below 1 replays faster (more load), "
                              "above 1 slower (default 1)")
+    source.add_argument("--router-token-ids", action="store_true",
+                        help="keep token ids and show them to routers (policies that can hash "
+                             "tokens, e.g. prefix_hash:hash_token_ids=true); costs 4 bytes per "
+                             "prompt token of memory")
     source.add_argument("--block-size", type=int, metavar="N",
                         help="block size of generated workloads (default 16, vLLM's)")
     source.add_argument("--seed", type=int, metavar="N",
@@ -188,6 +192,7 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         defaults["replicas"] = workload.replicas
         defaults["cache_blocks"] = workload.cache_blocks
     prepared = prepare_workload(requests, limit=args.requests, time_scale=args.time_scale,
+                                keep_token_ids=getattr(args, "router_token_ids", False),
                                 info=info)
     return prepared, defaults
 
