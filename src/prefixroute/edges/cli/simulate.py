@@ -164,6 +164,8 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         if not args.trace_format:
             raise ConfigError("--trace needs --trace-format (mooncake, kvtester, jsonl, azure)")
         from prefixroute.edges.traces import read_trace
+        if args.azure_prefixes and args.trace_format != "azure":
+            raise ConfigError("--azure-prefixes applies to --trace-format azure only")
         prefixes = _key_values(args.azure_prefixes, "--azure-prefixes")
         typed: dict[str, Any] = {}
         for key, value in prefixes.items():
@@ -180,8 +182,11 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         info = {"source": "trace", "trace": str(args.trace), "format": args.trace_format}
         defaults["replicas"] = DEFAULT_TRACE_REPLICAS
     else:
-        if args.trace_format:
-            raise ConfigError("--trace-format needs --trace")
+        for flag, value in (("--trace-format", args.trace_format),
+                            ("--trace-block-size", args.trace_block_size),
+                            ("--azure-prefixes", args.azure_prefixes)):
+            if value:
+                raise ConfigError(f"{flag} needs --trace")
         spec = args.workload or "seed-fleet"
         name, params = parse_spec(spec)
         if name not in WORKLOADS:
