@@ -18,6 +18,7 @@ Run: ``PREFIXROUTE_VLLM_DIR=$(scripts/setup_vllm_cpu.sh) pytest -m vllm tests/vl
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -179,6 +180,70 @@ def run_workload(url: str, subscriber: KVEventSubscriber) -> dict:
             "hits": _metric(metrics, "vllm:prefix_cache_hits_total")}
 
 
+# Requests whose answers are compared by shape (keys, nesting, value types), not by value.
+SHAPE_PROBES = [
+    ("completion", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": [11, 12, 13, 14], "max_tokens": 3}),
+    ("completion-token-ids", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": [11, 12, 13], "max_tokens": 2,
+      "return_token_ids": True}),
+    ("completion-batch", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": ["hello", "world"], "max_tokens": 2}),
+    ("completion-stream", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": [11, 12, 13], "max_tokens": 3, "stream": True}),
+    ("completion-stream-usage", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": [11, 12, 13], "max_tokens": 3, "stream": True,
+      "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+    ("chat", "POST", "/v1/chat/completions",
+     {"model": SERVED_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+      "max_tokens": 3}),
+    ("chat-stream-usage", "POST", "/v1/chat/completions",
+     {"model": SERVED_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+      "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}),
+    ("error-unknown-model", "POST", "/v1/completions",
+     {"model": "nope", "prompt": "x", "max_tokens": 1}),
+    ("error-temperature", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": "x", "temperature": -1}),
+    ("error-salt", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": "x", "cache_salt": ""}),
+    ("error-too-long", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": [11] * (MAX_MODEL_LEN + 5), "max_tokens": 1}),
+    ("error-max-tokens", "POST", "/v1/completions",
+     {"model": SERVED_MODEL_NAME, "prompt": "x", "max_tokens": MAX_MODEL_LEN + 1}),
+    ("error-empty-chat", "POST", "/v1/chat/completions",
+     {"model": SERVED_MODEL_NAME, "messages": []}),
+    ("models", "GET", "/v1/models", None),
+    ("render", "POST", "/v1/completions/render",
+     {"model": SERVED_MODEL_NAME, "prompt": "hello world"}),
+    ("render-chat", "POST", "/v1/chat/completions/render",
+     {"model": SERVED_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}]}),
+]
+
+
+def probe_shapes(url: str) -> dict:
+    """Status and body (streams: every chunk) of each shape probe."""
+    out = {}
+    with httpx.Client(base_url=url, timeout=120.0) as client:
+        for name, method, path, body in SHAPE_PROBES:
+            response = client.request(method, path, json=body)
+            if response.headers.get("content-type", "").startswith("text/event-stream"):
+                chunks = [line[6:] for line in response.text.splitlines()
+                          if line.startswith("data: ")]
+                parsed = [json.loads(c) for c in chunks if c != "[DONE]"]
+                out[name] = (response.status_code, parsed, chunks[-1])
+            else:
+                out[name] = (response.status_code, response.json(), None)
+    return out
+
+
+def _save(run: dict, who: str) -> None:
+    """Keep what each engine answered, for reading a failure (TMPDIR/emulator-fidelity-*)."""
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"emulator-fidelity-{who}.json"
+    path.write_text(json.dumps({"results": run["results"], "shapes": run["shapes"],
+                                "events": [_flatten(e) for e in run["events"]],
+                                "queries": run["queries"], "hits": run["hits"]}, indent=1))
+
+
 def _subscriber() -> tuple[KVEventSubscriber, int]:
     port = free_port()
     subscriber = KVEventSubscriber(f"tcp://127.0.0.1:{port}", bind=True, topic=TOPIC).start()
@@ -193,8 +258,12 @@ def vllm_run():
     subscriber, port = _subscriber()
     try:
         with VllmServer(kv_events_port=port, topic=TOPIC,
-                        num_gpu_blocks_override=NUM_GPU_BLOCKS) as server:
-            yield run_workload(server.url, subscriber)
+                        num_gpu_blocks_override=NUM_GPU_BLOCKS,
+                        extra_args=("--enable-scale-out",)) as server:  # render endpoints
+            run = run_workload(server.url, subscriber)
+            run["shapes"] = probe_shapes(server.url)
+            _save(run, "vllm")
+            yield run
     finally:
         subscriber.stop()
 
@@ -232,7 +301,10 @@ def emulator_run():
                 pass
             assert time.monotonic() < deadline, "emulator not healthy after 60 s"
             time.sleep(0.2)
-        yield run_workload(url, subscriber)
+        run = run_workload(url, subscriber)
+        run["shapes"] = probe_shapes(url)
+        _save(run, "emulator")
+        yield run
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
@@ -307,3 +379,46 @@ def test_event_batches_carry_the_same_fields(vllm_run, emulator_run):
 def test_prefix_cache_counters_are_equal(vllm_run, emulator_run):
     assert (emulator_run["queries"], emulator_run["hits"]) == \
         (vllm_run["queries"], vllm_run["hits"])
+
+
+# -- API shapes ---------------------------------------------------------------------------------
+def shape(value):
+    """Keys, nesting and value types; lists by their first element."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return type(value).__name__
+
+
+@pytest.mark.parametrize("name", [p[0] for p in SHAPE_PROBES])
+def test_answers_have_vllms_shape(vllm_run, emulator_run, name):
+    status, theirs, last = vllm_run["shapes"][name]
+    our_status, ours, our_last = emulator_run["shapes"][name]
+    assert our_status == status
+    assert our_last == last  # streams end with "data: [DONE]"
+    if name == "models":  # the emulator's model card has no vLLM-specific root path
+        theirs = theirs["data"][0].keys()
+        ours = ours["data"][0].keys()
+        assert ours == theirs
+        return
+    if isinstance(theirs, list) and name.endswith(("stream", "stream-usage")):
+        assert [shape(c) for c in ours] == [shape(c) for c in theirs]
+        return
+    assert shape(ours) == shape(theirs)
+    if name == "render":  # same tokenizer directory, same tokens (BOS included)
+        assert ours[0]["token_ids"] == theirs[0]["token_ids"]
+    if name == "render-chat":  # same chat template
+        assert ours["token_ids"] == theirs["token_ids"]
+        assert ours["sampling_params"] == theirs["sampling_params"]
+    if name.startswith("error"):
+        assert ours["error"]["type"] == theirs["error"]["type"]
+        assert ours["error"]["param"] == theirs["error"]["param"]
+        assert ours["error"]["message"].split(" (parameter")[0] == \
+            theirs["error"]["message"].split(" (parameter")[0]

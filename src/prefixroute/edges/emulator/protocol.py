@@ -165,6 +165,7 @@ class GenerationRequest:
     return_token_ids: bool = False
     session_id: str | None = None
     report_full: bool = False   # vllm_xargs kv_cache_report_mode == "full"
+    explicit_max_tokens: bool = False  # the body set max_tokens (or max_completion_tokens)
 
 
 def _is_int(value: Any) -> bool:
@@ -339,6 +340,7 @@ def parse_completion(body: Any, models: ServedModels, encoder: PromptEncoder,
         raise bad_request("Either prompt or prompt_embeds must be provided and non-empty.",
                           "prompt")
     requested = _requested_max_tokens(body, ("max_tokens",), models.max_model_len)
+    request.explicit_max_tokens = requested is not None
     if requested is None and "max_tokens" not in body:
         requested = DEFAULT_COMPLETION_MAX_TOKENS
     request.prompts = prompts
@@ -403,6 +405,7 @@ def parse_chat(body: Any, models: ServedModels, encoder: PromptEncoder,
         raise bad_request("the rendered chat prompt is empty", "messages")
     requested = _requested_max_tokens(body, ("max_completion_tokens", "max_tokens"),
                                       models.max_model_len)
+    request.explicit_max_tokens = requested is not None
     if requested is None and not body.get("ignore_eos"):
         left = models.max_model_len - len(prompt.token_ids)
         if left >= DUMMY_CHAT_REPLY_TOKENS:

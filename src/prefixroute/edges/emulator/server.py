@@ -406,23 +406,41 @@ class EmulatorServer:
         return sse(chunk)
 
     # -- render ---------------------------------------------------------------------------------
-    def _rendered(self, generation: GenerationRequest, index: int) -> dict:
+    def _rendered(self, generation: GenerationRequest, index: int, request_id: str) -> dict:
+        """vLLM's ``GenerateRequest`` (``--enable-scale-out`` render endpoints): the token ids
+        and the sampling parameters the engine would run. The emulator samples nothing, so
+        the sampling fields are vLLM's defaults; chat renders carry the resolved
+        ``max_tokens``, completions renders none (as vLLM 0.32 answers)."""
         prompt = generation.prompts[index]
-        return {"request_id": self._response_id("render"),
-                "token_ids": list(prompt.token_ids),
-                "features": None if not prompt.media else {
-                    "mm_hashes": [m.identifier for m in prompt.media],
-                    "mm_placeholders": [{"offset": m.offset, "length": m.length}
-                                        for m in prompt.media]},
-                "model": generation.model, "cache_salt": generation.cache_salt,
-                "sampling_params": {"max_tokens": generation.max_tokens[index]}}
+        sampling: dict[str, Any] = {
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "stop": [], "stop_token_ids": []}
+        if generation.kind == "chat":
+            sampling["max_tokens"] = generation.max_tokens[index] \
+                if generation.explicit_max_tokens else self.max_model_len - len(prompt.token_ids)
+        sampling.update({"output_kind": 2, "skip_clone": True, "bad_words": [],
+                         "skip_reading_prefix_cache": False})
+        features = None
+        if prompt.media:
+            features = {"mm_hashes": [m.identifier for m in prompt.media],
+                        "mm_placeholders": [{"offset": m.offset, "length": m.length}
+                                            for m in prompt.media]}
+        return {"request_id": request_id, "token_ids": list(prompt.token_ids),
+                "token_offsets": None, "features": features, "content_parts": None,
+                "sampling_params": sampling, "model": generation.model,
+                "reasoning_ended": None, "reasoning_parser_kwargs": None,
+                "return_token_ids": generation.return_token_ids or None,
+                "output_mode": "tokens", "stream": generation.stream, "stream_options": None,
+                "cache_salt": generation.cache_salt, "priority": 0,
+                "kv_transfer_params": None, "ec_transfer_params": None}
 
     async def render_completions(self, request: Request) -> Response:
         try:
             generation = await self._parse(request, "completion")
         except APIError as error:
             return error_response(error)
-        return json_response([self._rendered(generation, i)
+        request_id = self._response_id("cmpl")
+        return json_response([self._rendered(generation, i, request_id)
                               for i in range(len(generation.prompts))])
 
     async def render_chat(self, request: Request) -> Response:
@@ -430,7 +448,7 @@ class EmulatorServer:
             generation = await self._parse(request, "chat")
         except APIError as error:
             return error_response(error)
-        return json_response(self._rendered(generation, 0))
+        return json_response(self._rendered(generation, 0, self._response_id("chatcmpl")))
 
 
 def serve(config: EmulatorConfig, *, log_level: str = "warning") -> int:
