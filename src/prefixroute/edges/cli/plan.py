@@ -118,6 +118,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="requests per simulator run (2,000)")
     simulation.add_argument("--compress", type=float, metavar="F",
                             help="simulate F times the daily mean rate, a peak (4)")
+    simulation.add_argument("--accounting-requests", type=int, metavar="N",
+                            help="provider requests replayed through the exact accounting "
+                                 "(2,000)")
     simulation.add_argument("--seed", type=int, metavar="N", help="seed (0)")
     parser.add_argument("--out", metavar="DIR", help="write plan.md and PNG plots to DIR")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -180,6 +183,7 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
         "gpu_usd_per_hour": args.gpu_usd_per_hour, "provider_share": args.provider_share,
         "price_per_mtok": args.price_per_mtok, "sim_requests": args.sim_requests,
         "compress": args.compress, "seed": args.seed,
+        "accounting_requests": args.accounting_requests,
     }
     for name, value in flags.items():
         if value is not None:
@@ -315,11 +319,11 @@ def _read_value(section, key: str, name: str) -> Any:
             section.fail(str(exc), key)
     if name == "model":
         raw = section.raw(key)
+        if isinstance(raw, str) and raw not in MODEL_PRESETS and not os.path.exists(raw):
+            section.fail(f"no model preset or file {raw!r}; presets: "
+                         f"{', '.join(MODEL_PRESETS)}", key)
         try:
             if isinstance(raw, str):
-                if raw not in MODEL_PRESETS and not os.path.exists(raw):
-                    section.fail(f"no model preset or file {raw!r}; presets: "
-                                 f"{', '.join(MODEL_PRESETS)}", key)
                 return _model(raw)
             if isinstance(raw, dict):
                 from prefixroute.core.identity.model_config import ModelConfig
