@@ -153,3 +153,9 @@ def test_tokenizer_directory_must_hold_tokenizer_json(tmp_path):
 def test_rate_limit_needs_a_rate(tmp_path):
     text = MINIMAL + "    rate_limit: {burst: 3}\n"
     assert "tenants[0].rate_limit.requests_per_second" in error_of(tmp_path, text)
+
+
+def test_a_measured_prefill_speed_reaches_the_replica_view(tmp_path):
+    text = MINIMAL.replace("    models: [tiny]\n", "    models: [tiny]\n"
+                           "    prefill_s_per_token: 2.5e-5\n")
+    assert load_config(write(tmp_path, text)).backends[0].prefill_s_per_token == 2.5e-5

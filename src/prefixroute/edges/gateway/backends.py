@@ -159,7 +159,8 @@ class Backend:
                            in_flight=self.in_flight, queued=self.queued, running=self.running,
                            pending_prefill_tokens=self.pending_prefill_tokens,
                            kv_usage=self.kv_usage, assignments=self.assignments,
-                           capacity_blocks=capacity, cache=self.view)
+                           capacity_blocks=capacity, cache=self.view,
+                           prefill_s_per_token=self.config.prefill_s_per_token)
 
     def dispatch(self, keys: Sequence[Hashable], uncached_tokens: int) -> None:
         """A request is being sent here: count it and note its blocks as (soon) held."""

@@ -81,6 +81,7 @@ class BackendConfig:
     kv_events: KVEventsConfig | None = None
     capacity_blocks: int | None = None  # KV blocks of the replica, for the approximate view
     api_key_env: str | None = None  # the backend's own API key, read from this env var
+    prefill_s_per_token: float | None = None  # the replica's prefill speed, if measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,9 +380,12 @@ def _backend(reader: _Reader, index: int) -> BackendConfig:
         reader.used.add("kv_events")
     capacity = reader.integer("capacity_blocks", None, minimum=1)
     api_key_env = reader.string("api_key_env")
+    prefill_speed = reader.number("prefill_s_per_token", 0.0) if reader.has(
+        "prefill_s_per_token") else None
+    reader.used.add("prefill_s_per_token")
     reader.finish()
     return BackendConfig(name, url, tuple(dict.fromkeys(models_raw)), dict(adapters_raw),
-                         kv_events, capacity, api_key_env)
+                         kv_events, capacity, api_key_env, prefill_speed)
 
 
 def _tenant(reader: _Reader) -> TenantConfig:
