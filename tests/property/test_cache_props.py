@@ -135,3 +135,14 @@ def test_radix_tree_never_exceeds_capacity(workload, capacity, policy):
         assert tree.total_units <= capacity
         tree.release(i)
         assert tree.total_units <= capacity
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=8), min_size=1, max_size=40),
+       st.integers(0, 10))
+def test_key_lru_fast_path_matches_the_general_path(requests, capacity):
+    fast = KeyLRUCache(capacity)                 # no TTL, no listener: the fast path
+    general = KeyLRUCache(capacity, ttl=1e12)    # a TTL that never expires: the general path
+    for keys in requests:
+        assert fast.access(keys) == general.access(keys)
+        assert fast.keys() == general.keys()

@@ -107,6 +107,8 @@ class KeyLRUCache:
     def access(self, keys: Sequence[Hashable], now: float = 0.0) -> int:
         """Serve one request: the longest live prefix of ``keys`` hits; every key is then
         touched or inserted in order. Returns the number of leading keys that hit."""
+        if self.ttl is None and self.listener is None:
+            return self._access_no_ttl(keys)
         hits = 0
         prefix = True
         for key in keys:
@@ -121,6 +123,40 @@ class KeyLRUCache:
         self.stats.queried_tokens += len(keys) * self.block_size
         self.stats.hit_tokens += hits * self.block_size
         self.stats.stored_blocks += len(keys) - hits
+        return hits
+
+    def _access_no_ttl(self, keys: Sequence[Hashable]) -> int:
+        """:meth:`access` without expiry or listener: the hot loop of the fleet exercises and
+        of routers' approximate views, so it works on the ordered dict directly. Eviction
+        stays one key at a time, as keys are inserted: a later key of the same request may be
+        the oldest entry, and evicting it first turns its touch into a miss."""
+        entries = self._expiry
+        move = entries.move_to_end
+        pop = entries.popitem
+        capacity = self.capacity
+        inf = float("inf")
+        hits = inserted = evicted = 0
+        prefix = True
+        for key in keys:
+            if key in entries:
+                move(key)
+                if prefix:
+                    hits += 1
+            else:
+                prefix = False
+                if capacity == 0:
+                    continue
+                entries[key] = inf
+                inserted += 1
+                if len(entries) > capacity:
+                    pop(last=False)
+                    evicted += 1
+        if evicted:
+            self.evictions += evicted
+            self.stats.evicted_blocks += evicted
+        self.stats.queried_tokens += len(keys) * self.block_size
+        self.stats.hit_tokens += hits * self.block_size
+        self.stats.stored_blocks += inserted
         return hits
 
     # -- the common PrefixCache interface -------------------------------------------------------
