@@ -89,8 +89,9 @@ def parse_engine_metrics(text: str) -> dict[str, float]:
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in ENGINE_GAUGES:
+            rest = line.rsplit("}", 1)[1] if "}" in line else line[len(name):]
             try:
-                value = float(line.rsplit("}", 1)[-1].split()[0])
+                value = float(rest.split()[0])  # "value [timestamp]"
             except (IndexError, ValueError):
                 continue
             out[name] = out.get(name, 0.0) + value
@@ -122,7 +123,12 @@ class Backend:
         self.last_health_error: str | None = None
         self.in_flight = 0
         self.assignments = 0
-        self.pending_prefill_tokens = 0
+        # Uncached prompt tokens of requests whose prefill is not known to be done, by
+        # dispatch ticket: (tokens, dispatch time). See prefill_done and scrape_metrics.
+        self._prefills: dict[int, tuple[int, float]] = {}
+        self._next_ticket = 0
+        self._clock = clock
+        self._last_scrape = clock.now()
         self.queued = 0
         self.running = 0
         self.kv_usage = 0.0
@@ -162,21 +168,30 @@ class Backend:
                            capacity_blocks=capacity, cache=self.view,
                            prefill_s_per_token=self.config.prefill_s_per_token)
 
-    def dispatch(self, keys: Sequence[Hashable], uncached_tokens: int) -> None:
-        """A request is being sent here: count it and note its blocks as (soon) held."""
+    @property
+    def pending_prefill_tokens(self) -> int:
+        return sum(tokens for tokens, _ in self._prefills.values())
+
+    def dispatch(self, keys: Sequence[Hashable], uncached_tokens: int) -> int:
+        """A request is being sent here: count it and note its blocks as (soon) held.
+        Returns the ticket that :meth:`prefill_done` takes."""
         self.in_flight += 1
         self.assignments += 1
-        self.pending_prefill_tokens += uncached_tokens
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        self._prefills[ticket] = (uncached_tokens, self._clock.now())
         self.breaker.on_dispatch()
         if isinstance(self.view, LiveEventView):
             self.view.add_pending(keys)
         else:
             self.view.record(keys)
         self._metrics.in_flight.labels(self.name).set(self.in_flight)
+        return ticket
 
-    def prefill_done(self, uncached_tokens: int) -> None:
-        """The first byte arrived: the engine has finished this request's prefill."""
-        self.pending_prefill_tokens = max(0, self.pending_prefill_tokens - uncached_tokens)
+    def prefill_done(self, ticket: int) -> None:
+        """The request's prefill is over: its first byte arrived (a stream's first token) or
+        it ended."""
+        self._prefills.pop(ticket, None)
 
     def finish(self, keys: Sequence[Hashable], *, stored: bool, matched_before: int) -> None:
         """The request left. ``stored``: the engine ran it, so its blocks are cached there;
@@ -258,6 +273,14 @@ class Backend:
         if response.status_code != 200:
             return
         values = parse_engine_metrics(response.text)
+        scraped_at, previous = self._clock.now(), self._last_scrape
+        self._last_scrape = scraped_at
+        if values.get("vllm:num_requests_waiting") == 0 and self._prefills:
+            # Nothing waits on the engine: requests sent before the previous scrape have been
+            # scheduled and, at one chunk per step, prefilled. A non-streaming answer shows no
+            # first byte, so this is how its prefill is seen to end before the whole answer.
+            for ticket in [t for t, (_, sent) in self._prefills.items() if sent <= previous]:
+                del self._prefills[ticket]
         self.queued = int(values.get("vllm:num_requests_waiting", self.queued))
         self.running = int(values.get("vllm:num_requests_running", self.running))
         self.kv_usage = float(values.get("vllm:kv_cache_usage_perc", self.kv_usage))

@@ -71,6 +71,7 @@ class Attempt:
     matched_blocks: int
     predicted_cached_tokens: int
     uncached_tokens: int
+    ticket: int
     prefill_pending: bool = True
     finished: bool = field(default=False)
 
@@ -125,13 +126,13 @@ class GatewayRouter:
                          "scores": decision.scores.get(b.index, {})} for b in candidates])
         self.decisions.append(record)
         self._metrics.decisions.labels(self.policy_name, decision.branch).inc()
-        backend.dispatch(prompt.block_keys, uncached)
-        return Attempt(backend, request, decision, record, matched, predicted, uncached)
+        ticket = backend.dispatch(prompt.block_keys, uncached)
+        return Attempt(backend, request, decision, record, matched, predicted, uncached, ticket)
 
     def first_byte(self, attempt: Attempt) -> None:
         if attempt.prefill_pending:
             attempt.prefill_pending = False
-            attempt.backend.prefill_done(attempt.uncached_tokens)
+            attempt.backend.prefill_done(attempt.ticket)
 
     def succeeded(self, attempt: Attempt, usage: dict | None) -> None:
         """The replica answered (2xx). ``usage`` is the response's usage object, if any."""
