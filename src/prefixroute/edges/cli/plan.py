@@ -685,7 +685,7 @@ def render_plots(plan: dict, inputs: PlanInputs) -> dict[str, bytes]:
         for name, members in groups.items():
             if members and name in ttl:
                 ax.scatter([ranks[i] for i in members], [provider_rates[i] for i in members],
-                           s=10, label=f"{name}: {ttl[name]['choice']}")
+                           s=10, label=f"{name}, provider rate: {ttl[name]['choice']}")
         ax.axhline(rare, color="red", linestyle="--", linewidth=1, label="1 per hour")
     ax.set_xscale("log")
     ax.set_yscale("log")
