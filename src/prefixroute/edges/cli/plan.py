@@ -75,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan", help="plan a fleet for SPEC section 4's scenario: layout, keys, metrics, "
                      "routing, TTLs, KV memory and cost, from simulator runs",
-        description=__doc__.split("\n\n")[0] + " Defaults are SPEC section 4: 200 tenant "
+        description=__doc__.split("\n\n")[0].replace("``", "") + " Defaults are SPEC "
+                    "section 4: 200 tenant "
                     "prefixes of 10,000 tokens, 50,000 requests/day, 8 replicas, one hot "
                     "tenant, a Zipf tail, a provider share with a write premium, and prompts "
                     "that start with a timestamp.")
