@@ -26,8 +26,8 @@ def prefill_samples():
     return [PrefillSample(u, A + B * u + C * u * u) for u in (16, 128, 512, 1024, 4000)]
 
 
-def decode_samples():
-    return [DecodeSample(b, ctx, A + D1 * b + D2 * ctx)
+def decode_samples(step=A):
+    return [DecodeSample(b, ctx, step + D1 * b + D2 * ctx)
             for b, ctx in ((1, 144), (1, 2016), (4, 576), (4, 8064))]
 
 
@@ -38,8 +38,18 @@ def test_exact_prefill_timings_give_back_the_coefficients():
 
 
 def test_exact_decode_timings_give_back_the_coefficients():
-    fit = fit_decode(decode_samples(), A)
-    assert fit.coefficients == pytest.approx((D1, D2), rel=1e-6)
+    assert fit_decode(decode_samples()).coefficients == pytest.approx((A, D1, D2), rel=1e-6)
+    assert fit_decode(decode_samples(), A).coefficients == pytest.approx((A, D1, D2), rel=1e-6)
+
+
+def test_per_request_overhead_outside_steps_stays_out_of_the_step_overhead():
+    # A server whose TTFT carries 10 ms of HTTP and tokenizing on top of a 2 ms step.
+    prefill = [PrefillSample(s.uncached_tokens, s.ttft_s + 0.002 - A) for s in prefill_samples()]
+    prefill = [PrefillSample(s.uncached_tokens, s.ttft_s + 0.010) for s in prefill]
+    profile, summary = calibrated_profile("fitted", prefill, decode_samples(step=0.002))
+    assert profile.step_overhead_s == pytest.approx(0.002)
+    assert summary["prefill"]["request_overhead_s"] == pytest.approx(0.010)
+    assert profile.prefill_s_per_token == pytest.approx(B)
 
 
 def test_coefficients_are_never_negative():

@@ -14,9 +14,15 @@ attention term ``c``.
 Decode probes: ``B`` requests decoding together, ``C`` context tokens in total; the time
 between their tokens is one decode step,
 
-    itl(B, C) = a + d1*B + d2*C
+    itl(B, C) = a' + d1*B + d2*C
 
-and with ``a`` from the prefill fit, least squares over (B, C) gives ``d1`` and ``d2``.
+fitted with its own intercept ``a'``. The two intercepts differ on a real server: the time
+to first token also holds the per-request work outside the engine's steps (HTTP, tokenizing,
+detokenizing, inter-process hops: about 10 ms for vLLM on this CPU machine), which the
+service-time model has no term for. Putting it into every step would make each decode step
+that much slower and the emulated engine's capacity far too low, so when decode probes exist
+the profile's ``step_overhead_s`` is the decode intercept ``a'`` and the difference is
+reported as ``request_overhead_s``; without them it is the prefill intercept.
 
 Every coefficient must be non-negative (the model rejects negative durations), so the fits
 are non-negative least squares, solved exactly for these two or three unknowns by trying
@@ -106,16 +112,21 @@ def fit_prefill(samples: Sequence[PrefillSample]) -> Fit:
     return Fit(tuple(float(v) for v in x), r_squared, rms)
 
 
-def fit_decode(samples: Sequence[DecodeSample], step_overhead_s: float) -> Fit:
-    """(d1, d2) of ``itl = a + d1*B + d2*C`` with ``a`` fixed from the prefill fit."""
-    if len({(s.batch, s.context_tokens) for s in samples}) < 2:
-        raise ConfigError("a decode fit needs probes at two or more (batch, context) points")
-    design = np.array([[s.batch, s.context_tokens] for s in samples], dtype=float)
-    target = np.array([s.itl_s - step_overhead_s for s in samples], dtype=float)
-    x = nonnegative_least_squares(design, target)
-    full_target = target + step_overhead_s
-    r_squared, rms = _quality(np.column_stack([np.ones(len(samples)), design]), full_target,
-                              np.concatenate([[step_overhead_s], x]))
+def fit_decode(samples: Sequence[DecodeSample], step_overhead_s: float | None = None) -> Fit:
+    """(a', d1, d2) of ``itl = a' + d1*B + d2*C``; with ``step_overhead_s`` given, ``a'`` is
+    held at it and only (d1, d2) are fitted (returned as (a', d1, d2) all the same)."""
+    if len({(s.batch, s.context_tokens) for s in samples}) < (2 if step_overhead_s is not None
+                                                              else 3):
+        raise ConfigError("a decode fit needs probes at three or more (batch, context) points "
+                          "(two with a fixed step overhead)")
+    design = np.array([[1.0, s.batch, s.context_tokens] for s in samples], dtype=float)
+    target = np.array([s.itl_s for s in samples], dtype=float)
+    if step_overhead_s is None:
+        x = nonnegative_least_squares(design, target)
+    else:
+        rest = nonnegative_least_squares(design[:, 1:], target - step_overhead_s)
+        x = np.concatenate([[step_overhead_s], rest])
+    r_squared, rms = _quality(design, target, x)
     return Fit(tuple(float(v) for v in x), r_squared, rms)
 
 
@@ -135,10 +146,14 @@ def calibrated_profile(name: str, prefill: Sequence[PrefillSample],
                                  "rms_error_s": prefill_fit.rms_error_s,
                                  "samples": len(prefill)}}
     if decode:
-        decode_fit = fit_decode(decode, a)
-        d1, d2 = decode_fit.coefficients
-        profile = replace(profile, decode_s_per_seq=d1, decode_s_per_context_token=d2)
-        summary["decode"] = {"decode_s_per_seq": d1, "decode_s_per_context_token": d2,
+        decode_fit = fit_decode(decode)
+        step, d1, d2 = decode_fit.coefficients
+        step = min(step, a)
+        profile = replace(profile, step_overhead_s=step, decode_s_per_seq=d1,
+                          decode_s_per_context_token=d2)
+        summary["prefill"]["request_overhead_s"] = a - step
+        summary["decode"] = {"step_overhead_s": step, "decode_s_per_seq": d1,
+                             "decode_s_per_context_token": d2,
                              "r_squared": decode_fit.r_squared,
                              "rms_error_s": decode_fit.rms_error_s, "samples": len(decode)}
     if model is not None:

@@ -9,8 +9,10 @@ engine:
   each probe the prefix cache is reset (``POST /reset_prefix_cache``, when the engine has it:
   vLLM needs ``VLLM_SERVER_DEV_MODE=1``); otherwise every probe is a fresh random prompt.
   Probes that report ``cached_tokens`` > 0 are retried with a new prompt.
-* decode: ``B`` streams of 32 tokens at once, short and long contexts; the time between
-  tokens is the decode step time.
+* decode: ``B`` requests at once, short and long contexts, first with one output token, then
+  (cache reset again) with 64; the difference of their end-to-end times over 63 is the decode
+  step time. End-to-end times, not gaps between streamed chunks: vLLM's API server delivers
+  tokens of fast steps in bursts, which makes chunk gaps meaningless.
 
 Then it fits ``ttft = a + b*u + c*u^2`` and ``itl = a + d1*B + d2*C`` with non-negative least
 squares (``prefixroute.core.replica.calibration``) and writes the profile as the JSON mapping
@@ -33,7 +35,7 @@ from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.edges.cli.common import positive_int, print_json, write_atomic
 
 DEFAULT_SIZES = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-DECODE_TOKENS = 32
+DECODE_TOKENS = 64
 TOKEN_ID_LOW, TOKEN_ID_HIGH = 10, 1000  # plain ids every tokenizer has (none special here)
 
 
@@ -51,7 +53,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-prompt-tokens", type=positive_int,
                    help="largest prefill probe (default: 90%% of the context, at most 8192)")
     p.add_argument("--decode-batches", default="1,4", metavar="B,B",
-                   help="decode probe batch sizes (default 1,4; empty: skip decode probes)")
+                   help="decode probe batch sizes (default 1,4, with two contexts each: "
+                        "four points for three unknowns; empty: skip decode probes)")
     p.add_argument("--timeout", type=float, default=300.0, help="per request (default 300 s)")
     p.add_argument("--json", action="store_true",
                    help="print the profile, the fit summary and the samples as JSON")
@@ -96,9 +99,10 @@ def run(args) -> int:
           file=sys.stderr)
     if "decode" in summary:
         fit = summary["decode"]
-        print(f"decode: d1={fit['decode_s_per_seq']:.3g} s/seq, "
-              f"d2={fit['decode_s_per_context_token']:.3g} s/context token "
-              f"(R^2 {fit['r_squared']:.3f})", file=sys.stderr)
+        print(f"decode: a={fit['step_overhead_s']:.3g} s, d1={fit['decode_s_per_seq']:.3g} "
+              f"s/seq, d2={fit['decode_s_per_context_token']:.3g} s/context token (R^2 "
+              f"{fit['r_squared']:.3f}); outside steps per request: "
+              f"{summary['prefill']['request_overhead_s']:.3g} s", file=sys.stderr)
     return 0
 
 
@@ -152,6 +156,18 @@ async def _measure(url: str, args, batches: list[int]) -> dict:
                     cached = details.get("cached_tokens") or cached
             return times, cached
 
+        async def timed(tokens: list[int], max_tokens: int) -> float:
+            """End-to-end seconds of one non-streamed request of exactly ``max_tokens``."""
+            body = {"model": model, "prompt": tokens, "max_tokens": max_tokens,
+                    "temperature": 0.0, "ignore_eos": True}
+            start = time.perf_counter()
+            response = await client.post("/v1/completions", json=body)
+            elapsed = time.perf_counter() - start
+            if response.status_code != 200:
+                raise InputError(f"{url}/v1/completions answered {response.status_code}: "
+                                 f"{response.text[:300]}")
+            return elapsed
+
         await stream(prompt(16), 2)  # warm up
         prefill: list[PrefillSample] = []
         decode: list[DecodeSample] = []
@@ -174,14 +190,15 @@ async def _measure(url: str, args, batches: list[int]) -> dict:
                     prefill.append(PrefillSample(size, statistics.median(measured)))
             for batch in batches:
                 for context in contexts:
-                    if reset:
-                        await client.post("/reset_prefix_cache")
-                    results = await asyncio.gather(*(stream(prompt(context), DECODE_TOKENS)
-                                                     for _ in range(batch)))
-                    gaps = [(t[-1] - t[0]) / (len(t) - 1) for t, _ in results if len(t) > 1]
-                    if gaps:
-                        total_context = batch * (context + DECODE_TOKENS // 2)
-                        decode.append(DecodeSample(batch, total_context,
-                                                   statistics.median(gaps)))
+                    elapsed = {}
+                    for max_tokens in (1, DECODE_TOKENS):
+                        if reset:
+                            await client.post("/reset_prefix_cache")
+                        results = await asyncio.gather(*(timed(prompt(context), max_tokens)
+                                                         for _ in range(batch)))
+                        elapsed[max_tokens] = statistics.median(results)
+                    itl = (elapsed[DECODE_TOKENS] - elapsed[1]) / (DECODE_TOKENS - 1)
+                    decode.append(DecodeSample(batch, batch * (context + DECODE_TOKENS // 2),
+                                               max(itl, 0.0)))
                     progress.advance(task)
     return {"model": model, "reset": reset, "prefill": prefill, "decode": decode}
