@@ -198,3 +198,23 @@ def test_ttft_grows_with_uncached_prompt_tokens(tmp_path):
         warm, warm_usage = timed()
     assert cold_usage["cached_tokens"] == 0 and warm_usage["cached_tokens"] == 992
     assert cold >= 0.22 and warm < 0.15
+
+
+def test_a_client_that_leaves_a_stream_frees_its_sequence(tmp_path):
+    profile = tmp_path / "steps.json"
+    profile.write_text(json.dumps({"base": "instant", "name": "steps",
+                                   "step_overhead_s": 0.02}))
+    with EmulatorProcess(["--block-size", str(BLOCK), "--num-blocks", "64",
+                          "--profile", str(profile)]) as process:
+        body = {"prompt": ids(11, 40), "max_tokens": 500, "stream": True}  # 10 s of decode
+        with httpx.stream("POST", process.url + "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+        deadline = time.monotonic() + 5
+        while True:
+            text = httpx.get(process.url + "/metrics").text
+            if "vllm:num_requests_running{engine=\"0\",model_name=\"emulated\"} 0.0" in text:
+                break
+            assert time.monotonic() < deadline, "the abandoned sequence is still running"
+            time.sleep(0.1)
+        assert 'finished_reason="abort",model_name="emulated"} 1.0' in text
