@@ -1,5 +1,5 @@
 """The paged pool frees blocks in vLLM 0.32's order (``BlockPool.free_blocks``), which decides
-which cached block an allocation evicts: this is what the emulator's BlockRemoved stream rests on."""
+which cached block an allocation evicts: the emulator's BlockRemoved stream rests on it."""
 
 from prefixroute.core.caches.paged_pool import PagedBlockPool
 

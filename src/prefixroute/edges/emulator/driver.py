@@ -99,7 +99,6 @@ class EngineDriver:
             return
         now = self.now()
         self.replica.abort(seq.seq_id, now)
-        self.replica.forget(seq.seq_id)
         self.metrics.success["abort"] += 1
         self._pump(now)
 

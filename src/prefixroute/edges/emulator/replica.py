@@ -30,6 +30,7 @@ batch per engine step, as vLLM's scheduler does in ``update_from_output``.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -55,6 +56,7 @@ from prefixroute.core.replica.service_time import ServiceTimeModel
 KV_CACHE_SPEC_KIND = "full_attention"  # vLLM 0.32 stamps this on every BlockStored of a
 # plain decoder model (KVCacheManager.take_events); the only KV cache group is 0.
 KV_CACHE_GROUP = 0
+ABORTED_KEPT = 1024  # aborted requests whose event metadata is kept (see abort)
 
 
 @dataclass(slots=True)
@@ -154,6 +156,7 @@ class EmulatedReplica:
         # metadata and its tokens (full-mode hit reports carry the hit blocks' tokens).
         self._meta: dict[Hashable, SequenceMeta] = {}
         self._tokens: dict[Hashable, Sequence[int]] = {}
+        self._aborted: deque[Hashable] = deque(maxlen=ABORTED_KEPT)
 
     # -- requests ------------------------------------------------------------------------------
     def block_keys(self, token_ids: Sequence[int], identity: CacheIdentity,
@@ -182,6 +185,13 @@ class EmulatedReplica:
         return events
 
     def abort(self, request_id: Hashable, now: float) -> bool:
+        """Drop a request. A running one leaves at the end of the step in progress and may
+        still store blocks until then, so its event metadata is kept a while (the last
+        ``ABORTED_KEPT`` aborted requests) rather than dropped at once."""
+        if self.record_events:
+            if len(self._aborted) == self._aborted.maxlen:
+                self.forget(self._aborted[0])
+            self._aborted.append(request_id)
         return self.engine.abort(request_id, now)
 
     def forget(self, request_id: Hashable) -> None:

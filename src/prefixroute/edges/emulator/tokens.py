@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from prefixroute.core.errors import InputError
 from prefixroute.core.identity.identity import MediaItem
