@@ -228,13 +228,19 @@ def check_cache_salt(salt: Any) -> str | None:
     return salt
 
 
+def _all_ints(values: list) -> bool:
+    # type() rather than isinstance(): booleans are ints to isinstance. map/set run in C.
+    return bool(values) and set(map(type, values)) == {int}
+
+
 def _token_list(value: Any, vocab_size: int | None, param: str) -> list[int]:
-    for token in value:
-        if not _is_int(token) or token < 0:
-            raise bad_request(f"{param} must hold non-negative integer token ids", param)
-        if vocab_size is not None and token >= vocab_size:
-            raise APIError(f"Token id {token} is out of vocabulary")
-    return list(value)
+    if not _all_ints(value) or min(value) < 0:
+        raise bad_request(f"{param} must hold non-negative integer token ids", param)
+    if vocab_size is not None:
+        if max(value) >= vocab_size:
+            first = next(t for t in value if t >= vocab_size)  # vLLM names the first one
+            raise APIError(f"Token id {first} is out of vocabulary")
+    return value
 
 
 def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
@@ -327,7 +333,7 @@ def parse_completion(body: Any, models: ServedModels, encoder: PromptEncoder,
         raise bad_request("add_special_tokens must be a boolean", "add_special_tokens")
     if isinstance(prompt, str):
         prompts = [encoder.encode_text(prompt, add_special)]
-    elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+    elif isinstance(prompt, list) and _all_ints(prompt):
         prompts = [EncodedPrompt(_token_list(prompt, vocab_size, "prompt"))]
     elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
         prompts = [encoder.encode_text(p, add_special) for p in prompt]
