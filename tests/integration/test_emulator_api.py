@@ -235,6 +235,12 @@ def test_models_lists_the_base_model_and_the_adapter(client):
     assert ids == [MODEL, ADAPTER]
 
 
+def test_unknown_routes_and_methods_answer_like_fastapi(emulator):
+    assert httpx.get(emulator.url + "/v1/nothing").json() == {"detail": "Not Found"}
+    response = httpx.get(emulator.url + "/v1/completions")
+    assert response.status_code == 405 and response.json() == {"detail": "Method Not Allowed"}
+
+
 def test_health_and_version(emulator):
     assert httpx.get(emulator.url + "/health").status_code == 200
     assert httpx.get(emulator.url + "/version").json()["version"] == "0.32.0"

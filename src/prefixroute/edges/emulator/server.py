@@ -29,6 +29,7 @@ import time
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -63,6 +64,12 @@ log = logging.getLogger(__name__)
 VLLM_VERSION = "0.32.0"  # the vLLM release whose API and events the emulator follows
 _JSON = "application/json"
 _SSE = "text/event-stream; charset=utf-8"
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Unknown routes and methods answer as FastAPI (and so vLLM) does: ``{"detail": ...}``."""
+    return Response(dumps({"detail": exc.detail}), status_code=exc.status_code,
+                    media_type=_JSON, headers=exc.headers)
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -159,7 +166,7 @@ class EmulatorServer:
             Route("/get_model_info", self.model_info, methods=["GET"]),
             Route("/server_info", self.server_info, methods=["GET"]),
             Route("/get_server_info", self.server_info, methods=["GET"]),
-        ], lifespan=self.lifespan)
+        ], lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
 
     # -- small endpoints ------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
