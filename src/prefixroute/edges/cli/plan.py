@@ -251,32 +251,11 @@ def load_config(path: str) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
     """Read ``plan.yaml``: (PlanInputs values, field -> (file:line, YAML path)).
 
     Every error is an :class:`InputError` naming the file, the line and the field. The
-    line-aware YAML reader is the gateway config's (one reader for our YAML files)."""
-    import yaml
+    line-aware YAML reader is :mod:`prefixroute.edges.yaml_reader`, shared with the gateway."""
+    from prefixroute.edges.yaml_reader import ConfigReader, load_yaml
 
-    from prefixroute.edges.gateway.config import _LineLoader, _Reader
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("plan file not found", where=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the plan file: {exc}", where=path) from None
-    loader = _LineLoader(text)
-    loader.name = path
-    try:
-        data = loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(f"not valid YAML: {exc.problem or exc}", where=f"{path}{line}") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {exc}", where=path) from None
-    finally:
-        loader.dispose()
-    if data is None:
-        raise InputError("the plan file is empty", where=path)
-    top = _Reader(path, data, "", 1)
+    data = load_yaml(path, "plan")
+    top = ConfigReader(path, data, "", 1)
     values: dict[str, Any] = {}
     where: dict[str, tuple[str, str]] = {}
     for section_name, keys in CONFIG_SCHEMA.items():

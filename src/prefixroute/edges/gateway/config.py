@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.identity.hashing import VLLM_ALGOS
 from prefixroute.core.identity.identity import MIN_SECRET_BYTES
 from prefixroute.core.routing.registry import create_policy, policy_names
+from prefixroute.edges.yaml_reader import ConfigReader as _Reader
+from prefixroute.edges.yaml_reader import kind as _kind
+from prefixroute.edges.yaml_reader import load_yaml
 
 SALT_POLICIES = ("reject", "strip")
 DEFAULT_RETRIES = 2  # a third replica before giving up; vLLM router and SGLang router retry too
@@ -156,160 +157,6 @@ class GatewayConfig:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     decisions_kept: int = DEFAULT_DECISIONS_KEPT
     seed: int = 0
-
-
-# -- reading YAML with line numbers ----------------------------------------------------------
-
-
-class _Mapping(dict):
-    """A YAML mapping that remembers the line of each key (1-based)."""
-
-    line: int = 0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: dict[Any, int] = {}
-
-
-class _Sequence(list):
-    line: int = 0
-
-
-class _LineLoader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
-    loader.flatten_mapping(node)
-    out = _Mapping()
-    out.line = node.start_mark.line + 1
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in out:
-            raise InputError(f"duplicate key {key!r}",
-                             where=f"{node.start_mark.name}:{key_node.start_mark.line + 1}")
-        out[key] = loader.construct_object(value_node, deep=True)
-        out.lines[key] = key_node.start_mark.line + 1
-    return out
-
-
-def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> _Sequence:
-    out = _Sequence(loader.construct_object(child, deep=True) for child in node.value)
-    out.line = node.start_mark.line + 1
-    return out
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
-
-
-class _Reader:
-    """Typed access to one mapping, with errors that name file, line and field path."""
-
-    def __init__(self, source: str, data: Any, path: str, line: int):
-        self.source = source
-        self.path = path
-        self.line = getattr(data, "line", line)
-        if not isinstance(data, dict):
-            self.fail(f"expected a mapping, got {_kind(data)}")
-        self.data = data
-        self.lines: dict = getattr(data, "lines", {})
-        self.used: set[str] = set()
-
-    def child_path(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, message: str, key: str | None = None, line: int | None = None) -> None:
-        field_path = self.child_path(key) if key is not None else (self.path or None)
-        if line is None:
-            line = self.lines.get(key, self.line) if key is not None else self.line
-        raise InputError(message, where=f"{self.source}:{line}", field=field_path)
-
-    def has(self, key: str) -> bool:
-        return key in self.data and self.data[key] is not None
-
-    def raw(self, key: str, default: Any = None) -> Any:
-        self.used.add(key)
-        value = self.data.get(key)
-        return default if value is None else value
-
-    def string(self, key: str, default: str | None = None, *, required: bool = False,
-               choices: tuple[str, ...] | None = None) -> str | None:
-        value = self.raw(key)
-        if value is None:
-            if required:
-                self.fail("is required", key)
-            return default
-        if not isinstance(value, str) or not value:
-            self.fail(f"expected a non-empty string, got {_kind(value)}", key)
-        if choices and value not in choices:
-            self.fail(f"must be one of {', '.join(choices)}, got {value!r}", key)
-        return value
-
-    def integer(self, key: str, default: int | None, *, minimum: int = 0) -> int | None:
-        value = self.raw(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(f"expected an integer, got {_kind(value)}", key)
-        if value < minimum:
-            self.fail(f"must be at least {minimum}, got {value}", key)
-        return value
-
-    def number(self, key: str, default: float, *, positive: bool = True) -> float:
-        value = self.raw(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            self.fail(f"expected a number, got {_kind(value)}", key)
-        if positive and value <= 0:
-            self.fail(f"must be greater than 0, got {value}", key)
-        return float(value)
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self.raw(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            self.fail(f"expected true or false, got {_kind(value)}", key)
-        return value
-
-    def section(self, key: str) -> "_Reader":
-        value = self.raw(key, {})
-        return _Reader(self.source, value, self.child_path(key), self.lines.get(key, self.line))
-
-    def sequence(self, key: str, *, required: bool = False) -> list:
-        value = self.raw(key)
-        if value is None:
-            if required:
-                self.fail("is required (a list)", key)
-            return []
-        if not isinstance(value, list):
-            self.fail(f"expected a list, got {_kind(value)}", key)
-        return value
-
-    def item_line(self, key: str, item: Any) -> int:
-        return getattr(item, "line", self.lines.get(key, self.line))
-
-    def finish(self) -> None:
-        """Unknown keys are typos: refuse them rather than silently ignore a setting."""
-        for key in self.data:
-            if key not in self.used:
-                known = ", ".join(sorted(self.used))
-                self.fail(f"unknown key {key!r} (known here: {known})", str(key),
-                          self.lines.get(key, self.line))
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return f"a boolean ({value})"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{type(value).__name__} {value!r}"[:60]
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -554,24 +401,5 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
 def load_config(path: str | os.PathLike) -> GatewayConfig:
     """Read and validate ``gateway.yaml``; :class:`InputError` (file:line, field) if bad."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("config file not found", where=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the config: {exc}", where=str(path)) from None
-    loader = _LineLoader(text)
-    loader.name = str(path)  # marks (and so our line numbers) name the file
-    try:
-        data = loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(f"not valid YAML: {exc.problem or exc}", where=f"{path}{line}") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {exc}", where=str(path)) from None
-    finally:
-        loader.dispose()
-    if data is None:
-        raise InputError("the config is empty", where=str(path))
+    data = load_yaml(path, "config")
     return parse_config(data, str(path), path.parent)
