@@ -1,78 +1,108 @@
-"""``prefixroute``: our default policy. Route each request where its first token comes soonest.
+"""``prefixroute``: our default policy. Each request goes where its first token comes soonest.
 
-Per candidate replica the policy estimates the request's time to first token there, in seconds,
-and picks the lowest (ties to the lowest index)::
+Per candidate replica the policy estimates the request's time to first token (TTFT) there, in
+seconds, and takes the lowest; estimates within a small tolerance of the lowest are a tie that
+the replica with the fewest recent requests takes (ties to the lowest index)::
 
     cost(r) = wait(r) + prefill(r) + decode(r)
 
 ``wait``
-    the prefill work already queued on ``r``: a virtual queue per replica. Each request routed
-    there adds its predicted prefill work (below); the queue drains at the replica's learned
-    speed; an observation of ``pending_prefill_tokens == 0`` empties it.
+    the prefill work already queued on ``r``. The policy keeps the requests it routed there as
+    a first-come-first-served queue of predicted work and reconciles it with the replica's
+    ``pending_prefill_tokens`` at every decision: the pending tokens belong to the newest
+    requests, so older entries are done and the oldest one left is done in part.
 ``prefill``
-    the request's own uncached tokens at the replica's speed, with the attention term:
-    ``u`` new tokens after ``h`` cached ones cost ``s * (u + u * (h + u / 2) / L)``, where
-    ``s`` is seconds per token and ``L`` (``attention_context_tokens``) the context length at
-    which attention costs as much as the linear part. A cache hit skips its tokens' linear
-    *and* attention cost, so hits on long prompts are worth more than their length.
+    the request's expected uncached tokens at the replica's speed, with the attention term:
+    ``u`` new tokens after ``h`` cached ones cost ``s * (u + u (h + u / 2) / L)`` plus one
+    step overhead per chunk, where ``s`` is the replica's seconds per token and ``L``
+    (``attention_context_tokens``) the context length at which attention costs as much as the
+    linear part. A hit skips the linear *and* the attention cost of its tokens, so hits on long
+    prompts are worth more than their length.
 ``decode``
-    interference of the requests decoding on ``r``: each prefill step also carries their
-    decode, ``decode_interference * kv_usage`` of the step time.
+    interference of the requests decoding on ``r``: every step of the prefill also decodes one
+    token for each running request and reads the KV they hold (``kv_usage`` of the capacity).
 
-**Expected hits.** The policy keeps its own record of the blocks it sent to each replica (an
-LRU mirror, as every approximate router does), and for each block the replica's *insert
-count* when it was last touched. A block that ``k`` newer blocks were inserted after survives
-the replica's LRU if ``k`` stays below what the cache can hold beside the running requests:
-its survival probability falls linearly from 1 at ``k = survival_start * C`` to 0 at
-``k = C``, where ``C`` is the replica's effective capacity (its ``capacity_blocks``, lowered
-when the replica reports evictions). Expected cached blocks are the sum of the running minimum
-of those probabilities along the prefix chain (block ``i`` only hits if ``0..i-1`` do). The
-runner's cache view (``ReplicaView.cache``: approximate, event-driven or exact) vetoes what it
-says is gone, except blocks of requests still in flight there (they are being computed: a burst
-of same-prefix requests follows the first, which is how this policy "holds" a burst without
-delaying anything: it routes to the replica already computing the prefix).
+**Expected hits.** The policy mirrors the blocks it sent to each replica (an LRU of the
+replica's size, as approximate routers do) and stamps each block with the replica's *insert
+count* at its last touch. A block after which ``k`` new blocks were inserted survives an LRU
+of effective depth ``C`` with probability 1 up to ``k = C (1 - w)``, 0 from ``C (1 + w)`` (or
+the configured capacity: ``N`` inserts surely flush an ``N``-block LRU), linear between
+(``w = survival_width``). Expected cached blocks are the running minimum of those
+probabilities summed along the prefix chain (block ``i`` only hits if ``0 .. i-1`` do). The
+runner's cache view (:attr:`ReplicaView.cache`: approximate, KV events or exact) vetoes blocks
+it says are gone, except those of requests still in flight there: they are being computed, so a
+burst of same-prefix requests follows the first to its replica (how this policy "holds" a
+burst: the interface answers at once, and the queue there is the wait).
 
-**Feedback** (:meth:`on_completed`, called by the simulator and the gateway with the engine's
-reported ``cached_tokens``). If the replica reused fewer blocks than predicted, the first
-missing block was evicted, and so was every block touched before it (LRU): the replica's
-*eviction horizon* moves to that block's stamp and everything older is forgotten (the request's
-own blocks were recomputed and stay). The insert count at which the block disappeared also
-lowers the replica's effective capacity ``C``; a hit on a block older than ``C`` raises it.
+**Feedback** (:meth:`on_completed`, called by the simulator and by the gateway with the
+engine's reported ``cached_tokens``). Fewer reused blocks than predicted means the first
+missing block was evicted, and with it every block touched before it (LRU): the replica's
+eviction horizon moves to that block's stamp and everything older counts as gone. The
+request's own blocks were recomputed and cached again, so they stay. The LRU depth at which
+the block went pulls the replica's effective depth ``C`` down; a hit deeper than ``C`` pushes
+it back up (never above the configured capacity).
 
 **Learned prefill speed.** Each replica's seconds per token ``s`` starts at
-``ReplicaView.prefill_s_per_token`` (the engine profile) or ``prefill_s_per_token`` and is
-learned online from the replica's busy periods: a busy period starts when work is routed to an
-idle replica and ends when the replica reports no pending prefill; its length over the work
-routed in it is one observation (and a busy period that outlasts its prediction raises ``s``
-at once). Queue wait, prefill and the replica's speed are thus in the same unit, measured on
-the replica itself, whatever its hardware.
+:attr:`ReplicaView.prefill_s_per_token` (the engine profile) or ``prefill_s_per_token``, and is
+learned online from the queue reconciliation: predicted work done between two decisions while
+the replica stayed busy, over the time between them, summed with exponential forgetting
+(``speed_memory`` per observation). Decode interference, attention and batching the model
+leaves out end up in ``s``; no timing feedback from the engine is needed.
 
-**Candidate ideas, as judged by** ``benchmarks/policy_comparison.py`` (the README table):
-replicating a hot prefix is what the cost does by itself when the holder's queue outweighs the
-prefill saved, sized by demand because every further replica is added only when all current
-holders are that busy; cold requests (no expected hit anywhere) spread to the least waiting
-replica; bursts follow the replica computing their prefix (above); prefill speed is learned.
+**Delay to others.** Under load, prefill work also delays the requests that will queue
+behind it: about ``rho / (1 - rho)`` of its length at prefill utilisation ``rho`` (an M/G/1
+queue), with ``rho`` the fleet's recent prefill seconds per second. Charged to every candidate
+alike, it only weighs the work a choice saves: near zero on a quiet fleet, it makes an
+overloaded one keep requests on their cached prefixes (throughput is what shortens queues).
+
+**Candidate ideas that are parameters, off by default** (``benchmarks/policy_comparison.py``
+runs each against the default; the README table shows the evidence):
+
+``replicate``
+    copy a hot prefix to as many replicas as its share of recent requests needs so that none
+    carries more than ``replica_share`` times the mean load, when it is asked for concurrently
+    (a session extending its own prompt would only lose its newest blocks); routing then
+    spreads it by cost. Without it, a prefix is copied only when its holders' queues outweigh
+    the prefill saved, which sizes the copies by demand through the cost alone.
+``balance_cap``
+    a replica that got more than ``balance_cap`` times the mean of recent requests hands the
+    request to the cheapest replica below that, if that copies at most ``max_copy`` of its KV.
+    Both buy balance with hits and TTFT on the benchmark's workloads.
 
 Parameters and their defaults (one configuration for every workload):
 
 ``prefill_s_per_token`` (4.0e-5)
-    prior seconds per prompt token when the runner does not state one: the simulator's
-    Llama-3-8B on H100 preset (2 x 8.03e9 FLOPs per token at 40% of 989 TFLOPS).
-``attention_context_tokens`` (44000)
-    the same preset's linear cost over its attention cost per context token, 4.0e-5 / 9.0e-10.
+    prior seconds per prompt token when the runner states none: the simulator's Llama-3-8B on
+    H100 preset (2 x 8.03e9 FLOPs per token at 40% of 989 TFLOPS).
+``attention_context_tokens`` (44,000)
+    that preset's linear cost over its attention cost per context token, 4.0e-5 / 9.0e-10.
 ``step_overhead_tokens`` (150)
     the fixed cost of a forward pass in token-equivalents: 6 ms / 4.0e-5 s (same preset).
 ``chunk_tokens`` (8192)
-    tokens per prefill step, vLLM's ``max_num_batched_tokens`` default.
-``decode_interference`` (0.07)
-    step-time share of decode at full KV: 409,600 context tokens x 5.2e-8 s over a full prefill
-    step, 8192 x 4.0e-5 s (same preset).
-``survival_start`` (0.5)
-    LRU survival falls from 1 at half the effective capacity of inserts since the last touch to
-    0 at the full capacity: blocks pinned by running requests and reverse-order freeing make
-    the usable LRU depth of a vLLM pool vary between about half and all of it.
+    prompt tokens per step, vLLM's ``max_num_batched_tokens`` default.
+``decode_tokens_per_seq`` (1.25), ``decode_tokens_per_context_token`` (1.3e-3)
+    a decoding request's step cost in prompt-token equivalents: 5.0e-5 s per sequence and
+    5.2e-8 s per context token over 4.0e-5 s per prompt token (same preset).
+``survival_width`` (0.25)
+    blocks pinned by running requests and vLLM's tail-first freeing make a pool's usable LRU
+    depth vary by about a quarter of it around the effective depth.
 ``learning_rate`` (0.2)
-    weight of each new observation of speed or capacity (about the last five busy periods).
+    weight of one eviction or deep-hit report on the effective depth (the last five or so).
+``speed_memory`` (0.99)
+    forgetting per observation of the speed: about the last hundred decisions.
+``tie_tolerance`` (0.1), ``tie_s`` (0.005)
+    costs within 10% of the cheapest replica's own prefill-and-decode estimate plus 5 ms are
+    a tie, about the error of the estimates (learned speeds spread by some 10% across
+    identical replicas); ties go to the fewest recent requests, which spreads cold requests.
+``load_horizon_s`` (30)
+    time constant of the utilisation, demand and "recent requests" estimates: long enough to
+    average over a few hundred requests of a busy fleet, short enough to follow a burst.
+``learn_speed``, ``feedback``, ``follow_inflight`` (all true)
+    switches for the ideas above, so the benchmark can show what each one is worth.
+``externality`` (true), ``max_externality`` (20: ``rho`` = 0.95)
+    the delay to others above, capped where the M/G/1 estimate stops meaning much.
+``replicate`` (false), ``replica_share`` (1.25, the issue's busiest-replica bound),
+``balance_cap`` (0 = off), ``max_copy`` (0.05) as described above.
 """
 
 from __future__ import annotations
@@ -102,7 +132,7 @@ _TRUST_MIRROR = _TrustMirror()
 class ReplicaEstimate:
     """What the router believes about one replica: the blocks it sent there (LRU order, each
     stamped with the touch that last used it), the eviction horizon and effective capacity
-    learned from feedback, and a virtual prefill queue drained at a learned speed.
+    learned from feedback, and the prefill queue it routed there with the learned speed.
 
     Stamps are touch numbers (one per request routed here); ``inserts_at[stamp]`` is how many
     blocks had been inserted after that touch, so a block's LRU age is ``inserts -
@@ -111,7 +141,8 @@ class ReplicaEstimate:
 
     __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity",
                  "configured_capacity", "queue", "queue_units", "queue_work", "pending_work",
-                 "observed_at", "progress_at", "busy", "elapsed_s", "done_work", "in_flight")
+                 "observed_at", "progress_at", "utilisation", "routed", "busy",
+                 "elapsed_s", "done_work", "in_flight")
 
     def __init__(self, s_per_token: float, prior_work: float) -> None:
         self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
@@ -128,6 +159,8 @@ class ReplicaEstimate:
         self.pending_work = 0.0   # work not yet done, as of the last observation
         self.observed_at = 0.0
         self.progress_at = 0.0    # when the replica was last seen to make progress
+        self.utilisation = 0.0    # prefill seconds per second, recently
+        self.routed = [0.0, 0.0]  # requests routed here, decayed: [rate, as of time]
         self.busy = False         # pending prefill at the last observation
         # Speed: seconds of busy time over work done, with exponential forgetting; the prior
         # counts as ``prior_work`` token-equivalents done at ``s_per_token``.
@@ -143,7 +176,8 @@ class ReplicaEstimate:
     def wait_s(self) -> float:
         return self.pending_work * self.s_per_token
 
-    def observe(self, pending_prefill_tokens: int, now: float, forget: float) -> None:
+    def observe(self, pending_prefill_tokens: int, now: float, forget: float,
+                learn: bool = True, horizon_s: float = 30.0) -> None:
         """Reconcile the queue with the replica's pending prefill and learn its speed.
 
         The runner's pending tokens belong to the most recently routed requests (the engine
@@ -169,17 +203,23 @@ class ReplicaEstimate:
                 pending -= work * (1.0 - remaining)
             # Pending tokens we know nothing of (preempted requests, another router).
             pending += max(0.0, pending_prefill_tokens - self.queue_units)
-        if self.busy and pending_prefill_tokens > 0 and now > self.observed_at:
+        if now > self.observed_at:
             elapsed = now - self.observed_at
             # Work shows up done at step ends. A request that hit more than predicted drops
             # its cached tokens at admission and looks like work done: never credit more than
             # twice the believed speed since the last progress.
-            done = max(0.0, self.pending_work - pending)
+            done = max(0.0, self.pending_work - pending) if self.busy else 0.0
             if done > 0:
                 done = min(done, 2.0 * (now - self.progress_at) / self.s_per_token)
                 self.progress_at = now
-            self.elapsed_s = self.elapsed_s * forget + elapsed
-            self.done_work = self.done_work * forget + done
+            if learn and self.busy and pending_prefill_tokens > 0:
+                self.elapsed_s = self.elapsed_s * forget + elapsed
+                self.done_work = self.done_work * forget + done
+            # Prefill utilisation: seconds of prefill done per second, exponentially weighted
+            # over the last ``horizon_s``.
+            weight = math.exp(-elapsed / horizon_s)
+            self.utilisation = self.utilisation * weight + min(
+                1.0, done * self.s_per_token / horizon_s)
         self.pending_work = pending
         if not self.busy:
             self.progress_at = now
@@ -245,8 +285,12 @@ class PrefixRoute(BasePolicy):
                  chunk_tokens: int = 8192, decode_tokens_per_seq: float = 1.25,
                  decode_tokens_per_context_token: float = 1.3e-3,
                  survival_width: float = 0.25, learning_rate: float = 0.2,
-                 speed_memory: float = 0.99, load_factor: float = 0.0,
-                 tie_tolerance: float = 0.1, tie_s: float = 0.005) -> None:
+                 speed_memory: float = 0.99, tie_tolerance: float = 0.1, tie_s: float = 0.005,
+                 load_horizon_s: float = 30.0,
+                 learn_speed: bool = True, feedback: bool = True, follow_inflight: bool = True,
+                 replicate: bool = False, replica_share: float = 1.25,
+                 balance_cap: float = 0.0, max_copy: float = 0.05,
+                 externality: bool = True, max_externality: float = 20.0) -> None:
         if prefill_s_per_token <= 0 or attention_context_tokens <= 0:
             raise ConfigError("prefill_s_per_token and attention_context_tokens must be positive")
         if step_overhead_tokens < 0 or decode_tokens_per_seq < 0 \
@@ -258,8 +302,10 @@ class PrefixRoute(BasePolicy):
             raise ConfigError(f"survival_width must be in [0, 1), got {survival_width!r}")
         if not 0.0 < learning_rate <= 1.0:
             raise ConfigError(f"learning_rate must be in (0, 1], got {learning_rate!r}")
-        if load_factor != 0 and load_factor < 1:
-            raise ConfigError(f"load_factor must be 0 (off) or at least 1, got {load_factor!r}")
+        if balance_cap != 0 and balance_cap < 1:
+            raise ConfigError(f"balance_cap must be 0 (off) or at least 1, got {balance_cap!r}")
+        if replica_share <= 0:
+            raise ConfigError(f"replica_share must be positive, got {replica_share!r}")
         if not 0.0 < speed_memory <= 1.0:
             raise ConfigError(f"speed_memory must be in (0, 1], got {speed_memory!r}")
         self.prefill_s_per_token = prefill_s_per_token
@@ -271,9 +317,25 @@ class PrefixRoute(BasePolicy):
         self.survival_width = survival_width
         self.learning_rate = learning_rate
         self.speed_memory = speed_memory
-        self.load_factor = load_factor
+        self.balance_cap = balance_cap
+        self.max_copy = max_copy
+        self.replicate = replicate
+        self.replica_share = replica_share
+        # Demand per prefix: a decayed request rate for the prefix ending at block 1, 2, 4,
+        # 8, ... of each request, so a cached prefix's demand is known at about its length.
+        self._demand: dict[Hashable, list[float]] = {}  # key -> [rate, as of time]
+        self._demand_total = [0.0, 0.0]
+        self._concurrent: dict[Hashable, int] = {}  # depth key -> requests in flight
+        self._inflight_keys: dict[str, list[Hashable]] = {}
+        self._demand_purge_at = 0.0
         self.tie_tolerance = tie_tolerance
         self.tie_s = tie_s
+        self.learn_speed = learn_speed
+        self.feedback = feedback
+        self.follow_inflight = follow_inflight
+        self.externality = externality
+        self.load_horizon_s = load_horizon_s
+        self.max_externality = max_externality
         # Whether the runner's pending_prefill_tokens count a waiting request's whole prompt
         # (the simulator's engine) or only its uncached part (the documented meaning, the
         # gateway): found out as soon as a replica reports more than we sent uncached.
@@ -296,7 +358,7 @@ class PrefixRoute(BasePolicy):
         pending = replica.pending_prefill_tokens
         if pending > est.queue_units + 0.5 and not self._pending_counts_prompt and est.queue:
             self._pending_counts_prompt = True
-        est.observe(pending, now, self.speed_memory)
+        est.observe(pending, now, self.speed_memory, self.learn_speed, self.load_horizon_s)
         return est
 
     def _fleet_speed(self) -> float:
@@ -338,7 +400,8 @@ class PrefixRoute(BasePolicy):
             return 0.0, 0, stamps
         view_blocks = view.match(keys)
         width = self.survival_width
-        floor = next(iter(est.in_flight.values())) if est.in_flight else None
+        floor = next(iter(est.in_flight.values())) \
+            if est.in_flight and self.follow_inflight else None
         expected = 0.0
         running = 1.0
         last_stamp, last_p = -2, 1.0
@@ -368,8 +431,15 @@ class PrefixRoute(BasePolicy):
         scores: dict[int, dict[str, float]] = {}
         costs: dict[int, float] = {}
         details: dict[int, tuple[float, int, list[int]]] = {}
-        for replica in replicas:
-            est = self._estimate(replica, now)
+        estimates = [self._estimate(replica, now) for replica in replicas]
+        # Work added to a busy fleet also delays the requests that will queue behind it:
+        # about rho / (1 - rho) of them in an M/G/1 queue at prefill utilisation rho. Taken
+        # over the fleet, so it weighs the work a choice saves, not which replica is busier.
+        gamma = 0.0
+        if self.externality:
+            rho = min(sum(e.utilisation for e in estimates) / len(estimates), 0.999)
+            gamma = min(rho / (1.0 - rho), self.max_externality)
+        for replica, est in zip(replicas, estimates):
             expected, view_blocks, stamps = self._expected_blocks(est, keys, limit,
                                                                   replica.cache)
             cached = min(expected * block, float(limit * block))
@@ -378,62 +448,175 @@ class PrefixRoute(BasePolicy):
             wait = est.wait_s()
             prefill = self.prefill_work(uncached, cached) * s
             decode = self.decode_work(replica, uncached) * s
-            cost = wait + prefill + decode
+            delay = gamma * prefill
+            cost = wait + prefill + decode + delay
             costs[replica.index] = cost
             details[replica.index] = (expected, view_blocks, stamps)
             scores[replica.index] = {
                 "expected_cached_tokens": round(cached, 1), "mirror_blocks": float(len(stamps)),
                 "view_blocks": float(view_blocks), "wait_s": wait, "prefill_s": prefill,
-                "decode_s": decode, "cost_s": cost, "s_per_token": s,
-                "load": float(replica.load)}
-        cheapest = min(costs, key=lambda i: (costs[i], i))
-        allowed = list(costs)
-        cap = None
-        if self.load_factor and len(replicas) > 1:
-            total = sum(r.load for r in replicas)
-            cap = math.ceil(self.load_factor * (total + 1) / len(replicas))
-            allowed = [r.index for r in replicas if r.load < cap] or allowed
-        choice = min(allowed, key=lambda i: (costs[i], i))
-        near = costs[choice] * (1 + self.tie_tolerance) + self.tie_s
-        loads = {r.index: r.load for r in replicas}
-        tied = [i for i in allowed if costs[i] <= near]
-        if len(tied) > 1:
-            choice = min(tied, key=lambda i: (loads[i], costs[i], i))
-        best_hit = max(scores[i]["expected_cached_tokens"] for i in costs)
+                "decode_s": decode, "delay_others_s": delay, "cost_s": cost,
+                "s_per_token": s, "prefill_busy": est.utilisation,
+                "load": float(replica.load),
+                "recent_requests": round(self._decayed(est.routed, now), 3)}
+        choice, branch, reason = self._choose(replicas, estimates, scores, costs, details, n,
+                                              keys, block, now)
         chosen = scores[choice]
-        if best_hit <= 0:
-            branch = "cold_spread"
-            reason = (f"no replica is expected to hold a prefix: replica {choice} has the "
-                      f"shortest wait {chosen['wait_s']:.3f} s")
-        elif chosen["expected_cached_tokens"] >= best_hit:
-            est = self._replicas[choice]
-            floor = next(iter(est.in_flight.values())) if est.in_flight else None
-            inflight = floor is not None and any(s >= floor for s in details[choice][2])
-            branch = "follow_inflight" if inflight else "cache_affinity"
-            reason = (f"replica {choice} holds the most: {chosen['expected_cached_tokens']:.0f} "
-                      f"of {n} tokens expected cached"
-                      + (" (a request computing this prefix is still in flight there)"
-                         if inflight else ""))
-        else:
-            holder = min((i for i in costs if scores[i]["expected_cached_tokens"] >= best_hit),
-                         key=lambda i: (costs[i], i))
-            branch = "spill"
-            reason = (f"holder replica {holder} would cost {costs[holder]:.3f} s (wait "
-                      f"{scores[holder]['wait_s']:.3f} s); replica {choice} costs "
-                      f"{costs[choice]:.3f} s with {chosen['expected_cached_tokens']:.0f} "
-                      f"cached tokens")
-        if choice != cheapest:
-            branch = "load_bound"
-            reason = (f"replica {cheapest} would be cheapest ({costs[cheapest]:.3f} s) but has "
-                      f"{scores[cheapest]['load']:.0f} requests in flight, at the cap {cap} "
-                      f"({self.load_factor:g} x the mean); replica {choice} is the cheapest "
-                      f"below it")
         reason += (f"; cost {costs[choice]:.3f} s = wait {chosen['wait_s']:.3f} + prefill "
-                   f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f}")
+                   f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f} + delay to "
+                   f"others {chosen['delay_others_s']:.3f}")
         expected, held, stamps = details[choice]
         predicted_blocks = int(expected + 0.5)
         self._pending[request.request_id] = (choice, stamps, chosen["expected_cached_tokens"])
         return Decision(choice, branch, reason, scores, predicted_blocks * block)
+
+    # -- demand -------------------------------------------------------------------------------
+    def _decayed(self, entry: list[float], now: float) -> float:
+        """A decayed count ``[value, as of time]`` brought to ``now``."""
+        if now > entry[1]:
+            entry[0] *= math.exp(-(now - entry[1]) / self.load_horizon_s)
+            entry[1] = now
+        return entry[0]
+
+    @staticmethod
+    def _depth_keys(keys: Sequence[Hashable]) -> list[Hashable]:
+        out = []
+        depth = 1
+        while depth <= len(keys):
+            out.append(keys[depth - 1])
+            depth *= 2
+        return out
+
+    def _record_demand(self, keys: Sequence[Hashable], now: float) -> None:
+        bump = 1.0 / self.load_horizon_s
+        total = self._demand_total
+        self._decayed(total, now)
+        total[0] += bump
+        demand = self._demand
+        depth = 1
+        while depth <= len(keys):
+            entry = demand.get(keys[depth - 1])
+            if entry is None:
+                demand[keys[depth - 1]] = [bump, now]
+            else:
+                self._decayed(entry, now)
+                entry[0] += bump
+            depth *= 2
+        if now - self._demand_purge_at > 10 * self.load_horizon_s:
+            self._demand_purge_at = now  # forget prefixes nobody asked for in a while
+            floor = 1e-3 * total[0]
+            for key in [k for k, e in demand.items() if self._decayed(e, now) < floor]:
+                del demand[key]
+
+    def demand(self, keys: Sequence[Hashable], blocks: int, now: float) -> tuple[float, int]:
+        """(recent share of requests, requests in flight) that asked for the first
+        ``blocks`` blocks of ``keys``, measured at the largest tracked depth within them."""
+        if blocks <= 0 or not keys:
+            return 0.0, 0
+        depth = 1
+        while depth * 2 <= min(blocks, len(keys)):
+            depth *= 2
+        key = keys[depth - 1]
+        entry = self._demand.get(key)
+        total = self._decayed(self._demand_total, now)
+        if entry is None or total <= 0:
+            return 0.0, 0
+        return min(1.0, self._decayed(entry, now) / total), self._concurrent.get(key, 0)
+
+    def _copy_ok(self, replicas: Sequence[ReplicaView], scores: dict[int, dict[str, float]],
+                 target: int, tokens: float) -> bool:
+        """May ``tokens`` of prefix be copied to replica ``target`` for balance? Only what it
+        lacks counts, and only up to ``max_copy`` of its KV, so balancing never evicts much."""
+        missing = tokens - scores[target]["expected_cached_tokens"]
+        if missing <= 0:
+            return True
+        capacity = next((r.capacity_blocks for r in replicas if r.index == target), 0)
+        if capacity <= 0:
+            return True
+        return missing <= self.max_copy * capacity * self._block_size
+
+    @staticmethod
+    def _ttft(score: dict[str, float]) -> float:
+        return score["wait_s"] + score["prefill_s"] + score["decode_s"]
+
+    def _choose(self, replicas: Sequence[ReplicaView], estimates: list[ReplicaEstimate],
+                scores: dict[int, dict[str, float]], costs: dict[int, float],
+                details: dict[int, tuple[float, int, list[int]]], n: int,
+                keys: Sequence[Hashable], block: int, now: float) -> tuple[int, str, str]:
+        """The cheapest replica the balance cap allows, near-ties to the fewest in flight;
+        the branch says why."""
+        allowed = list(costs)
+        best_hit = max(scores[i]["expected_cached_tokens"] for i in costs)
+        holders = [i for i in costs if best_hit > 0
+                   and scores[i]["expected_cached_tokens"] >= 0.5 * best_hit]
+        needed = 1
+        if self.replicate and best_hit > 0 and len(replicas) > 1:
+            share, concurrent = self.demand(keys, int(best_hit // block), now)
+            needed = max(1, math.ceil(share * len(replicas) / self.replica_share - 1e-9))
+            # Only a prefix asked for concurrently gains from a copy: a session that extends
+            # its own prompt turn by turn would just lose its newest blocks.
+            if len(holders) < needed and concurrent >= 2:
+                newcomers = [i for i in allowed if i not in holders]
+                newcomers = [i for i in newcomers if self._copy_ok(replicas, scores, i, best_hit)]
+                if newcomers:
+                    choice = min(newcomers, key=lambda i: (scores[i]["recent_requests"],
+                                                           costs[i], i))
+                    return choice, "replicate_hot_prefix", (
+                        f"this prefix has {share:.0%} of recent requests: it needs {needed} "
+                        f"replicas so none carries more than {self.replica_share:g}x the mean "
+                        f"load, and {len(holders)} hold it; replica {choice}, with the fewest "
+                        f"recent requests, takes it on")
+        choice = min(allowed, key=lambda i: (costs[i], i))
+        # Estimates this close are a tie (the speeds and hits behind them are estimates): the
+        # replica with the fewest requests in flight takes it, which spreads cold requests.
+        own = scores[choice]["prefill_s"] + scores[choice]["decode_s"]
+        near = costs[choice] + own * self.tie_tolerance + self.tie_s
+        tied = [i for i in allowed if costs[i] <= near]
+        spread = ""
+        if len(tied) > 1:
+            first = choice
+            choice = min(tied, key=lambda i: (scores[i]["recent_requests"], scores[i]["load"],
+                                              costs[i], i))
+            if choice != first:
+                spread = (f" (within {near - costs[first]:.3f} s of replica {first}'s cost: "
+                          f"the fewest recent requests)")
+        # Balance: a replica that got more than balance_cap x the mean of recent requests
+        # hands this one to the cheapest replica below that, if that copies only a short
+        # prefix there (at most max_copy of its KV: a tenant's document, not a session).
+        if self.balance_cap and len(replicas) > 1:
+            mean = sum(scores[i]["recent_requests"] for i in costs) / len(costs)
+            limit = self.balance_cap * mean
+            if scores[choice]["recent_requests"] > limit:
+                below = [i for i in allowed if scores[i]["recent_requests"] <= limit]
+                if below:
+                    other = min(below, key=lambda i: (costs[i], i))
+                    copied = scores[choice]["expected_cached_tokens"]
+                    if self._copy_ok(replicas, scores, other, copied):
+                        extra = self._ttft(scores[other]) - self._ttft(scores[choice])
+                        return other, "balance_spill", (
+                            f"replica {choice} got {scores[choice]['recent_requests']:.1f} "
+                            f"recent requests, over {self.balance_cap:g} x the mean "
+                            f"{mean:.1f}: replica {other} takes this one for {extra:.3f} s "
+                            f"more TTFT")
+        chosen = scores[choice]
+        holders = [i for i in costs if scores[i]["expected_cached_tokens"] >= best_hit]
+        if best_hit <= 0:
+            return choice, "cold_spread", (f"no replica is expected to hold a prefix: replica "
+                                           f"{choice}{spread}")
+        if chosen["expected_cached_tokens"] >= best_hit:
+            view_blocks, stamps = details[choice][1], details[choice][2]
+            inflight = len(stamps) > view_blocks
+            branch = "follow_inflight" if inflight else "cache_affinity"
+            return choice, branch, (
+                f"replica {choice} holds the most: {chosen['expected_cached_tokens']:.0f} of "
+                f"{n} tokens expected cached"
+                + (" (a request computing this prefix is still in flight there)"
+                   if inflight else "") + spread)
+        holder = min(holders, key=lambda i: (costs[i], i))
+        return choice, "spill", (
+            f"holder replica {holder} would cost {costs[holder]:.3f} s (wait "
+            f"{scores[holder]['wait_s']:.3f} s); replica {choice} costs {costs[choice]:.3f} s "
+            f"with {chosen['expected_cached_tokens']:.0f} tokens expected cached{spread}")
 
     def on_routed(self, request: RequestView, decision: Decision) -> None:
         index = decision.replica
@@ -455,6 +638,14 @@ class PrefixRoute(BasePolicy):
         predicted_blocks = int(round(cached / request.block_size)) if request.block_size else 0
         stamp = est.touch(keys, predicted_blocks)
         est.in_flight[request.request_id] = stamp
+        self._decayed(est.routed, request.now)
+        est.routed[0] += 1.0
+        if self.replicate:
+            self._record_demand(keys, request.now)
+            depth_keys = self._depth_keys(keys)
+            for key in depth_keys:
+                self._concurrent[key] = self._concurrent.get(key, 0) + 1
+            self._inflight_keys[request.request_id] = depth_keys
         self._predictions[request.request_id] = (index, stamps, inserts_before)
 
     def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
@@ -467,11 +658,18 @@ class PrefixRoute(BasePolicy):
         capacity raises it.
         """
         prediction = self._predictions.pop(request.request_id, None)
+        for key in self._inflight_keys.pop(request.request_id, ()):
+            left = self._concurrent.get(key, 0) - 1
+            if left > 0:
+                self._concurrent[key] = left
+            else:
+                self._concurrent.pop(key, None)
         est = self._replicas.get(replica)
         if est is None:
             return
         est.in_flight.pop(request.request_id, None)
-        if prediction is None or prediction[0] != replica or request.block_size <= 0:
+        if prediction is None or prediction[0] != replica or request.block_size <= 0 \
+                or not self.feedback:
             return
         _, stamps, inserts_then = prediction
         reported = max(0, cached_tokens) // request.block_size
