@@ -267,6 +267,11 @@ def test_metrics_use_vllm_names_and_count_tokens(emulator, client):
     assert sample(after, "vllm:prefix_cache_hits_total") \
         - sample(before, "vllm:prefix_cache_hits_total") == 32
     assert 'model_name="tiny"' in after and 'engine="0"' in after
+    info = [line for line in after.splitlines() if line.startswith("vllm:cache_config_info{")]
+    assert len(info) == 1 and info[0].endswith("} 1.0")
+    for label in ('block_size="16"', 'num_gpu_blocks="64"', 'enable_prefix_caching="True"',
+                  'prefix_caching_hash_algo="sha256"'):
+        assert label in info[0], label
 
 
 def test_render_returns_the_engine_token_ids(emulator, client):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -175,9 +176,12 @@ def run_workload(url: str, subscriber: KVEventSubscriber) -> dict:
         events_per_step.append(_drain(subscriber))
     metrics = client.get("/metrics").text
     client.close()
+    info = [line for line in metrics.splitlines() if line.startswith("vllm:cache_config_info{")]
     return {"results": results, "events": events_per_step,
             "queries": _metric(metrics, "vllm:prefix_cache_queries_total"),
-            "hits": _metric(metrics, "vllm:prefix_cache_hits_total")}
+            "hits": _metric(metrics, "vllm:prefix_cache_hits_total"),
+            "cache_config_info": [dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+                                  for line in info]}
 
 
 # Requests whose answers are compared by shape (keys, nesting, value types), not by value.
@@ -379,6 +383,17 @@ def test_event_batches_carry_the_same_fields(vllm_run, emulator_run):
 def test_prefix_cache_counters_are_equal(vllm_run, emulator_run):
     assert (emulator_run["queries"], emulator_run["hits"]) == \
         (vllm_run["queries"], vllm_run["hits"])
+
+
+def test_cache_config_info_has_vllms_labels_and_values(vllm_run, emulator_run):
+    theirs, = vllm_run["cache_config_info"]
+    ours, = emulator_run["cache_config_info"]
+    assert list(ours) == list(theirs)  # same label names in the same order
+    assert theirs["num_gpu_blocks"] == str(NUM_GPU_BLOCKS)
+    # The CPU backend sizes KV from VLLM_CPU_KVCACHE_SPACE (1 GiB here); the emulator was
+    # given a block count, as a GPU server with --num-gpu-blocks-override reports "None".
+    differ = {k for k in theirs if ours[k] != theirs[k]}
+    assert differ <= {"kv_cache_memory_bytes"}, {k: (ours[k], theirs[k]) for k in differ}
 
 
 # -- API shapes ---------------------------------------------------------------------------------

@@ -6,6 +6,11 @@ vLLM's do. Values are read from the engine at scrape time (gauges, prefix-cache 
 kept in plain Python numbers by the server (request counters and histograms), and exposed
 through a ``prometheus_client`` collector, so recording a request costs a few additions and no
 locks.
+
+``vllm:cache_config_info`` is vLLM's info-style gauge (always 1) whose labels are every field of
+its ``CacheConfig`` as a string (``CacheConfig.metrics_info()``, logged by
+``PrometheusStatLogger.log_metrics_info``); :func:`cache_config_info` fills the same label set
+with the emulator's values, taken from a real ``vllm serve`` 0.32 scrape.
 """
 
 from __future__ import annotations
@@ -31,6 +36,67 @@ TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+# vLLM 0.32 CacheConfig fields the emulator has no counterpart for, at the values a
+# `vllm serve MODEL --enable-prefix-caching --block-size B` of a plain decoder model exports.
+_CACHE_CONFIG_FIXED = {
+    "_block_size_resolved": "True",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "gpu_memory_utilization": "0.92",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "auto",
+    "num_cpu_blocks": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    # The emulator's block size is always its own --block-size (default 16).
+    "user_specified_block_size": "True",
+}
+
+
+def cache_config_info(*, block_size: int, num_gpu_blocks: int, max_model_len: int,
+                      hash_algo: str = "sha256", num_gpu_blocks_override: int | None = None,
+                      kv_cache_memory_bytes: int | None = None) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info`` (without ``engine``), as vLLM 0.32 exports
+    them: ``str()`` of each ``CacheConfig`` field, ``"None"`` when unset.
+
+    ``num_gpu_blocks`` counts the reserved null block (vLLM's count);
+    ``kv_cache_size_tokens`` is ``num_gpu_blocks * block_size`` and
+    ``kv_cache_max_concurrency`` is ``num_gpu_blocks / ceil(max_model_len / block_size)``
+    (``get_max_concurrency_for_kv_cache_config``), e.g. 80 blocks of 32 at 2,048 tokens:
+    ``"2560"`` and ``"1.25"``.
+    """
+    labels = dict(_CACHE_CONFIG_FIXED)
+    labels.update({
+        "block_size": str(block_size),
+        "effective_attention_block_size": str(block_size),
+        "enable_prefix_caching": "True",
+        "kv_cache_max_concurrency": str(num_gpu_blocks / -(-max_model_len // block_size)),
+        "kv_cache_memory_bytes": str(kv_cache_memory_bytes),
+        "kv_cache_size_tokens": str(num_gpu_blocks * block_size),
+        "num_gpu_blocks": str(num_gpu_blocks),
+        "num_gpu_blocks_override": str(num_gpu_blocks_override),
+        "prefix_caching_hash_algo": hash_algo,
+    })
+    return labels
 
 
 def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
@@ -79,9 +145,16 @@ def _float_text(value: float) -> str:
 class EmulatorMetrics(Collector):
     """Request-level counters and histograms, plus the engine's gauges at scrape time."""
 
-    def __init__(self, engine: ReplicaEngine, model_name: str, max_model_len: int):
+    def __init__(self, engine: ReplicaEngine, model_name: str, max_model_len: int,
+                 cache_info: dict[str, str] | None = None):
         self.engine = engine
         self.labels = ["0", model_name]
+        # vllm:cache_config_info: vLLM's labels are sorted by name in its exposition.
+        info = dict(cache_info) if cache_info is not None else cache_config_info(
+            block_size=engine.block_size, num_gpu_blocks=engine.pool.num_blocks,
+            max_model_len=max_model_len)
+        info["engine"] = "0"
+        self._cache_info = sorted(info.items())
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.success = dict.fromkeys(FINISHED_REASONS, 0)
@@ -126,6 +199,10 @@ class EmulatorMetrics(Collector):
             family.add_metric(labels, value)
             return family
 
+        info = GaugeMetricFamily(CACHE_CONFIG_INFO, "Information of the LLMEngine CacheConfig",
+                                 labels=[k for k, _ in self._cache_info])
+        info.add_metric([v for _, v in self._cache_info], 1.0)
+        yield info
         yield gauge("vllm:num_requests_running",
                     "Number of requests in model execution batches.", engine.running)
         yield gauge("vllm:num_requests_waiting",

@@ -40,13 +40,14 @@ from prefixroute.core.identity.identity import Adapter, CacheIdentity
 from prefixroute.core.replica.service_time import INSTANT
 from prefixroute.edges.emulator import protocol
 from prefixroute.edges.emulator.config import (
+    GIB,
     EmulatorConfig,
     load_profile,
     resolve_max_model_len,
     resolve_num_blocks,
 )
 from prefixroute.edges.emulator.driver import EngineDriver, EngineSequence
-from prefixroute.edges.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
+from prefixroute.edges.emulator.metrics import CONTENT_TYPE, EmulatorMetrics, cache_config_info
 from prefixroute.edges.emulator.protocol import (
     SSE_DONE,
     APIError,
@@ -113,7 +114,12 @@ class EmulatorServer:
                 raise ConfigError(f"--lora-modules: duplicate model name {name!r}")
             self.models.adapters[name] = (Adapter(name, path), lora_id)
         self.metrics = EmulatorMetrics(self.replica.engine, config.served_model_name,
-                                       self.max_model_len)
+                                       self.max_model_len, cache_info=cache_config_info(
+            block_size=config.block_size, num_gpu_blocks=self.num_blocks,
+            max_model_len=self.max_model_len, hash_algo=config.hash_algo,
+            num_gpu_blocks_override=config.num_blocks,
+            kv_cache_memory_bytes=(int(config.kv_memory_gib * GIB)
+                                   if config.kv_memory_gib is not None else None)))
         self.publisher = None
         self.driver = EngineDriver(self.replica, self.metrics, publish=self._publish)
         self._identities: dict[tuple, CacheIdentity] = {}
