@@ -1,0 +1,242 @@
+"""``prefixroute``, our default policy, as specifications.
+
+Every scenario is small enough to check by hand. Unless a test says otherwise the policy runs
+with the attention term and step overhead switched off and no tie tolerance, so a replica's
+cost is ``wait + uncached tokens x seconds per token``; replicas state 1 ms per token
+(``prefill_s_per_token=1e-3``), so 100 uncached tokens cost 0.1 s.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.routing.base import Decision, ReplicaView, RequestView
+from prefixroute.core.routing.registry import create_policy
+
+B = 16
+MS = 1e-3  # seconds per token every replica states
+PLAIN = ("prefixroute:attention_context_tokens=1e12,step_overhead_tokens=0,tie_tolerance=0,"
+         "tie_s=0,externality=false")
+
+
+def blocks(family: str, n: int) -> tuple:
+    return tuple((family, i) for i in range(n))
+
+
+def req(keys, rid, now=0.0, extra_tokens=0):
+    return RequestView(rid, len(keys) * B + extra_tokens, B, tuple(keys), now=now)
+
+
+class Holds:
+    """A runner's cache view that confirms whatever the router believes (``n=None``) or
+    exactly ``n`` leading blocks."""
+
+    def __init__(self, n: int | None = None):
+        self.n = n
+
+    def match(self, keys):
+        return len(keys) if self.n is None else min(self.n, len(keys))
+
+
+def fleet(n=2, pending=None, cache=None):
+    pending = pending or [0] * n
+    return [ReplicaView(i, capacity_blocks=1000, prefill_s_per_token=MS,
+                        pending_prefill_tokens=pending[i], cache=cache or Holds())
+            for i in range(n)]
+
+
+def send(policy, request, replica, replicas, cached_tokens=None):
+    """Route ``request`` and send it to ``replica`` whatever the policy said (a runner that
+    overrides the choice, as a test fixture); completes it if ``cached_tokens`` is given."""
+    policy.route(request, replicas)
+    policy.on_routed(request, Decision(replica, "fixture"))
+    if cached_tokens is not None:
+        policy.on_completed(request, replica, cached_tokens)
+
+
+def test_default_configuration_is_documented_and_valid():
+    policy = create_policy("prefixroute")
+    assert policy.name == "prefixroute"
+    assert policy.prefill_s_per_token == 4.0e-5          # Llama-3-8B on H100 preset
+    assert policy.attention_context_tokens == 44_000.0   # 4.0e-5 / 9.0e-10
+    assert policy.chunk_tokens == 8192                   # vLLM max_num_batched_tokens
+    assert (policy.replicate, policy.balance_cap, policy.externality) == (False, 0.0, True)
+
+
+@pytest.mark.parametrize("spec", ["prefixroute:survival_width=1", "prefixroute:balance_cap=0.5",
+                                  "prefixroute:speed_memory=0", "prefixroute:chunk_tokens=0",
+                                  "prefixroute:learning_rate=2"])
+def test_bad_parameters_are_config_errors(spec):
+    with pytest.raises(ConfigError):
+        create_policy(spec)
+
+
+def test_prefers_the_cached_replica_when_the_queue_is_short():
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
+    # 12 blocks = 192 tokens; replica 1 holds the first 10 (160 tokens): 32 uncached = 0.032 s
+    # there against 192 uncached = 0.192 s on replica 0.
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), replicas)
+    assert decision.replica == 1
+    assert decision.branch == "cache_affinity"
+    assert decision.predicted_cached_tokens == 160
+    assert decision.scores[1]["prefill_s"] == pytest.approx(0.032)
+    assert decision.scores[0]["prefill_s"] == pytest.approx(0.192)
+    assert "160 of 192 tokens" in decision.reason
+
+
+def test_spills_when_the_holders_queue_costs_more_than_the_prefill_saved():
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
+    # Replica 1 then gets a 2,000-token prompt it has not started: 2 s of queue.
+    send(policy, req(blocks("C", 125), "big"), 1, replicas)
+    busy = fleet(pending=[0, 2000])
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), busy)
+    # Holder: 2 s wait + 0.032 s; elsewhere: 0.192 s. The 0.16 s saved cannot pay 2 s.
+    assert decision.scores[1]["wait_s"] == pytest.approx(2.0)
+    assert decision.scores[1]["cost_s"] == pytest.approx(2.032)
+    assert decision.replica == 0
+    assert decision.branch == "spill"
+    assert "holder replica 1" in decision.reason
+
+
+def test_a_half_done_queue_waits_half_as_long():
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    send(policy, req(blocks("C", 125), "big"), 1, replicas)  # 2,000 tokens queued
+    decision = policy.route(req(blocks("D", 1), "r"), fleet(pending=[0, 1000]))
+    assert decision.scores[1]["wait_s"] == pytest.approx(1.0)
+
+
+def test_a_burst_follows_the_replica_computing_its_prefix():
+    # The runner's view knows nothing yet (blocks are still being computed), but the first
+    # request of the burst is in flight on replica 1, so the second waits for it there.
+    policy = create_policy(PLAIN)
+    empty = fleet(cache=Holds(0))
+    send(policy, req(blocks("H", 50), "first"), 1, empty)
+    decision = policy.route(req(blocks("H", 50) + blocks("u", 1), "second"), empty)
+    assert decision.replica == 1
+    assert decision.branch == "follow_inflight"
+    # Once it completes, the view's word counts again: nothing cached, so no hit is expected.
+    policy.on_completed(req(blocks("H", 50), "first"), 1, 0)
+    after = policy.route(req(blocks("H", 50) + blocks("u", 1), "third"), empty)
+    assert after.scores[1]["expected_cached_tokens"] == 0
+
+
+def test_feedback_shrinks_the_predicted_hit():
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    send(policy, req(blocks("P", 10), "p"), 0, replicas, cached_tokens=0)
+    send(policy, req(blocks("Q", 10), "q"), 0, replicas, cached_tokens=0)
+    probe = req(blocks("P", 10) + blocks("x", 1), "probe")
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 160
+    # A request on Q was predicted 10 cached blocks; the engine reported 4. Q's fifth block
+    # was evicted, so everything touched before it (all of P) is gone too; Q itself was just
+    # recomputed by that request and stays.
+    again = req(blocks("Q", 10) + blocks("y", 1), "again")
+    decision = policy.route(again, replicas)
+    assert decision.predicted_cached_tokens == 160
+    policy.on_routed(again, decision)
+    policy.on_completed(again, decision.replica, 4 * B)
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 0
+    assert policy.route(req(blocks("Q", 10) + blocks("z", 1), "q2"),
+                        replicas).scores[0]["expected_cached_tokens"] == 160
+
+
+def test_feedback_can_be_switched_off():
+    policy = create_policy(PLAIN + ",feedback=false")
+    replicas = fleet()
+    send(policy, req(blocks("P", 10), "p"), 0, replicas, cached_tokens=0)
+    send(policy, req(blocks("Q", 10) + blocks("y", 1), "q"), 0, replicas, cached_tokens=4 * B)
+    probe = req(blocks("P", 10) + blocks("x", 1), "probe")
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 160
+
+
+def test_survival_falls_with_the_blocks_inserted_since():
+    # Capacity 100 blocks, width 0.25: certain up to 75 inserts after the touch, gone at 100.
+    policy = create_policy(PLAIN)
+    replicas = [ReplicaView(0, capacity_blocks=100, prefill_s_per_token=MS, cache=Holds())]
+    send(policy, req(blocks("P", 4), "p"), 0, replicas, cached_tokens=0)
+    probe = req(blocks("P", 4) + blocks("x", 1), "probe")
+    send(policy, req(blocks("F", 75), "f1"), 0, replicas, cached_tokens=0)
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 64
+    send(policy, req(blocks("G", 12), "f2"), 0, replicas, cached_tokens=0)  # 87 inserts
+    # (100 - 87) / (100 - 75) = 0.52 per block, 4 blocks: 2.08 blocks = 33.3 tokens.
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == \
+        pytest.approx(4 * 0.52 * B, abs=0.1)
+    send(policy, req(blocks("K", 13), "f3"), 0, replicas, cached_tokens=0)  # 100 inserts
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 0
+
+
+def test_a_learned_prefill_speed_moves_the_decision():
+    # Replica 1 computes 5,000 of a 10,000-token prompt in 2.5 s: 0.5 ms per token against
+    # the 1 ms both replicas state. With the prior (8,192 tokens at 1 ms = 8.192 s), forgotten
+    # by 0.99 per observation, that makes (0.99 x 8.192 + 2.5) s / (0.99 x 8,192 + 5,000)
+    # tokens = 0.81 ms per token.
+    def scenario(spec):
+        policy = create_policy(spec)
+        send(policy, req(blocks("W", 625), "work", now=0.0), 1, fleet())
+        policy.route(req(blocks("n1", 1), "look", now=2.5), fleet(pending=[0, 5000]))
+        policy.route(req(blocks("n2", 1), "done", now=3.0), fleet())
+        return policy.route(req(blocks("R", 62) + blocks("r", 1), "r", now=3.0, extra_tokens=8),
+                            fleet())
+
+    learned = scenario(PLAIN)
+    assert learned.scores[1]["s_per_token"] == pytest.approx((0.99 * 8.192 + 2.5)
+                                                             / (0.99 * 8192 + 5000))
+    assert learned.scores[0]["s_per_token"] == pytest.approx(MS)
+    assert learned.replica == 1  # 1,016 tokens: 0.82 s there against 1.016 s on replica 0
+    fixed = scenario(PLAIN + ",learn_speed=false")
+    # Equal costs: the tie goes to the replica with fewer recent requests.
+    assert fixed.scores[1]["s_per_token"] == pytest.approx(MS)
+    assert fixed.replica == 0
+
+
+def test_cold_requests_spread_to_the_least_used_replica():
+    policy = create_policy("prefixroute")
+    replicas = [ReplicaView(i, capacity_blocks=1000, prefill_s_per_token=MS, cache=Holds())
+                for i in range(3)]
+    chosen = []
+    for i in range(6):
+        request = req(blocks(f"cold{i}", 2), f"c{i}", now=0.0)
+        decision = policy.route(request, replicas)
+        policy.on_routed(request, decision)
+        chosen.append(decision.replica)
+        assert decision.branch == "cold_spread"
+    assert sorted(chosen) == [0, 0, 1, 1, 2, 2]
+
+
+def test_every_decision_carries_scores_and_a_reason():
+    policy = create_policy("prefixroute")
+    replicas = fleet(3)
+    decision = policy.route(req(blocks("A", 3), "a"), replicas)
+    assert set(decision.scores) == {0, 1, 2}
+    for score in decision.scores.values():
+        assert {"expected_cached_tokens", "wait_s", "prefill_s", "decode_s", "delay_others_s",
+                "cost_s", "s_per_token"} <= set(score)
+    assert "cost" in decision.reason
+
+
+def test_decode_interference_makes_a_busy_decoder_dearer():
+    policy = create_policy(PLAIN)
+    replicas = [ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS, running=40,
+                            kv_usage=0.5, cache=Holds()),
+                ReplicaView(1, capacity_blocks=1000, prefill_s_per_token=MS, cache=Holds())]
+    decision = policy.route(req(blocks("A", 3), "a"), replicas)
+    # One step: 40 x 1.25 + 0.0013 x (0.5 x 1000 x 16) = 60.4 token-equivalents = 60.4 ms.
+    assert decision.scores[0]["decode_s"] == pytest.approx(0.0604)
+    assert decision.replica == 1
+
+
+def test_candidates_with_gaps_and_unknown_replicas():
+    policy = create_policy("prefixroute")
+    replicas = [ReplicaView(i, prefill_s_per_token=None) for i in (3, 7, 11)]
+    request = req(blocks("A", 2), "a")
+    decision = policy.route(request, replicas)
+    assert decision.replica in (3, 7, 11)
+    policy.on_routed(request, decision)
+    policy.on_completed(request, decision.replica, 16)
+    policy.on_completed(req(blocks("Z", 1), "never-routed"), 5, 0)  # tolerated
