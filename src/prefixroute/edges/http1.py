@@ -15,8 +15,10 @@ side). This client does only what a proxy and a load generator need, and parses 
   the end and neither side asked to close;
 * connect, write and read (between bytes) timeouts.
 
-:class:`HTTP1Transport` puts it under ``httpx.AsyncClient``, so code written against httpx
-(and tests with ``httpx.MockTransport``) keeps working while the wire goes through this client.
+:class:`HTTP1Transport` puts it under ``httpx.AsyncClient`` (for code written against httpx);
+:class:`HttpxClient` goes the other way, an ``httpx.AsyncClient`` behind this client's
+``request`` and :class:`Response`, so code written against this client runs on any httpx
+transport (tests use ``httpx.MockTransport``).
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ class ConnectError(TransportError):
 class RequestTimeout(TransportError):
     """No progress within a timeout; ``phase`` is ``connect``, ``write`` or ``read``."""
 
-    def __init__(self, phase: str, seconds: float):
-        super().__init__(f"{phase} timed out after {seconds:g} s")
+    def __init__(self, phase: str, seconds: float | None = None):
+        super().__init__(f"{phase} timed out" if seconds is None
+                         else f"{phase} timed out after {seconds:g} s")
         self.phase = phase
 
 
@@ -87,9 +90,12 @@ class _Connection:
 class _Events:
     """httptools callbacks, collected."""
 
-    __slots__ = ("headers", "body", "headers_done", "complete", "framed")
+    __slots__ = ("headers", "body", "headers_done", "complete", "framed", "keep_alive",
+                 "parser")
 
     def __init__(self) -> None:
+        self.parser: httptools.HttpResponseParser | None = None
+        self.keep_alive = False  # read at the end of the headers: later the parser forgets
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.headers_done = False
@@ -105,6 +111,9 @@ class _Events:
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        if self.parser is not None:
+            self.keep_alive = self.parser.should_keep_alive()
+            self.parser = None  # no reference cycle with the parser that holds us
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
@@ -136,7 +145,7 @@ class Response:
         self._done = False
         if no_body:
             events.body.clear()
-            self._finish(parser.should_keep_alive())
+            self._finish(events.keep_alive)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -154,11 +163,11 @@ class Response:
                 data = events.body[0] if len(events.body) == 1 else b"".join(events.body)
                 events.body.clear()
                 if events.complete:
-                    self._finish(self._parser.should_keep_alive())
+                    self._finish(events.keep_alive)
                 yield data
             if events.complete or self._done:
                 if not self._done:
-                    self._finish(self._parser.should_keep_alive())
+                    self._finish(events.keep_alive)
                 return
             conn = self._conn
             assert conn is not None
@@ -327,7 +336,7 @@ class Client:
 
     async def _read_head(self, conn: _Connection, method: str, timeout: float) -> Response:
         events = _Events()
-        parser = httptools.HttpResponseParser(events)
+        parser = events.parser = httptools.HttpResponseParser(events)
         received = 0
         while not events.headers_done:
             try:
@@ -427,5 +436,64 @@ class HTTP1Transport(httpx.AsyncBaseTransport):
         await self.client.aclose()
 
 
-__all__ = ["Client", "Response", "HTTP1Transport", "TransportError", "ConnectError",
-           "RequestTimeout", "ProtocolError"]
+# -- httpx under this client's interface ---------------------------------------------------
+
+
+class _HttpxResponse:
+    """An ``httpx.Response`` seen as a :class:`Response` (status, lowercase headers, raw body,
+    this module's exceptions)."""
+
+    __slots__ = ("status", "headers", "_response")
+
+    def __init__(self, response: httpx.Response):
+        self._response = response
+        self.status = response.status_code
+        self.headers = {k.lower(): v for k, v in response.headers.items()}
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.TimeoutException as exc:
+            raise RequestTimeout("read") from exc
+        except httpx.TransportError as exc:
+            raise ProtocolError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aread(self) -> bytes:
+        try:
+            return await self._response.aread()
+        except httpx.TimeoutException as exc:
+            raise RequestTimeout("read") from exc
+        except httpx.TransportError as exc:
+            raise ProtocolError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxClient:
+    """:meth:`Client.request` on an ``httpx.AsyncClient`` (its transport and timeouts)."""
+
+    def __init__(self, client: httpx.AsyncClient):
+        self.client = client
+
+    async def request(self, method: str, url: str, *, body: bytes = b"",
+                      headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]] = ()
+                      ) -> _HttpxResponse:
+        request = self.client.build_request(method, url, content=body, headers=headers)
+        try:
+            return _HttpxResponse(await self.client.send(request, stream=True))
+        except httpx.TimeoutException as exc:
+            phase = "connect" if isinstance(exc, httpx.ConnectTimeout) else "read"
+            raise RequestTimeout(phase) from exc
+        except httpx.ConnectError as exc:
+            raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise ProtocolError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        pass  # the httpx client belongs to whoever made it
+
+
+__all__ = ["Client", "Response", "HTTP1Transport", "HttpxClient", "TransportError",
+           "ConnectError", "RequestTimeout", "ProtocolError"]

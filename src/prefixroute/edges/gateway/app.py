@@ -46,6 +46,7 @@ from prefixroute.edges.gateway.proxy import Job, Proxy
 from prefixroute.edges.gateway.router import GatewayRouter
 from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
 from prefixroute.edges.gateway.tenants import TenantRegistry
+from prefixroute.edges.http1 import Client, HTTP1Transport, HttpxClient
 
 log = logging.getLogger("prefixroute.gateway")
 
@@ -80,6 +81,7 @@ class Gateway:
                                         config.limits.queue_timeout_s)
         self._transport = transport
         self.client: httpx.AsyncClient | None = None
+        self.upstream: Client | HttpxClient | None = None
         self.proxy: Proxy | None = None
         self.open_requests = 0
         self.draining = False
@@ -108,13 +110,24 @@ class Gateway:
 
     async def start(self) -> None:
         t = self.config.timeouts
+        # Requests go through our HTTP/1.1 client (edges/http1.py): httpx's pool scans every
+        # pooled connection on each request, and with its client layer cost more CPU than the
+        # rest of the hop together (benchmarks/gateway_bench.py). Health checks and scrapes,
+        # a few per second, keep httpx's API on the same wire. Admission bounds concurrency;
+        # the pool adds no second, hidden queue. An injected transport (tests) serves both.
+        if self._transport is None:
+            upstream = Client(connect_timeout=t.connect_s, read_timeout=t.read_s,
+                              write_timeout=t.write_s, max_idle_per_origin=256)
+            transport: httpx.AsyncBaseTransport = HTTP1Transport(Client(
+                connect_timeout=t.connect_s, read_timeout=t.read_s, write_timeout=t.write_s))
+        else:
+            transport = self._transport
         self.client = httpx.AsyncClient(
-            transport=self._transport,
+            transport=transport,
             timeout=httpx.Timeout(connect=t.connect_s, read=t.read_s, write=t.write_s,
-                                  pool=t.pool_s),
-            # Admission bounds concurrency; the pool must not add a second, hidden queue.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-        self.proxy = Proxy(self.client, self.router, self.metrics, self.clock,
+                                  pool=t.pool_s))
+        self.upstream = upstream if self._transport is None else HttpxClient(self.client)
+        self.proxy = Proxy(self.upstream, self.router, self.metrics, self.clock,
                            retries=self.config.retries, block_size=self.config.hashing.block_size)
         await self.pool.start(self.client)
         log.info("gateway started", extra={"fields": {
@@ -130,6 +143,8 @@ class Gateway:
         while self.open_requests and self.clock.now() < deadline:
             await asyncio.sleep(0.05)
         await self.pool.stop()
+        if self.upstream is not None:
+            await self.upstream.aclose()
         if self.client is not None:
             await self.client.aclose()
         log.info("gateway stopped", extra={"fields": {

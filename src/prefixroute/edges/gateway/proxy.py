@@ -15,12 +15,12 @@ chunk again when the caller did not ask for it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-import httpx
 from starlette.responses import Response, StreamingResponse
 
 from prefixroute.core.clock import Clock
@@ -30,6 +30,8 @@ from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import PreparedPrompt
 from prefixroute.edges.gateway.router import Attempt, GatewayRouter
 from prefixroute.edges.gateway.sanitize import CHAT, CheckedRequest
+from prefixroute.edges.http1 import Client, HttpxClient, RequestTimeout, TransportError
+from prefixroute.edges.http1 import Response as Upstream  # a replica's answer, body pending
 
 log = logging.getLogger("prefixroute.gateway")
 
@@ -67,29 +69,52 @@ class ClosingStreamingResponse(StreamingResponse):
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
         try:
-            await super().__call__(scope, receive, send)
+            await self._send_watching_disconnect(receive, send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
             await self.relay.close()
 
+    async def _send_watching_disconnect(self, receive, send) -> None:
+        """Starlette's loop, with one plain task watching for the caller leaving instead of an
+        anyio task group per stream (a visible share of a proxied stream's CPU): when the
+        caller disconnects, the relay is cancelled, which aborts the replica's request."""
+        task = asyncio.current_task()
+        assert task is not None
+        left = False
+
+        async def watch() -> None:
+            nonlocal left
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            left = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not left or task.uncancel() > 0:  # cancelled by someone else as well
+                raise
+        finally:
+            watcher.cancel()
+
 
 class Proxy:
-    def __init__(self, client: httpx.AsyncClient, router: GatewayRouter,
+    def __init__(self, client: Client | HttpxClient, router: GatewayRouter,
                  metrics: GatewayMetrics, clock: Clock, *, retries: int, block_size: int):
-        self.client = client
+        self.client = client  # edges/http1.py's client, or httpx behind its interface (tests)
         self.router = router
         self.metrics = metrics
         self.clock = clock
         self.retries = retries
         self.block_size = block_size
-        self._urls: dict[tuple[int, str], httpx.URL] = {}
+        self._urls: dict[tuple[int, str], str] = {}
 
-    def _url(self, backend: Backend, path: str) -> httpx.URL:
-        """Parsed once per backend and path (URL parsing is a visible share of a hop)."""
+    def _url(self, backend: Backend, path: str) -> str:
         key = (backend.index, path)
         url = self._urls.get(key)
         if url is None:
-            url = self._urls[key] = httpx.URL(backend.url + path)
+            url = self._urls[key] = backend.url + path
         return url
 
     async def forward(self, job: Job, on_done: Callable[[Job], None]) -> Response:
@@ -168,14 +193,13 @@ class Proxy:
         backend = attempt.backend
         headers = {"content-type": "application/json", "x-request-id": job.request_id,
                    **backend.headers}
-        request = self.client.build_request("POST", self._url(backend, path),
-                                            content=payload, headers=headers)
         try:
-            upstream = await self.client.send(request, stream=True)
-        except httpx.TimeoutException:
+            upstream = await self.client.request("POST", self._url(backend, path),
+                                                 body=payload, headers=headers)
+        except RequestTimeout:
             self._failed(job, attempt, "timeout", "timed out waiting for the replica")
             return None
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             self._failed(job, attempt, "connect", f"{type(exc).__name__}: {exc}")
             return None
         try:
@@ -184,9 +208,9 @@ class Proxy:
             await upstream.aclose()
             raise
 
-    async def _answer(self, job: Job, attempt: Attempt, upstream: httpx.Response,
+    async def _answer(self, job: Job, attempt: Attempt, upstream: Upstream,
                       on_done: Callable[[Job], None]) -> Response | tuple[int, bytes, str] | None:
-        status = upstream.status_code
+        status = upstream.status
         if status >= 500:
             content = await _read_quietly(upstream)
             self._failed(job, attempt, f"http_{status}", content[:_ERROR_SNIPPET].decode(
@@ -203,9 +227,9 @@ class Proxy:
             chunks = upstream.aiter_raw()
             try:
                 first = await _first_chunk(chunks)
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
+            except TransportError as exc:
                 await upstream.aclose()
-                reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream"
+                reason = "timeout" if isinstance(exc, RequestTimeout) else "stream"
                 self._failed(job, attempt, reason, f"stream broke before its first "
                              f"event: {type(exc).__name__}")
                 return None
@@ -216,9 +240,9 @@ class Proxy:
                                             media_type="text/event-stream")
         try:
             content = await upstream.aread()
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
+        except TransportError as exc:
             await upstream.aclose()
-            reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "read"
+            reason = "timeout" if isinstance(exc, RequestTimeout) else "read"
             self._failed(job, attempt, reason, f"response broke: {type(exc).__name__}")
             return None
         self.router.first_byte(attempt)
@@ -241,7 +265,7 @@ class Proxy:
 class SSERelay:
     """Relays one replica stream to the caller, event by event."""
 
-    def __init__(self, job: Job, attempt: Attempt, upstream: httpx.Response,
+    def __init__(self, job: Job, attempt: Attempt, upstream: Upstream,
                  chunks: AsyncIterator[bytes], first: bytes, proxy: Proxy,
                  on_done: Callable[[Job], None]):
         self.job = job
@@ -278,17 +302,19 @@ class SSERelay:
             pending = self.first
             while True:
                 buffer += pending
-                while True:
-                    cut = buffer.find(b"\n\n")
-                    if cut < 0:
-                        break
-                    event, buffer = buffer[:cut + 2], buffer[cut + 2:]
-                    out = self._filter(event)
-                    if out:
+                # Every complete event that arrived goes out in one write (what one read
+                # brought, usually one event); only a run with the usage chunk is split up.
+                cut = buffer.rfind(b"\n\n")
+                if cut >= 0:
+                    complete, buffer = buffer[:cut + 2], buffer[cut + 2:]
+                    if b'"usage"' in complete:
+                        complete = b"".join(
+                            out for out in map(self._filter, _events_of(complete)) if out)
+                    if complete:
                         if not sent_any:
                             sent_any = True
                             job.ttft_s = proxy.clock.now() - job.started
-                        yield out
+                        yield complete
                 try:
                     pending = await chunks.__anext__()
                 except StopAsyncIteration:
@@ -298,9 +324,9 @@ class SSERelay:
             router.succeeded(self.attempt, self.usage)
             job.cached_tokens = self.attempt.record.reported_cached_tokens
             job.status = "200"
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
+        except TransportError as exc:
             # Bytes already reached the caller: no retry possible, so say so in the stream.
-            reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream"
+            reason = "timeout" if isinstance(exc, RequestTimeout) else "stream"
             proxy._failed(job, self.attempt, reason, f"stream broke midway: "
                           f"{type(exc).__name__}")
             job.status = "stream_error"
@@ -329,6 +355,11 @@ class SSERelay:
         return event
 
 
+def _events_of(data: bytes) -> list[bytes]:
+    """``data`` (whole events only) cut into events, each with its ``\\n\\n``."""
+    return [part + b"\n\n" for part in data[:-2].split(b"\n\n")]
+
+
 async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
     """The first non-empty chunk (b"" if the stream ends first)."""
     while True:
@@ -340,10 +371,10 @@ async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
             return chunk
 
 
-async def _read_quietly(upstream: httpx.Response) -> bytes:
+async def _read_quietly(upstream: Upstream) -> bytes:
     try:
         return await upstream.aread()
-    except httpx.HTTPError:
+    except TransportError:
         return b""
     finally:
         await upstream.aclose()
@@ -369,7 +400,7 @@ def _is_openai_error(content: bytes) -> bool:
         and isinstance(obj["error"].get("message"), str)
 
 
-def _reply_headers(upstream: httpx.Response, job: Job) -> dict[str, str]:
+def _reply_headers(upstream: Upstream, job: Job) -> dict[str, str]:
     headers = {"x-request-id": job.request_id}
     if job.checked.stream:
         headers["cache-control"] = "no-cache"
