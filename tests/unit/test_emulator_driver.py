@@ -17,6 +17,7 @@ from prefixroute.edges.emulator.config import (
 )
 from prefixroute.edges.emulator.driver import EngineDriver
 from prefixroute.edges.emulator.metrics import EmulatorMetrics, request_tokens_buckets
+from prefixroute.edges.emulator.protocol import APIError
 from prefixroute.edges.emulator.replica import EmulatedReplica, SequenceMeta
 
 META = SequenceMeta(CacheIdentity())
@@ -85,6 +86,48 @@ def test_an_aborted_sequence_leaves_the_engine():
 
     driver = asyncio.run(scenario())
     assert driver.engine.running == 0 and driver.metrics.success["abort"] == 1
+
+
+def test_abort_all_fails_every_request_and_empties_the_engine():
+    async def scenario():
+        driver = make_driver(SLOW)
+        running = driver.submit(list(range(20)), [1] * 50, META)
+        queued = [driver.submit(list(range(100 + i, 140 + i)), [1] * 50, META)
+                  for i in range(2)]
+        await running.first
+        error = APIError("stopping", status=503)
+        assert driver.abort_all(error) == 3 and driver.in_flight == 0
+        for seq in (running, *queued):
+            with pytest.raises(APIError):
+                seq.done.result()
+        assert driver.abort_all(error) == 0
+        await asyncio.sleep(0.12)  # the step in progress ends; nothing is scheduled after it
+        return driver
+
+    driver = asyncio.run(scenario())
+    assert driver.engine.running == 0 and driver.engine.waiting == 0
+    assert driver.metrics.success["abort"] == 3 and driver.engine.next_event_time() is None
+
+
+def test_a_stream_stops_at_the_first_token_after_a_shutdown_abort():
+    from prefixroute.edges.emulator.server import EmulatorServer
+
+    async def scenario():
+        server = EmulatorServer(EmulatorConfig(num_blocks=64, time_scale=5))  # 30 ms steps
+        seq = server.driver.submit(list(range(20)), [1] * 50, META)
+        positions = server._paced(seq)
+        assert await positions.__anext__() == 0
+        assert server.begin_shutdown() == 1
+        with pytest.raises(APIError) as raised:
+            await positions.__anext__()  # not the 49 tokens left, all at once
+        assert raised.value.status == 503
+        with pytest.raises(APIError):  # and nothing new is accepted
+            server._submit(object())
+        await asyncio.sleep(0.05)
+        return server
+
+    server = asyncio.run(scenario())
+    assert server.replica.engine.running == 0
 
 
 def test_capacity_comes_from_blocks_memory_or_the_profile():

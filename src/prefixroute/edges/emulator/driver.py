@@ -102,6 +102,28 @@ class EngineDriver:
         self.metrics.success["abort"] += 1
         self._pump(now)
 
+    def abort_all(self, error: APIError) -> int:
+        """Shutdown: abort every sequence in the engine and fail its futures with ``error``,
+        so handlers waiting on them answer at once. Returns how many were aborted."""
+        sequences, self._sequences = self._sequences, {}
+        if not sequences:
+            return 0
+        now = self.now()
+        for seq in sequences.values():
+            self.replica.abort(seq.seq_id, now)
+            self.metrics.success["abort"] += 1
+            for future in (seq.first, seq.done):
+                if not future.done():
+                    future.set_exception(error)
+                    future.exception()  # mark retrieved: the handler may await only one
+        self._pump(now)
+        return len(sequences)
+
+    @property
+    def in_flight(self) -> int:
+        """Sequences submitted and not yet finished, rejected or aborted."""
+        return len(self._sequences)
+
     def reset_prefix_cache(self) -> bool:
         ok = self.replica.reset_prefix_cache()
         # vLLM publishes the AllBlocksCleared with its next step's batch.

@@ -15,6 +15,19 @@ Routes (as ``vllm serve`` 0.32 has them, plus the probes peer routers send):
 
 :class:`EmulatorServer` holds the pieces (tokenizer, replica, driver, metrics, KV publisher)
 and builds the Starlette app; :func:`serve` runs it under uvicorn with uvloop and httptools.
+
+Clients that leave: as vLLM (``with_cancellation``), a non-streaming request listens for the
+client's ``http.disconnect`` while its sequences run and aborts them in the engine when it
+comes; a stream aborts its unfinished sequences whenever its response ends early (the client
+closed it, a write failed, or the handler was cancelled).
+
+Shutdown: on SIGTERM or SIGINT uvicorn stops accepting connections and then waits for the
+requests in flight. The emulator first aborts every sequence in the engine (as vLLM's default
+``shutdown_timeout=0`` does: "abort" mode) and fails their requests with a 503, so each
+handler answers at once and the server exits within a fraction of a second instead of
+waiting for the engine to serve them; requests that arrive later get a 503 too, and
+``SHUTDOWN_GRACE_S`` bounds whatever else is still running (e.g. a client that stopped
+reading).
 """
 
 from __future__ import annotations
@@ -65,6 +78,40 @@ log = logging.getLogger(__name__)
 VLLM_VERSION = "0.32.0"  # the vLLM release whose API and events the emulator follows
 _JSON = "application/json"
 _SSE = "text/event-stream; charset=utf-8"
+SHUTDOWN_GRACE_S = 3.0  # uvicorn's timeout_graceful_shutdown: then remaining handlers are cancelled
+
+
+def shutdown_error() -> APIError:
+    return APIError("the server is shutting down; the request was aborted", status=503,
+                    err_type="ServiceUnavailableError")
+
+
+async def _client_gone(receive) -> None:
+    """Return when the client disconnects (the request body was read already, so every
+    message left is ``http.disconnect``)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class _EngineStream(StreamingResponse):
+    """A streamed answer that aborts its unfinished engine sequences however it ends early:
+    the client closed the stream, a write failed, or the handler was cancelled (even before
+    the body iterator started, when the generator's own ``finally`` would never run)."""
+
+    def __init__(self, content, driver: EngineDriver, sequences: list[EngineSequence]):
+        super().__init__(content, media_type=_SSE)
+        self._driver = driver
+        self._sequences = sequences
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for seq in self._sequences:
+                if not seq.done.done():
+                    self._driver.abort(seq)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -125,6 +172,13 @@ class EmulatorServer:
         self._identities: dict[tuple, CacheIdentity] = {}
         self._id_prefix = secrets.token_hex(4)
         self._counter = itertools.count()
+        self.shutting_down = False
+
+    def begin_shutdown(self) -> int:
+        """Refuse new requests and abort every sequence in the engine, failing their
+        requests with a 503 so their handlers answer now. Returns the sequences aborted."""
+        self.shutting_down = True
+        return self.driver.abort_all(shutdown_error())
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start_kv_events(self) -> None:
@@ -235,6 +289,8 @@ class EmulatorServer:
         return f"{prefix}-{self._id_prefix}{next(self._counter):08x}"
 
     def _submit(self, generation: GenerationRequest) -> list[EngineSequence]:
+        if self.shutting_down:
+            raise shutdown_error()
         identity = self._identity(generation)
         sequences = []
         for prompt, max_tokens in zip(generation.prompts, generation.max_tokens):
@@ -258,16 +314,45 @@ class EmulatorServer:
         except APIError as error:
             return error_response(error)
         if generation.stream:
-            return StreamingResponse(self._stream(generation, sequences), media_type=_SSE)
+            return _EngineStream(self._stream(generation, sequences), self.driver, sequences)
+        if not await self._finished_or_gone(request, sequences):
+            return Response(b"", status_code=499)  # nobody is there to read it
         try:
             for seq in sequences:
-                if not seq.done.done():
-                    await seq.done
-                else:
-                    seq.done.result()
+                seq.done.result()
         except APIError as error:
+            self._abort_unfinished(sequences)
             return error_response(error)
         return json_response(self._body(generation, sequences))
+
+    async def _finished_or_gone(self, request: Request,
+                                sequences: list[EngineSequence]) -> bool:
+        """Wait until every sequence has ended (finished, rejected or aborted): True; or
+        until the client disconnects: its sequences are aborted in the engine, False (vLLM's
+        ``with_cancellation``). An instant engine has answered already: no waiting."""
+        waiting = [seq.done for seq in sequences if not seq.done.done()]
+        if not waiting:
+            return True
+        gone = asyncio.ensure_future(_client_gone(request.receive))
+        try:
+            while True:
+                await asyncio.wait((*waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+                waiting = [seq.done for seq in sequences if not seq.done.done()]
+                if not waiting:
+                    return True
+                if gone.done():
+                    self._abort_unfinished(sequences)
+                    return False
+        except BaseException:  # cancelled (e.g. a forced shutdown): leave nothing running
+            self._abort_unfinished(sequences)
+            raise
+        finally:
+            gone.cancel()
+
+    def _abort_unfinished(self, sequences: list[EngineSequence]) -> None:
+        for seq in sequences:
+            if not seq.done.done():
+                self.driver.abort(seq)
 
     def _record(self, generation: GenerationRequest, seq: EngineSequence) -> None:
         assert seq.finished_at is not None and seq.first_token_at is not None
@@ -314,7 +399,9 @@ class EmulatorServer:
         itl = self.driver.itl_estimate(seq)
         started = loop.time()
         for position in range(1, total):
-            if not seq.done.done():
+            if seq.done.done():
+                seq.done.result()  # aborted at shutdown: raise its error, send no more tokens
+            else:
                 if position == total - 1 or itl <= 0:
                     await seq.done  # never run ahead of the engine's end
                 else:
@@ -465,14 +552,24 @@ class EmulatorServer:
 
 
 def serve(config: EmulatorConfig, *, log_level: str = "warning") -> int:
-    """Run the emulator under uvicorn (uvloop, httptools) until SIGINT/SIGTERM."""
+    """Run the emulator under uvicorn (uvloop, httptools) until SIGINT/SIGTERM; on either,
+    abort what the engine holds and exit promptly (see the module docstring)."""
     import uvicorn
 
     server = EmulatorServer(config)
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            aborted = server.begin_shutdown()
+            if aborted:
+                log.info("shutdown: aborted %d sequence(s) in flight", aborted)
+            await super().shutdown(sockets)
+
     uv_config = uvicorn.Config(server.app(), host=config.host, port=config.port,
                                loop="uvloop", http="httptools", log_level=log_level,
-                               access_log=False, lifespan="on", timeout_keep_alive=30)
-    uvicorn_server = uvicorn.Server(uv_config)
+                               access_log=False, lifespan="on", timeout_keep_alive=30,
+                               timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    uvicorn_server = _Server(uv_config)
     server.start_kv_events()  # before serving, so a bad endpoint is a clean ConfigError
     log.info("emulator on %s:%d: %d blocks of %d tokens (%s), profile %s, tokenizer %s",
              config.host, config.port, server.num_blocks, config.block_size,
