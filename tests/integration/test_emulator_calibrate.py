@@ -14,7 +14,7 @@ from prefixroute.edges.emulator.process import EmulatorProcess
 
 TRUE = {"step_overhead_s": 0.01, "prefill_s_per_token": 1e-4,
         "attention_s_per_token_context": 2e-8, "decode_s_per_seq": 2e-3,
-        "decode_s_per_context_token": 1e-6}
+        "decode_s_per_context_token": 1e-6, "request_overhead_s": 0.02}
 
 
 def test_calibrating_the_emulator_recovers_its_profile(tmp_path):
@@ -33,6 +33,10 @@ def test_calibrating_the_emulator_recovers_its_profile(tmp_path):
         assert fitted.prefill_s_per_token == pytest.approx(1e-4, rel=0.15)
         assert fitted.decode_s_per_seq == pytest.approx(2e-3, rel=0.3)
         assert fitted.decode_s_per_context_token == pytest.approx(1e-6, rel=0.3)
+        # The emulator delays each request's entry by 20 ms; calibrate measures it (plus the
+        # HTTP round trip) as the request overhead, not as step time
+        # (about 4 ms here, more on a loaded machine).
+        assert 0.016 <= fitted.request_overhead_s <= 0.035
         assert "against" in fitted.source
         # The emulator itself loads the file.
         with EmulatorProcess(["--num-blocks", "64", "--profile", str(out)]):

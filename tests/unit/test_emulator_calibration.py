@@ -49,7 +49,19 @@ def test_per_request_overhead_outside_steps_stays_out_of_the_step_overhead():
     profile, summary = calibrated_profile("fitted", prefill, decode_samples(step=0.002))
     assert profile.step_overhead_s == pytest.approx(0.002)
     assert summary["prefill"]["request_overhead_s"] == pytest.approx(0.010)
+    assert profile.request_overhead_s == pytest.approx(0.010)  # written into the profile
     assert profile.prefill_s_per_token == pytest.approx(B)
+    # The profile's TTFT for a lone prefill is the measured one again: o + a' + b*u + c*u^2.
+    for sample in prefill:
+        u = sample.uncached_tokens
+        assert profile.request_overhead_s + profile.prefill_time(u, u) == \
+            pytest.approx(sample.ttft_s)
+
+
+def test_without_decode_probes_the_overhead_stays_in_the_step():
+    profile, summary = calibrated_profile("fitted", prefill_samples())
+    assert profile.step_overhead_s == pytest.approx(A)
+    assert profile.request_overhead_s == 0.0 and "request_overhead_s" not in summary["prefill"]
 
 
 def test_coefficients_are_never_negative():

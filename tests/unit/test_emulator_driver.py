@@ -62,6 +62,27 @@ def test_a_timed_engine_resolves_when_its_steps_end():
     assert 0.145 <= done < 0.25
 
 
+def test_the_request_overhead_delays_the_first_token_not_the_steps():
+    # 40 ms outside the engine, then the same three 50 ms steps.
+    from dataclasses import replace
+
+    async def scenario():
+        driver = make_driver(replace(SLOW, request_overhead_s=0.04))
+        start = time.perf_counter()
+        seq = driver.submit(list(range(20)), [1, 2, 3], META)
+        assert driver.engine.entering == 1 and driver.engine.waiting == 0
+        await seq.first
+        first = time.perf_counter() - start
+        await seq.done
+        return first, time.perf_counter() - start, driver
+
+    first, done, driver = asyncio.run(scenario())
+    assert 0.085 <= first < 0.13
+    assert 0.185 <= done < 0.29
+    assert driver.engine.busy_s == pytest.approx(0.15)
+    assert driver.metrics.ttft.total == pytest.approx(0.09)  # TTFT counts it
+
+
 def test_kv_events_are_published_once_a_step_ends():
     async def scenario():
         published = []

@@ -144,6 +144,83 @@ def test_decode_runs_give_exactly_the_events_of_stepping_one_step_at_a_time(num_
         assert _replay(seed, True, num_blocks) == _replay(seed, False, num_blocks)
 
 
+def _replay_entering(seed: int, num_blocks: int, overhead: float, shift: float):
+    """A random stream (arrivals ``t``) through an engine whose requests enter ``overhead``
+    after submission, submitted at ``t + shift``."""
+    from dataclasses import replace
+
+    rng = random.Random(seed)
+    service = replace(LLAMA3_8B_H100, request_overhead_s=overhead)
+    engine = ReplicaEngine(PagedBlockPool(num_blocks, 16), service,
+                           max_num_batched_tokens=256, max_num_seqs=6)
+    events, t = [], 0.0
+    for i in range(40):
+        t += rng.expovariate(20.0)
+        prompt, output = rng.randint(1, 300), rng.randint(1, 60)
+        family = rng.randrange(3)
+        keys = [(family, j) if j < 5 else (i, j) for j in range((prompt + output - 1) // 16)]
+        at = t + shift
+        while (due := engine.next_event_time()) is not None and due <= at:
+            events += engine.advance(due)
+        engine.submit(i, prompt, output, keys, at)
+    events += drain(engine)
+    return [(e.kind, e.request_id, round(e.time, 9), e.cached_tokens) for e in events], engine
+
+
+@pytest.mark.parametrize("num_blocks", [30, 400])
+def test_a_request_overhead_is_the_same_as_submitting_that_much_later(num_blocks):
+    overhead = 0.0123
+    for seed in range(5):
+        delayed, engine = _replay_entering(seed, num_blocks, overhead, 0.0)
+        later, reference = _replay_entering(seed, num_blocks, 0.0, overhead)
+        assert delayed == later
+        assert engine.busy_s == pytest.approx(reference.busy_s)  # steps are no longer
+        assert engine.steps == reference.steps
+
+
+def test_a_request_overhead_adds_to_the_first_token_not_to_steps():
+    from dataclasses import replace
+
+    slow_entry = replace(SIMPLE, request_overhead_s=0.05)
+    engine = ReplicaEngine(PagedBlockPool(101, 16), slow_entry)
+    engine.submit("a", 100, 3, [], now=0.0)
+    # Not in the engine yet: neither waiting nor running, no blocks; it wakes the caller
+    # when it enters.
+    assert (engine.waiting, engine.running, engine.entering) == (0, 0, 1)
+    assert engine.pool.usage == 0.0 and not engine.idle
+    assert engine.next_event_time() == 0.05
+    assert engine.advance(0.05) == [] and engine.running == 1
+    events = by_kind(drain(engine))
+    # 0.05 s entry + 100 ms prefill; then two 10 ms decode steps.
+    assert events[("first_token", "a")] == (0.15, 0)
+    assert events[("finished", "a")] == (0.17, 0)
+    assert engine.busy_s == pytest.approx(0.12)
+    # A request entering during a run of decode steps wakes the caller when it enters (the
+    # run is cut at the next step boundary), not at the end of the run.
+    engine.submit("long", 10, 100, [], now=1.0)
+    engine.advance(1.2)  # entered at 1.05, prefilled by 1.06, decoding 10 ms steps to 2.05
+    assert engine.next_event_time() == pytest.approx(2.05)
+    engine.submit("b", 10, 2, [], now=1.2)
+    assert engine.next_event_time() == pytest.approx(1.25)
+    # Zero overhead: the same request is served at once.
+    plain = ReplicaEngine(PagedBlockPool(101, 16), SIMPLE)
+    plain.submit("a", 100, 3, [], now=0.0)
+    assert by_kind(drain(plain))[("first_token", "a")] == (0.1, 0)
+
+
+def test_a_request_aborted_while_entering_never_runs():
+    from dataclasses import replace
+
+    engine = ReplicaEngine(PagedBlockPool(101, 16), replace(SIMPLE, request_overhead_s=0.05))
+    engine.submit("a", 100, 3, [], now=0.0)
+    engine.submit("b", 100, 3, [], now=0.01)
+    assert engine.abort("a", now=0.02) and engine.entering == 1
+    assert not engine.abort("a", now=0.02)
+    events = drain(engine)
+    assert [(e.kind, e.request_id) for e in events] == [("first_token", "b"), ("finished", "b")]
+    assert events[0].time == pytest.approx(0.16)
+
+
 def test_make_replica_sizes_kv_from_blocks_or_from_memory_and_model():
     from prefixroute.core.identity.model_config import MODEL_PRESETS
     from prefixroute.core.replica.engine import make_replica

@@ -48,6 +48,24 @@ def test_scaled_multiplies_every_duration_and_zero_turns_time_off():
     assert INSTANT.prefill_time(10_000, 10_000) == 0.0
 
 
+def test_the_request_overhead_defaults_to_zero_scales_and_round_trips():
+    from dataclasses import replace
+
+    assert MODEL.request_overhead_s == 0.0 and LLAMA3_8B_H100.request_overhead_s == 0.0
+    with_overhead = replace(MODEL, request_overhead_s=0.015)
+    assert with_overhead.scaled(2).request_overhead_s == pytest.approx(0.03)
+    assert with_overhead.scaled(0).request_overhead_s == 0.0
+    assert with_overhead.to_dict()["request_overhead_s"] == 0.015
+    assert profile_from_dict(with_overhead.to_dict()) == with_overhead
+    # Step durations do not include it.
+    assert with_overhead.prefill_time(1000, 1000) == MODEL.prefill_time(1000, 1000)
+    # Profiles written before the field existed load with 0.
+    old = {k: v for k, v in MODEL.to_dict().items() if k != "request_overhead_s"}
+    assert profile_from_dict(old) == MODEL
+    with pytest.raises(ConfigError, match="non-negative"):
+        profile_from_dict({"base": "instant", "request_overhead_s": -0.1})
+
+
 def test_profile_from_dict_overrides_a_preset():
     profile = profile_from_dict({"base": "llama-3-8b-h100", "prefill_s_per_token": 5e-5})
     assert profile.prefill_s_per_token == 5e-5

@@ -18,11 +18,12 @@ between their tokens is one decode step,
 
 fitted with its own intercept ``a'``. The two intercepts differ on a real server: the time
 to first token also holds the per-request work outside the engine's steps (HTTP, tokenizing,
-detokenizing, inter-process hops: about 10 ms for vLLM on this CPU machine), which the
-service-time model has no term for. Putting it into every step would make each decode step
-that much slower and the emulated engine's capacity far too low, so when decode probes exist
-the profile's ``step_overhead_s`` is the decode intercept ``a'`` and the difference is
-reported as ``request_overhead_s``; without them it is the prefill intercept.
+detokenizing, inter-process hops: about 10 ms for vLLM on this CPU machine). Putting it into
+every step would make each decode step that much slower and the emulated engine's capacity
+far too low, so when decode probes exist the profile's ``step_overhead_s`` is the decode
+intercept ``a'`` and the difference ``a - a'`` becomes the profile's ``request_overhead_s``
+(a delay before the request enters the engine, paid once); without decode probes the split is
+unknown, so ``step_overhead_s`` is the prefill intercept and ``request_overhead_s`` is 0.
 
 Every coefficient must be non-negative (the model rejects negative durations), so the fits
 are non-negative least squares, solved exactly for these two or three unknowns by trying
@@ -139,7 +140,7 @@ def calibrated_profile(name: str, prefill: Sequence[PrefillSample],
     prefill_fit = fit_prefill(prefill)
     a, b, c = prefill_fit.coefficients
     profile = replace(get_profile(base), name=name, step_overhead_s=a, prefill_s_per_token=b,
-                      attention_s_per_token_context=c, source=source)
+                      attention_s_per_token_context=c, source=source, request_overhead_s=0.0)
     summary: dict = {"prefill": {"step_overhead_s": a, "prefill_s_per_token": b,
                                  "attention_s_per_token_context": c,
                                  "r_squared": prefill_fit.r_squared,
@@ -150,7 +151,7 @@ def calibrated_profile(name: str, prefill: Sequence[PrefillSample],
         step, d1, d2 = decode_fit.coefficients
         step = min(step, a)
         profile = replace(profile, step_overhead_s=step, decode_s_per_seq=d1,
-                          decode_s_per_context_token=d2)
+                          decode_s_per_context_token=d2, request_overhead_s=a - step)
         summary["prefill"]["request_overhead_s"] = a - step
         summary["decode"] = {"step_overhead_s": step, "decode_s_per_seq": d1,
                              "decode_s_per_context_token": d2,

@@ -29,8 +29,12 @@ One deliberate difference: :meth:`PagedBlockPool.admit` reserves blocks for the 
 admission, where vLLM allocates per scheduled chunk; it only matters when one long prompt would
 fit chunk by chunk but not at once.
 
-A step begins as soon as the engine is free and has work (vLLM's engine loop does not wait),
-so requests arriving while a step runs join the next one. Steps in which every running request
+A request enters the engine ``service.request_overhead_s`` after it is submitted (the work a
+server does outside engine steps: HTTP, tokenization, inter-process hops; 0 by default): until
+then it is neither waiting nor running and holds no blocks, and it adds that much to its time
+to first token without lengthening any step. A step begins as soon as the engine is free and
+has work (vLLM's engine loop does not wait), so requests entering while a step runs join the
+next one. Steps in which every running request
 just decodes one token and nothing else can change are taken together ("decode runs"): the
 engine computes in closed form how many such steps end by a given time, which keeps the cost
 per request roughly constant however many tokens it generates. A decode run is cut at the next
@@ -39,6 +43,8 @@ step boundary when a request arrives; its results are identical to stepping one 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -170,6 +176,9 @@ class ReplicaEngine:
         self.name = name
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
+        # Submitted, entering at (time, order, seq) once the request overhead has passed.
+        self._arriving: list[tuple[float, int, _Seq]] = []
+        self._arrival_order = itertools.count()
         self._seqs: dict[Hashable, _Seq] = {}
         self._step: _Step | None = None
         self._run: _DecodeRun | None = None
@@ -206,13 +215,19 @@ class ReplicaEngine:
 
     @property
     def idle(self) -> bool:
-        return self._step is None and self._run is None
+        return self._step is None and self._run is None and not self._arriving
+
+    @property
+    def entering(self) -> int:
+        """Requests submitted but still in their request overhead (not yet in the engine)."""
+        return len(self._arriving)
 
     # -- requests -------------------------------------------------------------------------------
     def submit(self, request_id: Hashable, prompt_tokens: int, output_tokens: int,
                block_keys: Sequence[Hashable], now: float,
                token_ids: Sequence[int] | None = None) -> None:
-        """Queue a request arriving at ``now``.
+        """Queue a request arriving at ``now``; it enters the engine at ``now +
+        service.request_overhead_s``.
 
         ``block_keys`` are the chained keys of its full blocks: the prompt's, and optionally
         further ones for prompt + output tokens (then decode blocks are cached as they fill, as
@@ -235,8 +250,16 @@ class ReplicaEngine:
             return
         seq = _Seq(request_id, prompt_tokens, output_tokens, block_keys, token_ids, now)
         self._seqs[request_id] = seq
+        overhead = self.service.request_overhead_s
+        if overhead > 0:
+            heapq.heappush(self._arriving, (now + overhead, next(self._arrival_order), seq))
+        else:
+            self._enter(seq, now)
+
+    def _enter(self, seq: _Seq, now: float) -> None:
+        """The request reaches the scheduler's waiting queue at ``now``."""
         self._waiting.append(seq)
-        self._pending_prefill += prompt_tokens
+        self._pending_prefill += seq.prompt
         if self._step is None and self._run is None:
             self._begin(max(now, self._time))
         elif self._run is not None:
@@ -244,12 +267,20 @@ class ReplicaEngine:
             self._run.count = self._run.applied
 
     def abort(self, request_id: Hashable, now: float) -> bool:
-        """Drop a request (client went away). A waiting request leaves at once; a running one
-        at the end of the step in progress, freeing its blocks. No event is emitted."""
+        """Drop a request (client went away). A request still entering (in its request
+        overhead) or waiting leaves at once; a running one at the end of the step in progress,
+        freeing its blocks. No event is emitted."""
         self._run_until(now)
         seq = self._seqs.get(request_id)
         if seq is None:
             return False
+        for index, entry in enumerate(self._arriving):
+            if entry[2] is seq:  # still in its request overhead
+                self._arriving[index] = self._arriving[-1]
+                self._arriving.pop()
+                heapq.heapify(self._arriving)
+                del self._seqs[request_id]
+                return True
         if seq in self._waiting:
             self._waiting.remove(seq)
             self._pending_prefill -= max(0, seq.prefill_target - seq.computed)
@@ -266,11 +297,17 @@ class ReplicaEngine:
         :meth:`advance` as time passes."""
         if self._outbox:
             return self._time
+        end = None
         if self._run is not None:
-            return self._run.end
-        if self._step is not None:
-            return self._step.end
-        return None
+            end = self._run.end
+        elif self._step is not None:
+            end = self._step.end
+        if self._arriving:
+            # A request entering may begin a step (idle engine) or cut a decode run.
+            enters = self._arriving[0][0]
+            if end is None or enters < end:
+                return enters
+        return end
 
     def advance(self, now: float) -> list[EngineEvent]:
         """Run every step that ends by ``now``; return the events, in time order."""
@@ -280,6 +317,14 @@ class ReplicaEngine:
 
     # -- the step loop ----------------------------------------------------------------------------
     def _run_until(self, now: float) -> None:
+        arriving = self._arriving
+        while arriving and arriving[0][0] <= now:
+            enters, _, seq = heapq.heappop(arriving)
+            self._steps_until(enters)
+            self._enter(seq, enters)
+        self._steps_until(now)
+
+    def _steps_until(self, now: float) -> None:
         while True:
             run = self._run
             if run is not None:

@@ -23,6 +23,13 @@ So a lone prefill of ``u`` uncached tokens extending a sequence to ``context`` t
 (:meth:`ServiceTimeModel.decode_step_time`). Cached prompt tokens cost nothing: a hit skips
 their prefill and does not speed up decode (SPEC section 2).
 
+``o`` (``request_overhead_s``, default 0)
+    per request, outside engine steps: HTTP, tokenizing and detokenizing, inter-process hops.
+    It delays when a request *enters* the engine (its time to first token grows by ``o``), not
+    how long a step takes, so it costs latency but no engine capacity. Presets leave it at 0
+    (their numbers are GPU step times); ``prefixroute calibrate`` measures it as the
+    difference between the TTFT and decode-step intercepts.
+
 Presets are *derived* from published hardware and model figures with stated efficiencies, not
 measured; ``prefixroute calibrate`` (issue 7) fits a profile to a live engine and writes it as a
 dict that :func:`profile_from_dict` loads. Every field can be overridden.
@@ -52,6 +59,8 @@ class ServiceTimeModel:
     model: str = "llama-3-8b"
     kv_memory_gib: float = 50.0
     source: str = ""
+    # Per request, outside the engine's steps (HTTP, tokenization): delays its entry.
+    request_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -104,13 +113,15 @@ class ServiceTimeModel:
                        prefill_s_per_token=self.prefill_s_per_token * factor,
                        attention_s_per_token_context=self.attention_s_per_token_context * factor,
                        decode_s_per_seq=self.decode_s_per_seq * factor,
-                       decode_s_per_context_token=self.decode_s_per_context_token * factor)
+                       decode_s_per_context_token=self.decode_s_per_context_token * factor,
+                       request_overhead_s=self.request_overhead_s * factor)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 _FIELDS = {f.name for f in fields(ServiceTimeModel)}
+_OPTIONAL = ("model", "kv_memory_gib", "source", "request_overhead_s")  # fields with defaults
 
 
 def profile_from_dict(data: Mapping[str, Any], where: str = "engine profile") -> ServiceTimeModel:
@@ -135,7 +146,7 @@ def profile_from_dict(data: Mapping[str, Any], where: str = "engine profile") ->
         except TypeError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     missing = sorted(f.name for f in fields(ServiceTimeModel)
-                     if f.name not in data and f.name not in ("model", "kv_memory_gib", "source"))
+                     if f.name not in data and f.name not in _OPTIONAL)
     if missing:
         raise ConfigError(f"{where}: missing field(s) {', '.join(missing)} (or give 'base' to "
                           f"start from a preset: {', '.join(PRESETS)})")

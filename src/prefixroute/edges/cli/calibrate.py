@@ -14,8 +14,10 @@ engine:
   step time. End-to-end times, not gaps between streamed chunks: vLLM's API server delivers
   tokens of fast steps in bursts, which makes chunk gaps meaningless.
 
-Then it fits ``ttft = a + b*u + c*u^2`` and ``itl = a + d1*B + d2*C`` with non-negative least
-squares (``prefixroute.core.replica.calibration``) and writes the profile as the JSON mapping
+Then it fits ``ttft = a + b*u + c*u^2`` and ``itl = a' + d1*B + d2*C`` with non-negative least
+squares (``prefixroute.core.replica.calibration``); the step overhead is ``a'`` and the rest of
+the TTFT intercept, ``a - a'``, is the per-request ``request_overhead_s`` (HTTP, tokenizing:
+outside the engine's steps). It writes the profile as the JSON mapping
 ``profile_from_dict`` reads, so ``prefixroute simulate --profile FILE`` and ``prefixroute
 replica --profile FILE`` load it. Without ``--out`` the profile is printed; ``--json``
 prints the fit summary and the raw samples too.
@@ -101,7 +103,7 @@ def run(args) -> int:
         fit = summary["decode"]
         print(f"decode: a={fit['step_overhead_s']:.3g} s, d1={fit['decode_s_per_seq']:.3g} "
               f"s/seq, d2={fit['decode_s_per_context_token']:.3g} s/context token (R^2 "
-              f"{fit['r_squared']:.3f}); outside steps per request: "
+              f"{fit['r_squared']:.3f}); outside steps per request: request_overhead_s="
               f"{summary['prefill']['request_overhead_s']:.3g} s", file=sys.stderr)
     return 0
 
