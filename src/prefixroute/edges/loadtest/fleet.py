@@ -78,6 +78,7 @@ class LocalFleet:
                  replica_args: Sequence[str] = (), *, tenants: Iterable[str] = (),
                  model: str = "emulated", cpus: Sequence[int | None] | None = None):
         self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.replicas = [
             EmulatorProcess([*replica_args, "--served-model-name", model,

@@ -117,7 +117,7 @@ async def _read_stream(response, outcome: Outcome, started: float) -> None:
     outcome.ok = outcome.error is None
 
 
-async def replay(url: str, requests: Sequence[WireRequest], *,
+async def replay(url: str | Sequence[str], requests: Sequence[WireRequest], *,
                  headers_for: Callable[[WireRequest], Mapping[str, str]],
                  time_scale: float = 1.0, stream: bool = True,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
@@ -126,15 +126,17 @@ async def replay(url: str, requests: Sequence[WireRequest], *,
                  client: Client | None = None) -> list[Outcome]:
     """Open loop: request i leaves at ``arrival_s * time_scale`` wall seconds after the first.
     Past ``deadline_s`` (wall seconds from the start) what has not finished is cancelled and
-    counted as failed, so a stuck server cannot hang the caller."""
+    counted as failed, so a stuck server cannot hang the caller. Several URLs take turns
+    (a client-side round robin, for the no-router baseline)."""
+    urls = [url] if isinstance(url, str) else list(url)
     own = client is None
     client = client or Client(read_timeout=timeout_s)
     outcomes: list[Outcome | None] = [None] * len(requests)
     first_arrival = requests[0].arrival_s if requests else 0.0
 
     async def one(slot: int, request: WireRequest) -> None:
-        outcome = await send(client, url, request, headers_for(request), stream=stream,
-                             timeout_s=timeout_s)
+        outcome = await send(client, urls[slot % len(urls)], request, headers_for(request),
+                             stream=stream, timeout_s=timeout_s)
         outcomes[slot] = outcome
         if on_outcome is not None:
             on_outcome(outcome)
@@ -167,14 +169,17 @@ async def replay(url: str, requests: Sequence[WireRequest], *,
     return _fill(outcomes, requests, on_outcome, deadline_s)
 
 
-async def closed_loop(url: str, requests: Sequence[WireRequest], *, concurrency: int,
+async def closed_loop(url: str | Sequence[str], requests: Sequence[WireRequest], *,
+                      concurrency: int,
                       headers_for: Callable[[WireRequest], Mapping[str, str]],
                       duration_s: float, stream: bool = False, parse_usage: bool = False,
                       timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                       warmup_s: float = 0.0) -> tuple[list[Outcome], float]:
     """``concurrency`` workers send ``requests`` round and round for ``duration_s`` seconds
-    (after ``warmup_s`` seconds whose requests are not counted). Returns the counted outcomes
+    (after ``warmup_s`` seconds whose requests are not counted); several URLs take turns
+    (a client-side round robin, for the no-router baseline). Returns the counted outcomes
     and the measured seconds."""
+    urls = [url] if isinstance(url, str) else list(url)
     client = Client(read_timeout=timeout_s, max_idle_per_origin=max(256, concurrency))
     outcomes: list[Outcome] = []
     counter = 0
@@ -188,8 +193,9 @@ async def closed_loop(url: str, requests: Sequence[WireRequest], *, concurrency:
             if now >= stop_at:
                 return
             request = requests[counter % len(requests)]
+            target = urls[counter % len(urls)]
             counter += 1
-            outcome = await send(client, url, request, headers_for(request), stream=stream,
+            outcome = await send(client, target, request, headers_for(request), stream=stream,
                                  timeout_s=timeout_s, parse_usage=parse_usage)
             if now >= measuring_from:
                 outcomes.append(outcome)

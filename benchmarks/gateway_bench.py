@@ -1,0 +1,445 @@
+"""Gateway benchmark (issue 8): our gateway, sglang-router and vllm-router on the same replicas.
+
+Run: ``python benchmarks/gateway_bench.py`` (about 5 minutes; the first run also installs the
+peer routers, see below). ``--json`` prints the results as JSON; ``--out FILE`` writes the
+Markdown report (default ``benchmarks/results/gateway.md``); ``--skip-peers`` measures ours
+alone.
+
+Routers under test, each in front of the same emulator replicas (``prefixroute replica``):
+
+``prefixroute``
+    ``prefixroute serve`` with its default policy (``prefixroute``), one tenant key;
+``sglang-router``
+    ``sglang-router launch --policy cache_aware`` (PyPI ``sglang-router``);
+``vllm-router``
+    ``vllm-router --policy cache_aware`` (PyPI ``vllm-router``).
+
+The peers are installed with pip into their own virtual environment,
+``~/.cache/prefixroute/peer-routers`` (``--peer-dir``), pinned to the versions below, once.
+
+Part 1, the hop itself (replicas with the time model off, ``--time-scale 0``: a replica answers
+as fast as its CPU allows). Two replicas and the load generator are pinned to core 0, the
+router under test to core 1 (the router's own CPU, as in a deployment), and:
+
+* **overhead at 200 concurrent streams**: 200 closed-loop clients each send a streaming
+  completion (short prompts from 20 shared prefixes, 16 output tokens) and the next as soon as
+  it ended, for ``--seconds``; the same load goes straight to the replicas (the client takes
+  turns between them) as the baseline. Overhead = the router's TTFT percentile minus the
+  baseline's (and the same for the whole stream);
+* **most requests per second**: 128 closed-loop clients send non-streaming completions (one
+  output token) for ``--seconds``; completed requests per second.
+
+Part 2, the design scenario (SPEC section 4, the simulator's generator, timestamp fixed): four
+replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
+``--requests`` requests replayed open loop through each router, prompts as text (one word per
+token: sglang-router refuses token-id prompts and matches characters, so all three get text;
+our gateway then routes on character blocks). Reported: token hit rate (``cached_tokens`` /
+prompt tokens, as the replicas report them), TTFT p50/p99 in engine seconds.
+
+Load generators run in their own process (this file with ``_loadgen``), bounded by a request
+count and a deadline; every process is stopped by its id at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from prefixroute.core.simulator.generators import design_scenario
+from prefixroute.edges.emulator.process import free_port
+from prefixroute.edges.loadtest.fleet import LocalFleet, ServiceProcess
+from prefixroute.edges.loadtest.replay import closed_loop, replay, summarize
+from prefixroute.edges.loadtest.workload import TEXT, design_requests, to_wire
+
+PEER_VERSIONS = {"sglang-router": "sglang-router==0.3.2", "vllm-router": "vllm-router==0.1.17"}
+DEFAULT_PEER_DIR = Path.home() / ".cache" / "prefixroute" / "peer-routers"
+OVERHEAD_TARGET_P50_MS = 1.0
+OVERHEAD_TARGET_P99_MS = 5.0
+STREAMS = 200
+RPS_CONCURRENCY = 128
+# The overhead run: streams of OPEN_TOKENS tokens arrive at OPEN_RATE per second, and the
+# replicas pace them with engine steps of a fixed 50 ms whatever the batch (so how a router
+# spreads the load cannot change the step time): a stream lasts about 1.25 s, so about 190
+# are open at any time, with few enough events that the replicas' core is not saturated.
+# TTFT is then the hop plus the wait for the step under way and one step, the same with or
+# without a router.
+OPEN_RATE = 150.0
+OPEN_TOKENS = 24
+PACING_PROFILE = {"name": "pacing-50ms", "step_overhead_s": 0.05, "prefill_s_per_token": 0.0,
+                  "attention_s_per_token_context": 0.0, "decode_s_per_seq": 0.0,
+                  "decode_s_per_context_token": 0.0}
+HOP_REPLICAS = 2
+SCENARIO_REPLICAS = 4
+SCENARIO_RATE_PER_REPLICA = 2.9  # as prefixroute demo (edges/cli/demo.py says why)
+SCENARIO_OUTPUT_TOKENS = (8, 32)
+MODEL = "emulated"
+LOAD_CPU, ROUTER_CPU = 0, 1
+
+
+# -- peers -----------------------------------------------------------------------------------
+
+
+def ensure_peers(peer_dir: Path, log: Callable[[str], None]) -> dict[str, Path]:
+    """The peer routers' commands, installed with pip into ``peer_dir`` if missing."""
+    bin_dir = peer_dir / "bin"
+    commands = {name: bin_dir / name for name in PEER_VERSIONS}
+    marker = peer_dir / "installed.txt"
+    wanted = "\n".join(PEER_VERSIONS.values())
+    if all(c.exists() for c in commands.values()) and marker.exists() \
+            and marker.read_text() == wanted:
+        return commands
+    log(f"installing {', '.join(PEER_VERSIONS.values())} into {peer_dir} (once)")
+    if not (bin_dir / "pip").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(peer_dir)], check=True)
+    subprocess.run([str(bin_dir / "pip"), "install", "-q", *PEER_VERSIONS.values()],
+                   check=True, timeout=900)
+    marker.write_text(wanted)
+    return commands
+
+
+def peer_process(name: str, command: Path, worker_urls: list[str], workdir: Path,
+                 cpu: int | None) -> ServiceProcess:
+    """A peer router on a free port, cache-aware policy, its metrics on another free port."""
+    metrics_port = free_port()
+
+    def build(port: int) -> list[str]:
+        common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
+                  "--policy", "cache_aware", "--prometheus-port", str(metrics_port)]
+        if name == "sglang-router":
+            return [str(command), "launch", *common, "--log-level", "warn"]
+        return [str(command), *common, "--log-level", "warning"]
+
+    return ServiceProcess(name, build, cpu=cpu, log_path=workdir / f"{name}.log")
+
+
+# -- load generation (in its own process) ----------------------------------------------------
+
+
+def hop_requests(stream: bool, max_tokens: int, *, count: int = 2000,
+                 rate: float | None = None) -> list:
+    """Short prompts: the design scenario's shape at small size (20 tenants, 64-token
+    prefixes, 16-64 user tokens), as text; Poisson arrivals at ``rate`` per second."""
+    per_day = (rate or 1.0) * 86_400
+    generated = design_scenario(requests=count, tenants=20, prefix_tokens=64,
+                                user_tokens_min=16, user_tokens_max=64,
+                                output_tokens_min=max_tokens, output_tokens_max=max_tokens,
+                                requests_per_day=per_day, seed=1)
+    return to_wire(generated, model=MODEL, prompt_format=TEXT, stream=stream)
+
+
+def _loadgen_main(spec: dict) -> dict:
+    headers = {"content-type": "application/json",
+               "authorization": f"Bearer {spec['api_key']}"}
+    if spec["mode"] == "closed":
+        requests = hop_requests(spec["stream"], spec["max_tokens"])
+        outcomes, elapsed = asyncio.run(closed_loop(
+            spec["urls"], requests, concurrency=spec["concurrency"],
+            headers_for=lambda r: headers, duration_s=spec["seconds"], stream=spec["stream"],
+            warmup_s=spec["warmup"], timeout_s=60))
+        summary = summarize(outcomes)
+        summary["requests_per_second"] = round(summary["requests_ok"] / elapsed, 1)
+        return summary
+    if spec["mode"] == "open_hop":
+        count = int(spec["rate"] * (spec["warmup"] + spec["seconds"]))
+        requests = hop_requests(True, spec["max_tokens"], count=count, rate=spec["rate"])
+        started = time.perf_counter()
+        outcomes = asyncio.run(replay(
+            spec["urls"], requests, headers_for=lambda r: headers,
+            deadline_s=spec["warmup"] + spec["seconds"] + 60))
+        elapsed = time.perf_counter() - started
+        warm = int(spec["rate"] * spec["warmup"])
+        summary = summarize(outcomes[warm:])
+        summary["mean_open_streams"] = round(sum(o.latency_s for o in outcomes) / elapsed, 1)
+        summary["requests_per_second"] = round(len(outcomes) / elapsed, 1)
+        return summary
+    requests = scenario_requests(spec["requests"])
+    outcomes = asyncio.run(replay(
+        spec["urls"][0], requests, headers_for=lambda r: headers,
+        time_scale=spec["time_scale"], deadline_s=spec["deadline"]))
+    return summarize(outcomes, time_scale=spec["time_scale"])
+
+
+def scenario_requests(count: int) -> list:
+    return design_requests(count, replicas=SCENARIO_REPLICAS, model=MODEL, prompt_format=TEXT,
+                           rate_per_replica=SCENARIO_RATE_PER_REPLICA,
+                           output_tokens=SCENARIO_OUTPUT_TOKENS)
+
+
+def run_loadgen(spec: dict, cpu: int | None, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "_loadgen", json.dumps(spec)]
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+# -- the two parts ---------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_cpu(pid: int | None, run: Callable[[], dict]) -> dict:
+    """``run()``'s result plus the router's CPU milliseconds per completed request (not
+    affected by other load on the machine, unlike latencies)."""
+    before = cpu_seconds(pid) if pid else 0.0
+    result = run()
+    if pid:
+        done = result["requests_ok"] + result["requests_failed"]
+        result["router_cpu_ms_per_request"] = round(
+            1000 * (cpu_seconds(pid) - before) / max(1, done), 3)
+    return result
+
+
+def measure_overhead(name: str, urls: list[str], api_key: str, seconds: float, pin: bool,
+                     log: Callable[[str], None]) -> dict:
+    log(f"{name}: open loop, {OPEN_RATE:g} streams/s of {OPEN_TOKENS} tokens for {seconds:g} s")
+    spec = {"urls": urls, "api_key": api_key, "mode": "open_hop", "rate": OPEN_RATE,
+            "max_tokens": OPEN_TOKENS, "warmup": 3.0, "seconds": seconds}
+    return run_loadgen(spec, LOAD_CPU if pin else None, timeout=seconds + 120)
+
+
+def measure_throughput(name: str, urls: list[str], api_key: str, seconds: float, pin: bool,
+                       log: Callable[[str], None], pid: int | None) -> dict:
+    cpu = LOAD_CPU if pin else None
+    base = {"urls": urls, "api_key": api_key, "mode": "closed", "warmup": 2.0,
+            "seconds": seconds}
+    log(f"{name}: {STREAMS} closed-loop streams for {seconds:g} s")
+    streams = with_cpu(pid, lambda: run_loadgen(
+        {**base, "stream": True, "max_tokens": 16, "concurrency": STREAMS}, cpu,
+        timeout=seconds + 120))
+    log(f"{name}: {RPS_CONCURRENCY} clients, non-streaming, for {seconds:g} s")
+    rps = with_cpu(pid, lambda: run_loadgen(
+        {**base, "stream": False, "max_tokens": 1, "concurrency": RPS_CONCURRENCY}, cpu,
+        timeout=seconds + 120))
+    return {"closed_streams": streams, "rps": rps}
+
+
+def measure_scenario(name: str, url: str, api_key: str, requests: int, time_scale: float,
+                     log: Callable[[str], None]) -> dict:
+    log(f"{name}: design scenario, {requests} requests")
+    last = scenario_requests(requests)[-1].arrival_s
+    spec = {"urls": [url], "api_key": api_key, "mode": "open", "requests": requests,
+            "time_scale": time_scale, "deadline": last * time_scale + 60}
+    return run_loadgen(spec, None, timeout=last * time_scale + 180)
+
+
+def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
+              log: Callable[[str], None]) -> dict:
+    """Overhead (paced replicas) then throughput (time model off) for every router. Each
+    router's overhead run follows its own no-router run, so both see the same background
+    load on the machine (other processes come and go)."""
+    cpus = [LOAD_CPU] if pin else None
+    router_cpu = ROUTER_CPU if pin else None
+    profile = workdir / "pacing-profile.json"
+    profile.write_text(json.dumps(PACING_PROFILE))
+    names = ("prefixroute", *peers)
+    results: dict[str, Any] = {name: {} for name in ("direct", *names)}
+    for part, replica_args in (("overhead", ["--profile", str(profile)]),
+                               ("throughput", ["--time-scale", "0"])):
+        with LocalFleet(workdir / part, HOP_REPLICAS, replica_args, tenants=["bench"],
+                        cpus=cpus) as fleet:
+            fleet.start_replicas()
+            key = fleet.api_keys["bench"]
+            direct = [u + "/v1/completions" for u in fleet.replica_urls]  # client takes turns
+            if part == "throughput":
+                results["direct"].update(measure_throughput("direct", direct, key, seconds,
+                                                            pin, log, None))
+            for name in names:
+                router = None
+                try:
+                    if name == "prefixroute":
+                        router = fleet.start_gateway("prefixroute", cpu=router_cpu)
+                    else:
+                        router = peer_process(name, peers[name], fleet.replica_urls,
+                                              workdir / part, router_cpu).start()
+                    urls = [router.url + "/v1/completions"]
+                    pid = router.process.pid if router.process else None
+                    if part == "overhead":
+                        baseline = measure_overhead("direct", direct, key, seconds, pin, log)
+                        results[name]["overhead"] = with_cpu(pid, lambda: measure_overhead(
+                            name, urls, key, seconds, pin, log))
+                        results[name]["overhead_baseline"] = baseline
+                        results["direct"].setdefault("overhead", baseline)
+                    else:
+                        results[name].update(measure_throughput(name, urls, key, seconds,
+                                                                pin, log, pid))
+                finally:
+                    if router is not None:
+                        router.stop()
+    for name in names:
+        row = results[name]
+        over, base = row["overhead"], row["overhead_baseline"]
+        row["overhead_ms"] = {
+            "ttft_p50": _ms_diff(over["ttft_p50_s"], base["ttft_p50_s"]),
+            "ttft_p99": _ms_diff(over["ttft_p99_s"], base["ttft_p99_s"]),
+            "stream_p50": _ms_diff(over["latency_p50_s"], base["latency_p50_s"]),
+            "stream_p99": _ms_diff(over["latency_p99_s"], base["latency_p99_s"])}
+    return results
+
+
+def run_part2(workdir: Path, peers: dict[str, Path], requests: int, time_scale: float,
+              log: Callable[[str], None]) -> dict:
+    results: dict[str, Any] = {}
+    replica_args = ["--time-scale", f"{time_scale:g}", "--profile", "llama-3-8b-h100",
+                    "--max-model-len", "16384"]
+    with LocalFleet(workdir / "scenario", SCENARIO_REPLICAS, replica_args,
+                    tenants=["bench"]) as fleet:
+        fleet.start_replicas()
+        key = fleet.api_keys["bench"]
+        fleet.reset_replicas()
+        gateway = fleet.start_gateway("prefixroute", backend_fields={
+            "prefill_s_per_token": 4.0e-5 * time_scale})
+        results["prefixroute"] = measure_scenario("prefixroute", gateway.url + "/v1/completions",
+                                                  key, requests, time_scale, log)
+        fleet.stop_gateway()
+        for name, command in peers.items():
+            fleet.reset_replicas()
+            peer = peer_process(name, command, fleet.replica_urls, workdir / "scenario", None)
+            try:
+                peer.start()
+                results[name] = measure_scenario(name, peer.url + "/v1/completions", key,
+                                                 requests, time_scale, log)
+            finally:
+                peer.stop()
+    return results
+
+
+def _ms_diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round((a - b) * 1000, 2)
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.1f}"
+
+
+def markdown(result: dict) -> str:
+    hop, scenario, meta = result["hop"], result["scenario"], result["meta"]
+    lines = [
+        "# Gateway benchmark",
+        "",
+        f"`python benchmarks/gateway_bench.py` on {meta['machine']}, {meta['date']}. "
+        f"Replicas: `prefixroute replica`; peers {', '.join(meta['peers']) or 'skipped'}.",
+        "",
+        f"## The hop: overhead with about {STREAMS} open streams, and throughput",
+        "",
+        f"{HOP_REPLICAS} replicas; "
+        + ("replicas and load generator on core 0, the router on core 1. "
+           if meta["pinned"] else "no CPU pinning. ")
+        + f"**Overhead**: streams of {OPEN_TOKENS} tokens arrive (Poisson) at "
+        f"{OPEN_RATE:g}/s for {meta['seconds']:g} s after a 3 s warm-up; the replicas pace "
+        "them with fixed 50 ms engine steps, so about 200 streams are open at any time; "
+        "overhead = the router's TTFT percentile minus the same percentile with no router "
+        "(the client takes turns between the replicas). Target: p50 at most "
+        f"{OVERHEAD_TARGET_P50_MS:g} ms, p99 at most {OVERHEAD_TARGET_P99_MS:g} ms. "
+        f"**Throughput**: time model off (`--time-scale 0`), closed loop for "
+        f"{meta['seconds']:g} s after 2 s: {STREAMS} clients streaming 16 tokens, and "
+        f"{RPS_CONCURRENCY} clients sending non-streaming requests (1 token).",
+        "",
+        "| router | open streams | TTFT p50 / p99 ms (no router) | overhead p50 ms | "
+        "overhead p99 ms | router CPU ms per stream | streams/s (200 clients) | "
+        "router CPU ms per stream | req/s (128 clients) | router CPU ms per request | "
+        "failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in hop.items():
+        o, c, r = row.get("overhead"), row["closed_streams"], row["rps"]
+        base = row.get("overhead_baseline")
+        d = row.get("overhead_ms", {})
+        failed = c["requests_failed"] + r["requests_failed"] + (o["requests_failed"] if o else 0)
+        lines.append(
+            f"| {name} | {o['mean_open_streams'] if o else '-'} | "
+            + (f"{_ms(o['ttft_p50_s'])} / {_ms(o['ttft_p99_s'])} "
+               f"({_ms(base['ttft_p50_s'])} / {_ms(base['ttft_p99_s'])})" if base
+               else (f"{_ms(o['ttft_p50_s'])} / {_ms(o['ttft_p99_s'])}" if o else "-"))
+            + f" | {d.get('ttft_p50', '-')} | {d.get('ttft_p99', '-')} | "
+            f"{(o or {}).get('router_cpu_ms_per_request', '-')} | "
+            f"{c['requests_per_second']} | {c.get('router_cpu_ms_per_request', '-')} | "
+            f"{r['requests_per_second']} | {r.get('router_cpu_ms_per_request', '-')} | "
+            f"{failed} |")
+    lines += [
+        "",
+        "## The design scenario (SPEC section 4)",
+        "",
+        f"{SCENARIO_REPLICAS} replicas, `llama-3-8b-h100` time model at time scale "
+        f"{meta['time_scale']:g}; the first {meta['requests']} requests of the scenario "
+        "(timestamp fixed), open loop, prompts as text. TTFT in engine seconds.",
+        "",
+        "| router | token hit rate | TTFT p50 s | TTFT p99 s | ok | failed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in scenario.items():
+        rate = row["token_hit_rate"]
+        lines.append(f"| {name} | {'-' if rate is None else f'{rate:.1%}'} | "
+                     f"{row['ttft_p50_s']} | {row['ttft_p99_s']} | {row['requests_ok']} | "
+                     f"{row['requests_failed']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_loadgen"]:
+        print(json.dumps(_loadgen_main(json.loads(argv[1]))))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="measured seconds per closed-loop run (default 10)")
+    parser.add_argument("--requests", type=int, default=200,
+                        help="design-scenario requests per router (default 200)")
+    parser.add_argument("--time-scale", type=float, default=0.5,
+                        help="engine speed for the design scenario (default 0.5)")
+    parser.add_argument("--peer-dir", type=Path, default=DEFAULT_PEER_DIR)
+    parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--skip-scenario", action="store_true")
+    parser.add_argument("--no-pin", action="store_true", help="no CPU pinning in part 1")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gateway.md"))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    def log(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    pin = not args.no_pin and (os.cpu_count() or 1) >= 2
+    peers = {} if args.skip_peers else ensure_peers(args.peer_dir, log)
+    with tempfile.TemporaryDirectory(prefix="prefixroute-bench-") as tmp:
+        workdir = Path(tmp)
+        hop = run_part1(workdir, peers, args.seconds, pin, log)
+        scenario = {} if args.skip_scenario else run_part2(
+            workdir, peers, args.requests, args.time_scale, log)
+    result = {"meta": {"machine": f"{os.cpu_count()} cores, Python "
+                                  f"{sys.version.split()[0]}",
+                       "date": time.strftime("%Y-%m-%d"), "pinned": pin,
+                       "seconds": args.seconds, "requests": args.requests,
+                       "time_scale": args.time_scale,
+                       "peers": [PEER_VERSIONS[p] for p in peers]},
+              "hop": hop, "scenario": scenario}
+    report = markdown(result)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(report)
+        log(f"wrote {args.out}")
+    print(json.dumps(result, indent=2) if args.json else report)
+    ours = hop["prefixroute"].get("overhead_ms", {})
+    met = (ours.get("ttft_p50") is not None and ours["ttft_p50"] <= OVERHEAD_TARGET_P50_MS
+           and ours.get("ttft_p99") is not None and ours["ttft_p99"] <= OVERHEAD_TARGET_P99_MS)
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
