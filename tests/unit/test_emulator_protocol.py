@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from prefixroute.core.identity.identity import Adapter
@@ -124,3 +125,15 @@ def test_lora_modules_parse_both_forms():
     assert parse_lora_module('{"name": "sql", "path": "/a/b"}') == ("sql", "/a/b")
     with pytest.raises(ValueError):
         parse_lora_module("sql")
+
+
+def test_json_is_orjson_compact_and_utf8_like_vllms_answers():
+    from prefixroute.edges.emulator import protocol
+
+    assert protocol.dumps is orjson.dumps and protocol.loads is orjson.loads
+    assert protocol.dumps({"text": "héllo ✓", "ids": [1, None], "ok": True}) == \
+        '{"text":"héllo ✓","ids":[1,null],"ok":true}'.encode()
+    assert protocol.loads(b'{"prompt": [1, 2]}') == {"prompt": [1, 2]}
+    with pytest.raises(protocol.JSONDecodeError):
+        protocol.loads(b'{"prompt": ')
+    assert issubclass(protocol.JSONDecodeError, ValueError)

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import orjson
+
 from prefixroute.core.identity.identity import Adapter
 from prefixroute.edges.emulator.tokens import (
     _TEXT_PART_TYPES,
@@ -26,26 +28,12 @@ from prefixroute.edges.emulator.tokens import (
     PromptEncoder,
 )
 
-try:  # orjson is several times faster than json for these small documents
-    import orjson
-
-    def dumps(obj: Any) -> bytes:
-        return orjson.dumps(obj)
-
-    def loads(data: bytes) -> Any:
-        return orjson.loads(data)
-
-    JSONDecodeError = orjson.JSONDecodeError
-except ImportError:  # pragma: no cover - orjson is optional
-    import json
-
-    def dumps(obj: Any) -> bytes:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-
-    def loads(data: bytes) -> Any:
-        return json.loads(data)
-
-    JSONDecodeError = json.JSONDecodeError  # type: ignore[misc]
+# orjson (a pinned dependency): for these small documents 4 to 10 times faster than the
+# standard json module, about 15% of the emulator's CPU per request (benchmarks/emulator_rps.py).
+# Compact output, UTF-8 unescaped, as vLLM's FastAPI answers.
+dumps = orjson.dumps
+loads = orjson.loads
+JSONDecodeError = orjson.JSONDecodeError
 
 SYSTEM_FINGERPRINT = "prefixroute-emulator"
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM CompletionRequest.max_tokens default
