@@ -33,7 +33,7 @@ with the fleet-LRU hit). The search probes the three best peers of its first run
 every reported setting is then run with every policy.
 
 Also (``--no-ablation`` skips it) ``prefixroute`` variants at setting (a), one idea switched
-off at a time: the evidence for each candidate idea of issue 4.
+on or off at a time: the evidence for each candidate idea of issue 4.
 
 Writes ``benchmarks/results/policy_comparison.md`` (tables), ``policy_comparison.json``
 (summaries) and PNG plots (TTFT CDFs per workload, ratios). Run from the repository:
@@ -86,7 +86,8 @@ HIT_GAP_MAX = 0.05
 BALANCE_MAX = 1.25
 
 ABLATIONS = [
-    ("prefixroute:learn_speed=false", "prefill speed fixed at the engine profile's"),
+    ("prefixroute:learn_speed=true", "prefill speed learned even where the engine profile "
+                                     "states it"),
     ("prefixroute:survival_width=0", "hard LRU depth instead of survival probabilities"),
     ("prefixroute:feedback=false", "no correction from the reported cached tokens"),
     ("prefixroute:follow_inflight=false", "bursts do not follow the replica computing their "
@@ -277,7 +278,7 @@ def fleet_lru_bounds(workload: PreparedWorkload, capacity_blocks: int) -> tuple[
     return (hits / total if total else 0.0), (percentile(ttfts, 99) or 0.0)
 
 
-# -- the searches ----------------------------------------------------------------------------------
+# -- the searches --------------------------------------------------------------------------------
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -340,7 +341,7 @@ def find_fleet(runner: Runner, name: str, scale: float, probe: list[str],
     return high, trail
 
 
-# -- report -----------------------------------------------------------------------------------------
+# -- report ----------------------------------------------------------------------------------------
 def verdicts(ours: dict, peer: dict, ideal: float) -> dict[str, Any]:
     p99_ratio = ours["ttft_p99_s"] / peer["ttft_p99_s"] if peer["ttft_p99_s"] else math.inf
     mean_ratio = ours["ttft_mean_s"] / peer["ttft_mean_s"] if peer["ttft_mean_s"] else math.inf
@@ -566,7 +567,8 @@ def main() -> int:
                    f"{d['ideal_token_hit_rate']:.1%}.", "", run_table(results, order), "",
                    f"![TTFT CDF](ttft_{name}.png)" if key == "b" else "", ""]
     if ablation_rows:
-        md += ["## Candidate ideas: `prefixroute` with one idea switched off (setting a)", "",
+        md += ["## Candidate ideas: `prefixroute` with one idea switched on or off (setting a)",
+               "",
                "| variant | what changes | " + " | ".join(
                    f"{name} p99 / mean / hit" for name, _ in ablation_rows) + " |",
                "|---|---|" + "---:|" * len(ablation_rows)]

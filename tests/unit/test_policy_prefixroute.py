@@ -171,28 +171,60 @@ def test_survival_falls_with_the_blocks_inserted_since():
     assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 0
 
 
-def test_a_learned_prefill_speed_moves_the_decision():
-    # Replica 1 computes 5,000 of a 10,000-token prompt in 2.5 s: 0.5 ms per token against
-    # the 1 ms both replicas state. With the prior (8,192 tokens at 1 ms = 8.192 s), forgotten
-    # by 0.99 per observation, that makes (0.99 x 8.192 + 2.5) s / (0.99 x 8,192 + 5,000)
-    # tokens = 0.81 ms per token.
-    def scenario(spec):
-        policy = create_policy(spec)
-        send(policy, req(blocks("W", 625), "work", now=0.0), 1, fleet())
-        policy.route(req(blocks("n1", 1), "look", now=2.5), fleet(pending=[0, 5000]))
-        policy.route(req(blocks("n2", 1), "done", now=3.0), fleet())
-        return policy.route(req(blocks("R", 62) + blocks("r", 1), "r", now=3.0, extra_tokens=8),
-                            fleet())
+def _speed_scenario(spec, stated=MS):
+    """Replica 1 computes 5,000 of a 10,000-token prompt in 2.5 s (0.5 ms per token), then a
+    1,016-token cold request arrives with both replicas idle."""
+    def replicas(pending=(0, 0)):
+        return [ReplicaView(i, capacity_blocks=1000, prefill_s_per_token=stated,
+                            pending_prefill_tokens=pending[i], cache=Holds()) for i in (0, 1)]
 
-    learned = scenario(PLAIN)
+    policy = create_policy(spec)
+    send(policy, req(blocks("W", 625), "work", now=0.0), 1, replicas())
+    policy.route(req(blocks("n1", 1), "look", now=2.5), replicas((0, 5000)))
+    policy.route(req(blocks("n2", 1), "done", now=3.0), replicas())
+    return policy.route(req(blocks("R", 62) + blocks("r", 1), "r", now=3.0, extra_tokens=8),
+                        replicas())
+
+
+def test_a_learned_prefill_speed_moves_the_decision():
+    # With the prior (8,192 tokens at the stated 1 ms = 8.192 s), forgotten by 0.99 per
+    # observation: (0.99 x 8.192 + 2.5) s / (0.99 x 8,192 + 5,000) tokens = 0.81 ms per token.
+    learned = _speed_scenario(PLAIN + ",learn_speed=true")
     assert learned.scores[1]["s_per_token"] == pytest.approx((0.99 * 8.192 + 2.5)
                                                              / (0.99 * 8192 + 5000))
     assert learned.scores[0]["s_per_token"] == pytest.approx(MS)
     assert learned.replica == 1  # 1,016 tokens: 0.82 s there against 1.016 s on replica 0
-    fixed = scenario(PLAIN + ",learn_speed=false")
+    fixed = _speed_scenario(PLAIN + ",learn_speed=false")
     # Equal costs: the tie goes to the replica with fewer recent requests.
     assert fixed.scores[1]["s_per_token"] == pytest.approx(MS)
     assert fixed.replica == 0
+
+
+def test_speed_is_learned_only_where_the_runner_states_none_by_default():
+    stated = _speed_scenario(PLAIN)  # learn_speed=auto and 1 ms stated: kept
+    assert stated.scores[1]["s_per_token"] == pytest.approx(MS)
+    unknown = _speed_scenario(PLAIN, stated=None)  # the policy's 4e-5 prior, then learned
+    assert unknown.scores[0]["s_per_token"] == pytest.approx(4.0e-5)
+    assert unknown.scores[1]["s_per_token"] > 4.0e-5
+    assert unknown.replica == 0
+
+
+def test_a_full_kv_makes_the_request_wait_for_running_ones():
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    # One request routed at t=0 completes when the next one shows at t=10: requests stay 10 s.
+    send(policy, req(blocks("a", 1), "a", now=0.0), 0, replicas)
+    policy.route(req(blocks("b", 1), "b", now=10.0), replicas)
+    policy.on_completed(req(blocks("a", 1), "a"), 0, 0)
+    full = [ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS, kv_usage=0.95,
+                        cache=Holds()),
+            ReplicaView(1, capacity_blocks=1000, prefill_s_per_token=MS, kv_usage=0.0,
+                        cache=Holds())]
+    decision = policy.route(req(blocks("c", 100), "c", now=10.0), full)
+    # 100 new blocks, 50 free: 50 / 1,000 of the capacity x 10 s = 0.5 s.
+    assert decision.scores[0]["kv_wait_s"] == pytest.approx(0.5)
+    assert decision.scores[1]["kv_wait_s"] == 0
+    assert decision.replica == 1
 
 
 def test_cold_requests_spread_to_the_least_used_replica():

@@ -4,7 +4,7 @@ Per candidate replica the policy estimates the request's time to first token (TT
 seconds, and takes the lowest; estimates within a small tolerance of the lowest are a tie that
 the replica with the fewest recent requests takes (ties to the lowest index)::
 
-    cost(r) = wait(r) + prefill(r) + decode(r)
+    cost(r) = wait(r) + kv_wait(r) + prefill(r) + decode(r) + delay_to_others(r)
 
 ``wait``
     the prefill work already queued on ``r``. The policy keeps the requests it routed there as
@@ -43,11 +43,19 @@ the block went pulls the replica's effective depth ``C`` down; a hit deeper than
 it back up (never above the configured capacity).
 
 **Learned prefill speed.** Each replica's seconds per token ``s`` starts at
-:attr:`ReplicaView.prefill_s_per_token` (the engine profile) or ``prefill_s_per_token``, and is
-learned online from the queue reconciliation: predicted work done between two decisions while
-the replica stayed busy, over the time between them, summed with exponential forgetting
-(``speed_memory`` per observation). Decode interference, attention and batching the model
-leaves out end up in ``s``; no timing feedback from the engine is needed.
+:attr:`ReplicaView.prefill_s_per_token` (an engine profile or calibration) or
+``prefill_s_per_token``, and is learned online from the queue reconciliation: predicted work
+done between two decisions while the replica stayed busy, over the time between them, summed
+with exponential forgetting (``speed_memory`` per observation). Decode interference, attention
+and batching end up in ``s``; no timing feedback from the engine is needed. With
+``learn_speed=auto`` (the default) a replica whose speed the runner states keeps it, and one
+whose speed is unknown (the gateway before calibration) is learned: on the benchmark's
+identical simulated replicas, learning against a correct stated speed only added noise (the
+README table's ablation row).
+
+**KV admission.** A replica whose KV is held by running requests cannot admit the request until
+enough of them finish: the blocks it lacks, as a share of its capacity, times how long requests
+stay (learned from completions, timed by the latest request seen) are added to the wait.
 
 **Delay to others.** Under load, prefill work also delays the requests that will queue
 behind it: about ``rho / (1 - rho)`` of its length at prefill utilisation ``rho`` (an M/G/1
@@ -97,7 +105,7 @@ Parameters and their defaults (one configuration for every workload):
 ``load_horizon_s`` (30)
     time constant of the utilisation, demand and "recent requests" estimates: long enough to
     average over a few hundred requests of a busy fleet, short enough to follow a burst.
-``learn_speed``, ``feedback``, ``follow_inflight`` (all true)
+``learn_speed`` (auto), ``feedback``, ``follow_inflight`` (true)
     switches for the ideas above, so the benchmark can show what each one is worth.
 ``externality`` (true), ``max_externality`` (20: ``rho`` = 0.95)
     the delay to others above, capped where the M/G/1 estimate stops meaning much.
@@ -287,7 +295,7 @@ class PrefixRoute(BasePolicy):
                  survival_width: float = 0.25, learning_rate: float = 0.2,
                  speed_memory: float = 0.99, tie_tolerance: float = 0.1, tie_s: float = 0.005,
                  load_horizon_s: float = 30.0,
-                 learn_speed: bool = True, feedback: bool = True, follow_inflight: bool = True,
+                 learn_speed: str = "auto", feedback: bool = True, follow_inflight: bool = True,
                  replicate: bool = False, replica_share: float = 1.25,
                  balance_cap: float = 0.0, max_copy: float = 0.05,
                  externality: bool = True, max_externality: float = 20.0) -> None:
@@ -330,7 +338,11 @@ class PrefixRoute(BasePolicy):
         self._demand_purge_at = 0.0
         self.tie_tolerance = tie_tolerance
         self.tie_s = tie_s
-        self.learn_speed = learn_speed
+        learn = ("true" if learn_speed else "false") if isinstance(learn_speed, bool) \
+            else str(learn_speed).lower()
+        if learn not in ("auto", "true", "false"):
+            raise ConfigError(f"learn_speed must be auto, true or false, got {learn_speed!r}")
+        self.learn_speed = learn
         self.feedback = feedback
         self.follow_inflight = follow_inflight
         self.externality = externality
@@ -341,10 +353,13 @@ class PrefixRoute(BasePolicy):
         # gateway): found out as soon as a replica reports more than we sent uncached.
         self._pending_counts_prompt = False
         self._replicas: dict[int, ReplicaEstimate] = {}
-        # request id -> (replica, stamps of the blocks predicted cached, inserts when routed)
-        self._predictions: dict[str, tuple[int, list[int], int]] = {}
+        # request id -> (replica, stamps of the blocks predicted cached, inserts when routed,
+        # when routed)
+        self._predictions: dict[str, tuple[int, list[int], int, float]] = {}
         self._pending: dict[str, tuple[int, list[int], float]] = {}  # route -> on_routed
         self._block_size = 16
+        self._clock = 0.0        # the latest time a request showed
+        self._residence_s = 0.0  # how long a request stays on a replica (0: not known yet)
 
     # -- estimates ------------------------------------------------------------------------------
     def _estimate(self, replica: ReplicaView, now: float) -> ReplicaEstimate:
@@ -358,7 +373,9 @@ class PrefixRoute(BasePolicy):
         pending = replica.pending_prefill_tokens
         if pending > est.queue_units + 0.5 and not self._pending_counts_prompt and est.queue:
             self._pending_counts_prompt = True
-        est.observe(pending, now, self.speed_memory, self.learn_speed, self.load_horizon_s)
+        learn = self.learn_speed == "true" or (self.learn_speed == "auto"
+                                               and replica.prefill_s_per_token is None)
+        est.observe(pending, now, self.speed_memory, learn, self.load_horizon_s)
         return est
 
     def _fleet_speed(self) -> float:
@@ -384,6 +401,19 @@ class PrefixRoute(BasePolicy):
         context = replica.kv_usage * replica.capacity_blocks * self._block_size
         return steps * (self.decode_tokens_per_seq * replica.running
                         + self.decode_tokens_per_context_token * context)
+
+    def kv_wait(self, replica: ReplicaView, uncached: float, block: int) -> float:
+        """Time until the replica's KV has room for the request's new blocks: what it lacks,
+        as a share of its capacity, times how long requests stay (learned from completions;
+        running requests free their blocks as they finish)."""
+        capacity = replica.capacity_blocks
+        if capacity <= 0 or block <= 0 or self._residence_s <= 0:
+            return 0.0
+        free = (1.0 - replica.kv_usage) * capacity
+        lacking = uncached / block - free
+        if lacking <= 0:
+            return 0.0
+        return min(1.0, lacking / capacity) * self._residence_s
 
     def _expected_blocks(self, est: ReplicaEstimate, keys: Sequence[Hashable], limit: int,
                          view: CacheView) -> tuple[float, int, list[int]]:
@@ -422,6 +452,7 @@ class PrefixRoute(BasePolicy):
     # -- routing --------------------------------------------------------------------------------
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
         now = request.now
+        self._clock = max(self._clock, now)
         keys = request.block_keys
         block = request.block_size
         n = request.num_tokens
@@ -448,13 +479,15 @@ class PrefixRoute(BasePolicy):
             wait = est.wait_s()
             prefill = self.prefill_work(uncached, cached) * s
             decode = self.decode_work(replica, uncached) * s
+            kv_wait = self.kv_wait(replica, uncached, block)
             delay = gamma * prefill
-            cost = wait + prefill + decode + delay
+            cost = wait + kv_wait + prefill + decode + delay
             costs[replica.index] = cost
             details[replica.index] = (expected, view_blocks, stamps)
             scores[replica.index] = {
                 "expected_cached_tokens": round(cached, 1), "mirror_blocks": float(len(stamps)),
-                "view_blocks": float(view_blocks), "wait_s": wait, "prefill_s": prefill,
+                "view_blocks": float(view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
+                "prefill_s": prefill,
                 "decode_s": decode, "delay_others_s": delay, "cost_s": cost,
                 "s_per_token": s, "prefill_busy": est.utilisation,
                 "load": float(replica.load),
@@ -646,7 +679,8 @@ class PrefixRoute(BasePolicy):
             for key in depth_keys:
                 self._concurrent[key] = self._concurrent.get(key, 0) + 1
             self._inflight_keys[request.request_id] = depth_keys
-        self._predictions[request.request_id] = (index, stamps, inserts_before)
+        self._clock = max(self._clock, request.now)
+        self._predictions[request.request_id] = (index, stamps, inserts_before, request.now)
 
     def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
         """Correct the replica's estimate with what it reported.
@@ -664,6 +698,11 @@ class PrefixRoute(BasePolicy):
                 self._concurrent[key] = left
             else:
                 self._concurrent.pop(key, None)
+        if prediction is not None:
+            # Completions carry no time: the latest request seen is the clock.
+            stay = max(0.0, self._clock - prediction[3])
+            self._residence_s = stay if self._residence_s <= 0 else \
+                self._residence_s + self.learning_rate * (stay - self._residence_s)
         est = self._replicas.get(replica)
         if est is None:
             return
@@ -671,7 +710,7 @@ class PrefixRoute(BasePolicy):
         if prediction is None or prediction[0] != replica or request.block_size <= 0 \
                 or not self.feedback:
             return
-        _, stamps, inserts_then = prediction
+        _, stamps, inserts_then, _ = prediction
         reported = max(0, cached_tokens) // request.block_size
         rate = self.learning_rate
         if reported < len(stamps):
