@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # for tests.vllm.vllm_server, the one server helper
+sys.path.insert(0, str(REPO))  # for tests.real_vllm.vllm_server, the one server helper
 
 from prefixroute.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
 from prefixroute.edges.kvevents.zmq import KVEventSubscriber, ReceivedBatch  # noqa: E402
-from tests.vllm.vllm_server import (  # noqa: E402
+from tests.real_vllm.vllm_server import (  # noqa: E402
     VllmServer,
     cached_tokens,
     free_port,

@@ -1,7 +1,7 @@
 """The emulated replica replays the requests recorded from a real vLLM 0.32 server
 (``tests/fixtures/vllm_0.32/requests.json``, block size 32, 65 blocks) and must report the same
 cached tokens and publish the same KV events, field for field: the fidelity check that runs
-without vLLM (the live one is ``tests/vllm/test_emulator_fidelity.py``)."""
+without vLLM (the live one is ``tests/real_vllm/test_emulator_fidelity.py``)."""
 
 from __future__ import annotations
 

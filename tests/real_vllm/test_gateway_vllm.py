@@ -12,7 +12,7 @@ is, and must still hit nothing.
 
 The two replicas are this suite's one vLLM slot: the first server takes the one-vLLM lock of
 ``vllm_server.py`` and the second runs under it (2 x 2.2 GB fits; each gets its own core).
-Run with ``pytest -m vllm tests/vllm/test_gateway_vllm.py`` (a few minutes: vLLM startup).
+Run with ``pytest -m vllm tests/real_vllm/test_gateway_vllm.py`` (a few minutes: vLLM startup).
 """
 
 from __future__ import annotations

