@@ -1,6 +1,6 @@
 """``prefixroute demo`` as a user runs it: replicas and a gateway start, the design scenario
 goes through over HTTP once per policy, the JSON has the documented keys and the counts add
-up, and every child process is gone afterwards, also after Ctrl-C."""
+up, and every child process is gone afterwards, also after Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -74,7 +74,9 @@ def test_an_unknown_policy_is_one_clear_line_and_exit_2():
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_child_process():
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_stops_every_child_process(signum, code):
     process = subprocess.Popen([sys.executable, "-m", "prefixroute", "demo", "--requests",
                                 "400", "--replicas", "2", "--policy", "round_robin"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -86,8 +88,8 @@ def test_ctrl_c_stops_every_child_process():
             time.sleep(0.2)
         assert len(children) >= 3, "replicas and gateway did not start"
         time.sleep(1.0)  # some requests in flight
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 130
+        process.send_signal(signum)
+        assert process.wait(timeout=30) == code
     finally:
         if process.poll() is None:
             process.kill()

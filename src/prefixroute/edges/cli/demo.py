@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 from typing import Any
@@ -41,6 +42,8 @@ ENGINE_PROFILE = "llama-3-8b-h100"
 PREFILL_S_PER_TOKEN = 4.0e-5  # that profile's prefill cost (core/replica/service_time.py)
 MAX_MODEL_LEN = 16_384  # a 10,000-token prefix plus up to 600 user tokens
 SLACK_S = 60.0  # past the last arrival, how long stragglers may take before they count as failed
+MAX_REPLICAS = 16  # one process each
+MAX_REQUESTS = 50_000  # the scenario's whole day
 
 
 def register(subparsers) -> None:
@@ -78,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
     check_policies(specs, args.replicas)
     if args.time_scale <= 0:
         raise ConfigError("--time-scale must be above 0 (the demo is about time to first token)")
+    if args.replicas > MAX_REPLICAS:
+        raise ConfigError(f"--replicas: at most {MAX_REPLICAS} (one process each)")
+    if args.requests > MAX_REQUESTS:
+        raise ConfigError(f"--requests: at most {MAX_REQUESTS} (the scenario's whole day)")
+    # SIGTERM ends the demo like Ctrl-C: the with-blocks below stop every child process.
+    signal.signal(signal.SIGTERM, _terminate)
     requests = design_requests(args.requests, replicas=args.replicas, model="emulated",
                                rate_per_replica=RATE_PER_REPLICA, output_tokens=OUTPUT_TOKENS,
                                seed=args.seed)
@@ -97,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
         print_table(result, Console(highlight=False, width=None if sys.stdout.isatty()
                                     else 160))
     return 0
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _run_fleet(workdir: str, args: argparse.Namespace, specs: list[str], requests: list,
