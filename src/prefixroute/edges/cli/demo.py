@@ -178,11 +178,11 @@ def print_table(result: dict, console) -> None:
     from rich.table import Table
 
     scenario = result["scenario"]
-    console.print(f"design scenario: {scenario['requests']} requests from "
-                  f"{scenario['tenants']} tenants ({scenario['prompt_tokens']:,} prompt tokens)"
-                  f" through the gateway to {scenario['replicas']} emulator replicas "
-                  f"({scenario['engine_profile']}, time scale {scenario['time_scale']:g}; "
-                  "times in engine seconds)")
+    console.print(f"design scenario (SPEC section 4): {scenario['requests']} requests from "
+                  f"{scenario['tenants']} tenants, {scenario['prompt_tokens']:,} prompt tokens")
+    console.print(f"through the gateway to {scenario['replicas']} emulator replicas "
+                  f"({scenario['engine_profile']} at time scale {scenario['time_scale']:g}); "
+                  "TTFT in engine seconds")
     table = Table()
     for column, justify in (("policy", "left"), ("token hit rate", "right"),
                             ("TTFT p50", "right"), ("TTFT p99", "right"), ("ok", "right"),
