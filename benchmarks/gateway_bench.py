@@ -372,7 +372,9 @@ def markdown(result: dict) -> str:
         "# Gateway benchmark",
         "",
         f"`python benchmarks/gateway_bench.py` on {meta['machine']}, {meta['date']}. "
-        f"Replicas: `prefixroute replica`; peers {', '.join(meta['peers']) or 'skipped'}.",
+        f"Replicas: `prefixroute replica`; peers {', '.join(meta['peers']) or 'skipped'}. "
+        f"Load average before the run: {meta.get('load_average_before', '-')} (other work on "
+        "the machine moves latencies; the routers' CPU per request it does not).",
         "",
         f"## The hop: overhead with about {STREAMS} open streams, and throughput",
         "",
@@ -457,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
     pin = not args.no_pin and (os.cpu_count() or 1) >= 2
+    load_before = round(os.getloadavg()[0], 2)  # other work on the machine moves latencies
     peers = {} if args.skip_peers else ensure_peers(args.peer_dir, log)
     with tempfile.TemporaryDirectory(prefix="prefixroute-bench-") as tmp:
         workdir = Path(tmp)
@@ -465,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir, peers, args.requests, args.time_scale, log)
     result = {"meta": {"machine": f"{os.cpu_count()} cores, Python "
                                   f"{sys.version.split()[0]}",
+                       "load_average_before": load_before,
                        "date": time.strftime("%Y-%m-%d"), "pinned": pin,
                        "seconds": args.seconds, "requests": args.requests,
                        "rounds": args.rounds,
