@@ -92,8 +92,8 @@ ABLATIONS = [
     ("prefixroute:feedback=false", "no correction from the reported cached tokens"),
     ("prefixroute:follow_inflight=false", "bursts do not follow the replica computing their "
                                           "prefix"),
-    ("prefixroute:tie_tolerance=0,tie_s=0", "no ties: cold requests go to the cheapest "
-                                            "replica, not the least used"),
+    ("prefixroute:tie_tolerance=0.1,tie_s=0.005", "costs within 10% + 5 ms are a tie that "
+                                                  "the least used replica takes"),
     ("prefixroute:replicate=true", "plus replication of hot prefixes sized by demand"),
     ("prefixroute:replicate=true,balance_cap=1.25", "plus replication and a balance cap "
                                                     "(1.25 x the mean of recent requests)"),
