@@ -1,8 +1,8 @@
 """``prefixroute``, our default policy, as specifications.
 
 Every scenario is small enough to check by hand. Unless a test says otherwise the policy runs
-with the attention term, the step overhead and the delay-to-others charge switched off, so a replica's
-cost is ``wait + uncached tokens x seconds per token``; replicas state 1 ms per token
+with the attention term, the step overhead and the delay-to-others charge switched off, so a
+replica's cost is ``wait + uncached tokens x seconds per token``; replicas state 1 ms per token
 (``prefill_s_per_token=1e-3``), so 100 uncached tokens cost 0.1 s.
 """
 
