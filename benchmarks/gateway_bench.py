@@ -22,9 +22,9 @@ Part 1, the hop itself. Two replicas and the load generator are pinned to core 0
 under test to core 1 (the router's own CPU, as in a deployment); every router is also charged
 its own CPU time per request (from /proc), which other load on the machine does not move.
 
-* **overhead with about 200 open streams**: streams arrive open loop (Poisson, 150/s, short
+* **overhead with about 200 open streams**: streams arrive open loop (Poisson, 175/s, short
   prompts from 20 shared prefixes, 24 output tokens) and the replicas pace them with engine
-  steps of a fixed 50 ms (a profile with every other cost zero), so each lasts about 1.25 s
+  steps of a fixed 50 ms (a profile with every other cost zero), so each lasts about 1.15 s
   and about 200 are open at once while the replicas' core is not saturated. With replicas
   that answer instantly (time model off) 200 concurrent streams exist only in a closed loop,
   where by Little's law the latency difference measures the throughput ratio, not the hop.
@@ -74,11 +74,11 @@ STREAMS = 200
 RPS_CONCURRENCY = 128
 # The overhead run: streams of OPEN_TOKENS tokens arrive at OPEN_RATE per second, and the
 # replicas pace them with engine steps of a fixed 50 ms whatever the batch (so how a router
-# spreads the load cannot change the step time): a stream lasts about 1.25 s, so about 190
+# spreads the load cannot change the step time): a stream lasts about 1.15 s, so about 200
 # are open at any time, with few enough events that the replicas' core is not saturated.
 # TTFT is then the hop plus the wait for the step under way and one step, the same with or
 # without a router.
-OPEN_RATE = 150.0
+OPEN_RATE = 175.0
 OPEN_TOKENS = 24
 PACING_PROFILE = {"name": "pacing-50ms", "step_overhead_s": 0.05, "prefill_s_per_token": 0.0,
                   "attention_s_per_token_context": 0.0, "decode_s_per_seq": 0.0,
