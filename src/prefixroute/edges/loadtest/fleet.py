@@ -102,7 +102,10 @@ class LocalFleet:
     def reset_replicas(self) -> None:
         """Empty every replica's prefix cache, so the next run starts cold."""
         for url in self.replica_urls:
-            httpx.post(url + "/reset_prefix_cache", timeout=10.0).raise_for_status()
+            response = httpx.post(url + "/reset_prefix_cache", timeout=10.0)
+            response.raise_for_status()
+            if response.json().get("success") is False:  # vLLM refuses while requests run
+                raise RuntimeError(f"{url} did not reset its prefix cache (requests running?)")
 
     def counters(self) -> list[dict[str, float]]:
         return [replica_counters(url) for url in self.replica_urls]
@@ -131,7 +134,8 @@ class LocalFleet:
         self.stop_gateway()
         slug = policy.split(":", 1)[0]
         path = self.workdir / f"gateway-{slug}.yaml"
-        path.write_text(yaml.safe_dump(self.gateway_config(policy, backend_fields, **extra), sort_keys=False))
+        config = self.gateway_config(policy, backend_fields, **extra)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
 
         def command(port: int) -> list[str]:
             return [sys.executable, "-m", "prefixroute", "serve", "--config", str(path),
