@@ -294,7 +294,6 @@ class SSERelay:
 
     async def events(self) -> AsyncIterator[bytes]:
         job, proxy = self.job, self.proxy
-        router = proxy.router
         buffer = b""
         sent_any = False
         try:
@@ -314,6 +313,11 @@ class SSERelay:
                         if not sent_any:
                             sent_any = True
                             job.ttft_s = proxy.clock.now() - job.started
+                        if b"data: [DONE]" in complete:
+                            # The answer is whole once [DONE] is out: record success before
+                            # yielding it, since a caller that has it may hang up at once and
+                            # the generator then never gets past this yield.
+                            self._succeed()
                         yield complete
                 try:
                     pending = await chunks.__anext__()
@@ -321,9 +325,7 @@ class SSERelay:
                     break
             if buffer.strip():
                 yield buffer
-            router.succeeded(self.attempt, self.usage)
-            job.cached_tokens = self.attempt.record.reported_cached_tokens
-            job.status = "200"
+            self._succeed()
         except TransportError as exc:
             # Bytes already reached the caller: no retry possible, so say so in the stream.
             reason = "timeout" if isinstance(exc, RequestTimeout) else "stream"
@@ -334,6 +336,13 @@ class SSERelay:
                             "answer is incomplete", code="stream_interrupted")
         finally:
             await self.close()
+
+    def _succeed(self) -> None:
+        if self.attempt.finished:
+            return
+        self.proxy.router.succeeded(self.attempt, self.usage)
+        self.job.cached_tokens = self.attempt.record.reported_cached_tokens
+        self.job.status = "200"
 
     def _filter(self, event: bytes) -> bytes | None:
         """Pick up usage; drop the usage-only chunk the caller did not ask for."""
