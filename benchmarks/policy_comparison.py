@@ -594,8 +594,8 @@ def main() -> int:
                "ablation": {n: {p: _strip(r) for p, r in res.items()} for n, res in ablation_rows},
                "elapsed_s": round(elapsed, 1)}
     (out / "policy_comparison.md").write_text("\n".join(md), encoding="utf-8")
-    (out / "policy_comparison.json").write_text(json.dumps(compact, indent=1) + "\n",
-                                                encoding="utf-8")
+    (out / "policy_comparison.json").write_text(
+        json.dumps(compact, separators=(",", ":")) + "\n", encoding="utf-8")
     for file, data in plots.items():
         (out / file).write_bytes(data)
     print(summary_table(rows))
