@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any, Iterator
@@ -31,6 +32,20 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
                     yield number, line
         except UnicodeDecodeError:
             raise InputError("not UTF-8 text", where=str(path)) from None
+
+
+def json_records(path: str | os.PathLike) -> Iterator[tuple[int, str, dict]]:
+    """(line number, "file:line", object) for each non-blank line of a JSONL file; a line that
+    is not a JSON object is an :class:`InputError` naming the file and line."""
+    for line_number, line in numbered_lines(path):
+        where = f"{path}:{line_number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not valid JSON ({exc.msg})", where=where) from None
+        if not isinstance(record, dict):
+            raise InputError("expected a JSON object", where=where)
+        yield line_number, where, record
 
 
 def require(record: dict, name: str, where: str) -> Any:

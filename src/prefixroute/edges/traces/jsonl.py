@@ -10,7 +10,6 @@ the file. Each request has ``arrival_s``, ``output_tokens`` and exactly one of `
 
 from __future__ import annotations
 
-import json
 import os
 from array import array
 from typing import Iterator
@@ -19,7 +18,7 @@ from prefixroute.core.errors import InputError
 from prefixroute.core.identity.identity import Adapter, CacheIdentity
 from prefixroute.core.simulator.request import Request
 from prefixroute.edges.traces.common import (check_block_ids, check_time_order, id_list, integer,
-                                             number, numbered_lines)
+                                             json_records, number)
 
 DEFAULT_TOKEN_BLOCK_SIZE = 16  # vLLM's default block size, for token-id traces
 HEADER_KEY = "prefixroute_trace"
@@ -32,14 +31,7 @@ def read_jsonl(path: str | os.PathLike, block_size: int | None = None) -> Iterat
     file_block_size: int | None = None
     previous = 0.0
     identities: dict[tuple, CacheIdentity] = {}
-    for line_number, line in numbered_lines(path):
-        where = f"{path}:{line_number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"not valid JSON ({exc.msg})", where=where) from None
-        if not isinstance(record, dict):
-            raise InputError("expected a JSON object", where=where)
+    for line_number, where, record in json_records(path):
         if HEADER_KEY in record:
             if record[HEADER_KEY] != 1:
                 raise InputError(f"unsupported format version {record[HEADER_KEY]!r} (this "

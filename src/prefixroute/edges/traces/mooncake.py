@@ -7,14 +7,12 @@ last block usually partial). Ids are global to one trace file, so they need no n
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Iterator
 
-from prefixroute.core.errors import InputError
 from prefixroute.core.simulator.request import Request
 from prefixroute.edges.traces.common import (check_block_ids, check_time_order, id_list, integer,
-                                             number, numbered_lines)
+                                             json_records, number)
 
 MOONCAKE_BLOCK_SIZE = 512
 
@@ -23,14 +21,7 @@ def read_mooncake(path: str | os.PathLike, block_size: int | None = None) -> Ite
     block_size = block_size or MOONCAKE_BLOCK_SIZE
     stem = os.path.basename(str(path))
     previous = 0.0
-    for number_, line in numbered_lines(path):
-        where = f"{path}:{number_}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"not valid JSON ({exc.msg})", where=where) from None
-        if not isinstance(record, dict):
-            raise InputError("expected a JSON object", where=where)
+    for number_, where, record in json_records(path):
         timestamp_ms = number(record, "timestamp", where)
         check_time_order(timestamp_ms, previous, where, "timestamp")
         previous = timestamp_ms
