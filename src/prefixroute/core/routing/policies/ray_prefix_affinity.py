@@ -48,7 +48,8 @@ from typing import Sequence
 from prefixroute.core.caches.radix_tree import RadixCache
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
-from prefixroute.core.routing.policies.sglang_cache_aware import (expected_cached_tokens,
+from prefixroute.core.routing.policies.sglang_cache_aware import (PeriodicTimer,
+                                                                  expected_cached_tokens,
                                                                   request_units)
 from prefixroute.core.routing.registry import register
 
@@ -77,7 +78,7 @@ class RayPrefixAffinity(BasePolicy):
         self.seed = seed
         self._rng = random.Random(seed)
         self._tenants: dict[int, dict[str, RadixCache]] = {}  # replica -> unit kind -> tree
-        self._last_eviction: float | None = None
+        self._eviction_timer = PeriodicTimer(eviction_interval_secs)
 
     # -- the prefix tree ----------------------------------------------------------------------
     def _tree(self, index: int, kind: str) -> RadixCache:
@@ -99,14 +100,8 @@ class RayPrefixAffinity(BasePolicy):
             self._tenants.setdefault(index, {})  # add_tenants: a new tenant holds nothing
 
     def _maybe_evict(self, now: float) -> None:
-        if not self.do_eviction:
+        if not self.do_eviction or not self._eviction_timer.due(now):
             return
-        if self._last_eviction is None:
-            self._last_eviction = now
-            return
-        if now - self._last_eviction < self.eviction_interval_secs:
-            return
-        self._last_eviction = now
         for trees in self._tenants.values():
             for tree in trees.values():
                 if tree.total_units > self.eviction_threshold_chars:

@@ -69,6 +69,24 @@ def request_units(request: RequestView) -> tuple[str, tuple[Hashable, ...], int]
     return "blocks", tuple(request.block_keys), request.block_size
 
 
+class PeriodicTimer:
+    """Says when a periodic job is due: first one interval after the first call, then at most
+    once per interval (both routers' background tree eviction, run here on request time)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: float | None = None
+
+    def due(self, now: float) -> bool:
+        if self._last is None:
+            self._last = now
+            return False
+        if now - self._last < self.interval_s:
+            return False
+        self._last = now
+        return True
+
+
 def expected_cached_tokens(request: RequestView, matched_units: int, unit_tokens: int) -> int:
     """Tokens an engine would reuse for a predicted match: whole blocks only, and never the
     prompt's last token (SPEC section 2: at most ``floor((n - 1) / B) * B``)."""
@@ -98,7 +116,7 @@ class SGLangCacheAware(BasePolicy):
         self.max_tree_size = max_tree_size
         self.low_match = low_match
         self._trees: dict[tuple[str, int], RadixCache] = {}  # (unit kind, replica) -> tree
-        self._last_eviction: float | None = None
+        self._eviction_timer = PeriodicTimer(eviction_interval_secs)
 
     # -- the approximate tree -----------------------------------------------------------------
     def _tree(self, kind: str, index: int) -> RadixCache:
@@ -113,14 +131,8 @@ class SGLangCacheAware(BasePolicy):
         return tree.total_units if tree is not None else 0
 
     def _maybe_evict(self, now: float) -> None:
-        if self.eviction_interval_secs <= 0:
+        if self.eviction_interval_secs <= 0 or not self._eviction_timer.due(now):
             return
-        if self._last_eviction is None:
-            self._last_eviction = now
-            return
-        if now - self._last_eviction < self.eviction_interval_secs:
-            return
-        self._last_eviction = now
         for tree in self._trees.values():
             if tree.total_units > self.max_tree_size:
                 tree.evict_units(tree.total_units - self.max_tree_size)
