@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import heapq
 import io
 import json
 import math
@@ -278,6 +279,48 @@ def fleet_lru_bounds(workload: PreparedWorkload, capacity_blocks: int) -> tuple[
     return (hits / total if total else 0.0), (percentile(ttfts, 99) or 0.0)
 
 
+def optimal_hit_bound(workload: PreparedWorkload, capacity_blocks: int) -> float:
+    """An upper bound on the token hit rate of *any* router on a fleet holding
+    ``capacity_blocks`` in all: Belady's offline-optimal replacement (evict the block whose next
+    use is furthest away; L. A. Belady, "A study of replacement algorithms for a virtual-storage
+    computer", IBM Systems Journal 5(2), 1966) on one cache of the fleet's size.
+
+    It is a bound, not a target: every state a fleet of replicas can be in is a state of one
+    cache of their total size; a block counts as a hit whenever it is cached, even when an
+    earlier block of its prompt is not (a prefix cache can only do worse); requests see every
+    earlier request's blocks at once (no prefill time, nothing pinned by running requests).
+    """
+    keys_seq: list = []
+    counted = bytearray()
+    total = 0
+    for request in workload.requests:
+        keys = request.block_keys
+        limit = cacheable_prompt_blocks(request)
+        keys_seq.extend(keys)  # the reply's blocks too, when known: the simulator caches them
+        counted.extend(1 if i < limit else 0 for i in range(len(keys)))
+        total += request.input_tokens
+    n = len(keys_seq)
+    next_use = [0] * n
+    seen: dict = {}
+    for i in range(n - 1, -1, -1):
+        key = keys_seq[i]
+        next_use[i] = seen.get(key, n + i)  # never again: beyond every real use, still unique
+        seen[key] = i
+    cache: dict = {}
+    heap: list = []  # (-next use, position, key); entries a later use superseded are skipped
+    hits = 0
+    for i, key in enumerate(keys_seq):
+        if key in cache and counted[i]:
+            hits += 1
+        cache[key] = next_use[i]
+        heapq.heappush(heap, (-next_use[i], i, key))
+        while len(cache) > capacity_blocks:
+            neg, _, victim = heapq.heappop(heap)
+            if cache.get(victim) == -neg:
+                del cache[victim]
+    return hits * workload.block_size / total if total else 0.0
+
+
 # -- the searches --------------------------------------------------------------------------------
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
@@ -375,7 +418,8 @@ def summary_table(rows: list[dict]) -> str:
             f"{p['busy']:.0%} | {r['best_peer']} | {_s(o['ttft_p99_s'])} / "
             f"{_s(p['ttft_p99_s'])} | {v['p99_ratio']:.2f} | {_s(o['ttft_mean_s'])} / "
             f"{_s(p['ttft_mean_s'])} | {v['mean_ratio']:.2f} | {o['token_hit_rate']:.1%} "
-            f"({r['ideal']:.1%}, {r['fleet_lru_hit']:.1%}) | {o['balance_busy']:.2f} "
+            f"({r['ideal']:.1%}, {r['optimal_hit']:.1%}, {r['fleet_lru_hit']:.1%}) | "
+            f"{o['balance_busy']:.2f} "
             f"({o['balance_assignments']:.2f}) | {_mark(v['p99_ok'])} | {_mark(v['mean_ok'])} | "
             f"{_mark(v['hit_ok'])} | {_mark(v['balance_ok'])} |")
     return "\n".join(out)
@@ -503,9 +547,11 @@ def main() -> int:
                     ("b: fleet", replicas_b, res_b, best_b)):
                 blocks = cache_blocks(base.block_size) * replicas
                 lru_hit, p99_floor = fleet_lru_bounds(base, blocks)
+                optimal_hit = optimal_hit_bound(base, blocks)
                 row = {"workload": name, "setting": label, "replicas": replicas,
                        "time_scale": scale, "best_peer": best, "ideal": ideal,
-                       "fleet_lru_hit": lru_hit, "p99_floor_s": p99_floor,
+                       "fleet_lru_hit": lru_hit, "optimal_hit": optimal_hit,
+                       "p99_floor_s": p99_floor,
                        "p99_strict_floor_s": strict_floor,
                        "ours": results[OURS], "peer": results[best],
                        "verdict": verdicts(results[OURS], results[best], ideal)}
@@ -544,7 +590,9 @@ def main() -> int:
           "",
           "Setting (a) is the load at which the best peer keeps the replicas 60 to 85% busy; "
           "(b) is the smallest fleet at that load where the best peer's p99 TTFT stays within "
-          "5x its unloaded p99. *fleet-LRU* is the token hit rate of one LRU holding the whole "
+          "5x its unloaded p99. *optimal* bounds any router's token hit rate on that fleet "
+          "(Belady's offline-optimal eviction on one cache of the fleet's size, every cached "
+          "block a hit); *fleet-LRU* is the token hit rate of one LRU holding the whole "
           "fleet's KV; the p99 floor (below) is each request prefilled alone with that hit. "
           "The *strict floor* is each request prefilled alone with the ideal (infinite-cache) "
           "hit: no router's p99 can be below it, so where 0.9x the best peer's p99 is below "
