@@ -522,9 +522,17 @@ class EmulatorServer:
                          "skip_reading_prefix_cache": False})
         features = None
         if prompt.media:
-            features = {"mm_hashes": [m.identifier for m in prompt.media],
-                        "mm_placeholders": [{"offset": m.offset, "length": m.length}
-                                            for m in prompt.media]}
+            # vLLM's MultiModalFeatures: hashes and placeholder ranges per modality, each list
+            # in prompt order. ``kwargs_data`` and ``mm_metadata`` carry processed tensors in
+            # vLLM (null with ``mm_payload: "none"``); the emulator has none to send.
+            hashes: dict[str, list[str]] = {}
+            places: dict[str, list[dict]] = {}
+            for item, modality in zip(prompt.media, prompt.modalities):
+                hashes.setdefault(modality, []).append(item.identifier)
+                places.setdefault(modality, []).append({"offset": item.offset,
+                                                        "length": item.length})
+            features = {"mm_hashes": hashes, "mm_placeholders": places, "kwargs_data": None,
+                        "mm_metadata": None}
         return {"request_id": request_id, "token_ids": list(prompt.token_ids),
                 "token_offsets": None, "features": features, "content_parts": None,
                 "sampling_params": sampling, "model": generation.model,

@@ -36,6 +36,12 @@ MEDIA_PART_TYPES = {
     "input_audio": "input_audio", "audio_url": "audio_url", "audio_embeds": "audio_embeds",
     "video_url": "video_url", "video_embeds": "video_embeds",
 }
+# vLLM's modality of each media part type: render answers key items by modality.
+MEDIA_MODALITIES = {
+    "image_url": "image", "input_image": "image", "image_embeds": "image",
+    "input_audio": "audio", "audio_url": "audio", "audio_embeds": "audio",
+    "video_url": "video", "video_embeds": "video",
+}
 _TEXT_PART_TYPES = ("text", "input_text")
 # A private-use character marks where a media item sits in the rendered chat text.
 _MEDIA_MARK = "\U000F0000"
@@ -118,12 +124,13 @@ def _split_marks(text: str, encode) -> list[int | str]:
 
 @dataclass(slots=True)
 class EncodedPrompt:
-    """A prompt as the engine runs it: token ids, its multimodal items, and its text (when the
-    request had text; ``echo`` returns it)."""
+    """A prompt as the engine runs it: token ids, its multimodal items (sorted by offset) with
+    the modality of each, and its text (when the request had text; ``echo`` returns it)."""
 
     token_ids: list[int]
     media: list[MediaItem] = field(default_factory=list)
     text: str | None = None
+    modalities: list[str] = field(default_factory=list)  # parallel to ``media``
 
 
 class PromptEncoder:
@@ -167,7 +174,7 @@ class PromptEncoder:
                     add_generation_prompt: bool = True) -> EncodedPrompt:
         """Render ``messages`` (already validated) and tokenize; media parts become runs of
         placeholder tokens with identities."""
-        flat, identities = _flatten_messages(messages)
+        flat, identities, modalities = _flatten_messages(messages)
         if self.fallback:
             pieces = self.tokenizer.encode_chat_pieces(flat)
             text = None
@@ -190,7 +197,7 @@ class PromptEncoder:
                 token_ids.append(piece)  # type: ignore[arg-type]
         if len(media) != len(identities):
             raise InputError("the chat template does not keep every media part")
-        return EncodedPrompt(token_ids, media, text)
+        return EncodedPrompt(token_ids, media, text, modalities)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids))
@@ -209,11 +216,12 @@ def media_identity(part: dict, kind: str) -> str:
     return hashlib.sha256(f"{kind}\x00{material}".encode()).hexdigest()
 
 
-def _flatten_messages(messages: Sequence[dict]) -> tuple[list[dict], list[str]]:
+def _flatten_messages(messages: Sequence[dict]) -> tuple[list[dict], list[str], list[str]]:
     """Messages with string contents (text parts joined by newlines, vLLM's "string" content
-    format) and the identities of their media parts, marked in place."""
+    format), and the identities and modalities of their media parts, marked in place."""
     flat = []
     identities: list[str] = []
+    modalities: list[str] = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
@@ -224,6 +232,7 @@ def _flatten_messages(messages: Sequence[dict]) -> tuple[list[dict], list[str]]:
                     texts.append(part["text"])
                 else:
                     identities.append(media_identity(part, kind))
+                    modalities.append(MEDIA_MODALITIES.get(kind, kind))
                     texts.append(_MEDIA_MARK)
             content = "\n".join(texts)
         elif content is None:
@@ -231,7 +240,7 @@ def _flatten_messages(messages: Sequence[dict]) -> tuple[list[dict], list[str]]:
         message = dict(message)
         message["content"] = content
         flat.append(message)
-    return flat, identities
+    return flat, identities, modalities
 
 
 class DummyOutput:
