@@ -43,6 +43,7 @@ from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import CHARS, PromptPreparer
 from prefixroute.edges.gateway.proxy import Job, Proxy
+from prefixroute.edges.gateway.render import RenderClient
 from prefixroute.edges.gateway.router import GatewayRouter
 from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
 from prefixroute.edges.gateway.tenants import TenantRegistry
@@ -60,8 +61,9 @@ class Gateway:
     """Everything one gateway process holds; ``app`` is its ASGI application.
 
     ``transport`` replaces the network to the backends (tests use ``httpx.MockTransport``);
-    ``tokenizer`` is a loaded tokenizer (``edges.tokenization``) or ``None`` for character
-    blocks; ``clock`` drives rate limits, breakers and latencies.
+    ``tokenizer`` is a loaded tokenizer (``edges.tokenization``) or ``None``; how prompts
+    become keys is ``config.tokenization`` (``prompts``); ``clock`` drives rate limits,
+    breakers and latencies.
     """
 
     def __init__(self, config: GatewayConfig, *, tokenizer: Any = None,
@@ -76,7 +78,10 @@ class Gateway:
                                block_size=config.hashing.block_size)
         self.router = GatewayRouter(policy, self.pool.backends, self.metrics, self.clock,
                                     config.decisions_kept)
-        self.prompts = PromptPreparer(config.hashing, tokenizer)
+        self.renderer = RenderClient(config.timeouts.render_s, self.metrics.registry)
+        mode = None if config.tokenization == "auto" else config.tokenization
+        self.prompts = PromptPreparer(config.hashing, tokenizer, mode=mode,
+                                      render=self.renderer.render)
         self.admission = AdmissionQueue(config.limits.max_concurrent, config.limits.max_queued,
                                         config.limits.queue_timeout_s)
         self._transport = transport
@@ -130,6 +135,7 @@ class Gateway:
             timeout=httpx.Timeout(connect=t.connect_s, read=t.read_s, write=t.write_s,
                                   pool=t.pool_s))
         self.upstream = upstream if self._transport is None else HttpxClient(self.client)
+        self.renderer.client = self.upstream  # render calls share the requests' connections
         self.proxy = Proxy(self.upstream, self.router, self.metrics, self.clock,
                            retries=self.config.retries, block_size=self.config.hashing.block_size)
         await self.pool.start(self.client)
@@ -186,10 +192,10 @@ class Gateway:
                                    code="model_not_found")
             adapter = next((b.adapters[checked.model] for b in backends
                             if checked.model in b.adapters), None)
-            if len(raw) > OFFLOAD_PREPARE_BYTES:  # keep the loop (and every stream) moving
-                prompt = await asyncio.to_thread(self.prompts.prepare, checked, adapter)
-            else:
-                prompt = self.prompts.prepare(checked, adapter)
+            # Large bodies are tokenized and hashed on a worker thread, to keep the loop (and
+            # every stream) moving; tokenization: backend awaits a replica's render first.
+            prompt = await self.prompts.prepare_async(
+                checked, adapter, backends, offload=len(raw) > OFFLOAD_PREPARE_BYTES)
             if prompt.fallback_reason:
                 self.metrics.tokenize_fallbacks.inc()
             self.metrics.queue_depth.set(self.admission.waiting + 1)

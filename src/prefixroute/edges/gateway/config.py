@@ -30,6 +30,10 @@ from prefixroute.edges.yaml_reader import kind as _kind
 from prefixroute.edges.yaml_reader import load_yaml
 
 SALT_POLICIES = ("reject", "strip")
+# How prompts become block keys (docs/gateway.md, "Tokenization modes"): ``auto`` is the
+# ``tokenizer`` mode when a tokenizer directory is configured, else ``chars``; ``backend`` asks
+# a replica's render endpoint for the token ids (and media identities).
+TOKENIZATION_MODES = ("auto", "tokenizer", "backend", "chars")
 DEFAULT_RETRIES = 2  # a third replica before giving up; vLLM router and SGLang router retry too
 DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 DEFAULT_DECISIONS_KEPT = 1000
@@ -109,6 +113,8 @@ class Timeouts:
     write_s: float = 30.0
     pool_s: float = 5.0
     health_s: float = 2.0
+    # A render call in ``tokenization: backend``; past it the request routes on its fallback.
+    render_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +153,8 @@ class GatewayConfig:
     policy: str
     source: str = "<config>"
     tokenizer: Path | None = None
+    # TOKENIZATION_MODES; "auto": "tokenizer" when a tokenizer is given, else "chars".
+    tokenization: str = "auto"
     hashing: HashingConfig = HashingConfig()
     timeouts: Timeouts = Timeouts()
     limits: Limits = Limits()
@@ -360,13 +368,22 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
             tokenizer = (base / tokenizer).resolve()
         if not (tokenizer / "tokenizer.json").is_file():
             top.fail(f"no tokenizer.json in {tokenizer}", "tokenizer")
+    tokenization = top.string("tokenization", "auto", choices=TOKENIZATION_MODES)
+    if tokenization == "tokenizer" and tokenizer is None:
+        top.fail("tokenization: tokenizer needs 'tokenizer' (the served model's tokenizer "
+                 "directory); without one use backend (the replicas' render endpoint) or "
+                 "chars", "tokenization")
+    elif tokenization == "chars" and tokenizer is not None:
+        top.fail("tokenization: chars does not use the configured 'tokenizer'; remove one of "
+                 "the two (auto uses the tokenizer when one is given)", "tokenization")
 
     t = top.section("timeouts")
     timeouts = Timeouts(t.number("connect_s", Timeouts().connect_s),
                         t.number("read_s", Timeouts().read_s),
                         t.number("write_s", Timeouts().write_s),
                         t.number("pool_s", Timeouts().pool_s),
-                        t.number("health_s", Timeouts().health_s))
+                        t.number("health_s", Timeouts().health_s),
+                        t.number("render_s", Timeouts().render_s))
     t.finish()
     lim = top.section("limits")
     limits = Limits(lim.integer("max_body_bytes", Limits().max_body_bytes, minimum=1024),
@@ -387,7 +404,7 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
 
     config = GatewayConfig(
         backends=tuple(backends), tenants=tuple(tenants), server_secret=secret, policy=policy,
-        source=source, tokenizer=tokenizer, hashing=hashing, timeouts=timeouts, limits=limits,
+        source=source, tokenizer=tokenizer, tokenization=tokenization, hashing=hashing, timeouts=timeouts, limits=limits,
         health=health, circuit_breaker=breaker,
         retries=top.integer("retries", DEFAULT_RETRIES, minimum=0),
         caller_cache_salt=top.string("caller_cache_salt", "reject", choices=SALT_POLICIES),
