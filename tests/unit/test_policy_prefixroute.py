@@ -111,6 +111,41 @@ def test_a_half_done_queue_waits_half_as_long():
     assert decision.scores[1]["wait_s"] == pytest.approx(1.0)
 
 
+def _rejected_scenario(spec):
+    """Replica 1 has "a" (1,000 tokens) queued; then "huge" (5,000 tokens, longer than its
+    KV) is sent there and rejected at once: the runner reports it done with nothing cached
+    and still 1,000 pending tokens, those of "a"."""
+    policy = create_policy(spec)
+    send(policy, req(blocks("a", 62), "a", extra_tokens=8), 1, fleet())  # 1,000 tokens
+    a_queued = fleet(pending=[0, 1000])
+    send(policy, req(blocks("h", 312), "huge", extra_tokens=8), 1, a_queued,
+         cached_tokens=0)  # 5,000 tokens
+    return policy.route(req(blocks("r", 1), "r"), a_queued)
+
+
+def test_a_rejected_request_leaves_no_phantom_queue():
+    # With the attention term at L = 1,000 tokens, work is u + u^2 / 2L: "a" is 1,000 + 500
+    # = 1,500 token-equivalents (1.5 s), "huge" 5,000 + 12,500 = 17,500.
+    spec = PLAIN.replace("attention_context_tokens=1e12", "attention_context_tokens=1000")
+    # "huge" ended while "a", routed before it, is still queued: prefill is first come, first
+    # served, so it never ran and is dropped; the wait is "a"'s 1.5 s.
+    assert _rejected_scenario(spec).scores[1]["wait_s"] == pytest.approx(1.5)
+    # Kept (drop_ended=false), it is the newest entry, the 1,000 pending tokens are taken for
+    # its last fifth, 0.2 x 17,500 = 3,500 token-equivalents: 3.5 s of a queue that is not
+    # there. In the agentic-sessions benchmark a rejected 807,523-token prompt left 330 s.
+    kept = _rejected_scenario(spec + ",drop_ended=false")
+    assert kept.scores[1]["wait_s"] == pytest.approx(3.5)
+
+
+def test_an_ended_head_of_the_queue_is_left_to_the_reconciliation():
+    # The oldest entry ran; when it ends the pending tokens decide what is left, as before.
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    send(policy, req(blocks("a", 125), "a"), 1, replicas, cached_tokens=0)  # 2,000 tokens
+    decision = policy.route(req(blocks("r", 1), "r"), fleet(pending=[0, 1000]))
+    assert decision.scores[1]["wait_s"] == pytest.approx(1.0)
+
+
 def test_a_burst_follows_the_replica_computing_its_prefix():
     # The runner's view knows nothing yet (blocks are still being computed), but the first
     # request of the burst is in flight on replica 1, so the second waits for it there.

@@ -10,7 +10,10 @@ to the replica with the fewest recent requests, then the lowest index::
     the prefill work already queued on ``r``. The policy keeps the requests it routed there as
     a first-come-first-served queue of predicted work and reconciles it with the replica's
     ``pending_prefill_tokens`` at every decision: the pending tokens belong to the newest
-    requests, so older entries are done and the oldest one left is done in part.
+    requests, so older entries are done and the oldest one left is done in part. A request
+    that ends (:meth:`on_completed`) while one routed before it is still queued never ran
+    (rejected: longer than the replica's KV, or aborted) and leaves the queue at once
+    (``drop_ended``; see below).
 ``prefill``
     the request's expected uncached tokens at the replica's speed, with the attention term:
     ``u`` new tokens after ``h`` cached ones cost ``s * (u + u (h + u / 2) / L)`` plus one
@@ -52,6 +55,23 @@ and batching end up in ``s``; no timing feedback from the engine is needed. With
 whose speed is unknown (the gateway before calibration) is learned: on the benchmark's
 identical simulated replicas, learning against a correct stated speed only added noise (the
 README table's ablation row).
+
+**Ended requests leave the queue** (``drop_ended``, on since 2026-11-30). Before, a request
+the replica rejected at once stayed the newest queue entry, and the reconciliation, which
+gives the pending tokens to the newest entries, took the pending tokens of the requests
+*before* it for its predicted work. On the agentic-sessions benchmark (kv-cache-tester, 8
+replicas, time scale 0.09944) 25 prompts are longer than a replica's KV (409,600 tokens);
+the first, 807,523 tokens at 17.7 s, made replica 0's wait read 330 s (its predicted work,
+attention included) against about 6 s really queued, until that replica's queue ran dry,
+and every such rejection did the same somewhere. Traffic fled the replica, the others'
+queues grew, and sessions stayed on KV-full replicas: 146 requests whose TTFT was more than
+twice its estimate on a replica with over 95% of its KV held made 4.8 s of the 9.9 s mean.
+Dropping them: p99 TTFT 120.1 -> 68.2 s, mean 9.92 -> 4.58 s, hit 92.6 -> 93.6% (best peer
+llmd_weighted 90.5 s / 5.50 s); at 7 replicas 112.4 -> 80.3 s, 22.7 -> 11.7 s. The head
+entry is not dropped (it ran; the reconciliation retires it). Mooncake synthetic and the
+design scenario do not change; Mooncake conversation moves a little (p99 6.86 -> 6.80 s at 8
+replicas, 14.07 -> 14.41 s at 3; means 0.72 and 2.81 -> 2.80 s), from short requests that
+finish before an older, longer prefill and now leave the queue too.
 
 **KV admission.** A replica whose KV is held by running requests cannot admit the request until
 enough of them finish: the blocks it lacks, as a share of its capacity, times how long requests
@@ -110,6 +130,8 @@ Parameters and their defaults (one configuration for every workload):
     switches for the ideas above, so the benchmark can show what each one is worth.
 ``externality`` (true), ``max_externality`` (20: ``rho`` = 0.95)
     the delay to others above, capped where the M/G/1 estimate stops meaning much.
+``drop_ended`` (true)
+    ended requests behind the head leave the queue (above); false is the earlier rule.
 ``replicate`` (false), ``replica_share`` (1.25, the issue's busiest-replica bound),
 ``balance_cap`` (0 = off), ``max_copy`` (0.05) as described above.
 """
@@ -200,13 +222,13 @@ class ReplicaEstimate:
             pending = 0.0
         else:
             while len(queue) > 1 and self.queue_units - queue[0][0] >= pending_prefill_tokens:
-                units, _, work = queue.popleft()
+                units, _, work, _ = queue.popleft()
                 self.queue_units -= units
                 self.queue_work -= work
             pending = self.queue_work
             if queue:
                 # Admission drops the cached tokens at once; the uncached ones are computed.
-                units, uncached, work = queue[0]
+                units, uncached, work, _ = queue[0]
                 left = pending_prefill_tokens - (self.queue_units - units)
                 remaining = min(1.0, max(0.0, left / uncached)) if uncached > 0 else 0.0
                 pending -= work * (1.0 - remaining)
@@ -235,14 +257,33 @@ class ReplicaEstimate:
         self.observed_at = now
         self.busy = pending_prefill_tokens > 0
 
-    def add_work(self, units: float, uncached: float, work: float) -> None:
-        """A request was routed here: ``units`` as the runner will count its pending tokens,
-        ``uncached`` of them to compute, ``work`` its predicted prefill (token-equivalents)."""
-        self.queue.append([units, uncached, work])
+    def add_work(self, units: float, uncached: float, work: float,
+                 request_id: str = "") -> None:
+        """Request ``request_id`` was routed here: ``units`` as the runner will count its
+        pending tokens, ``uncached`` of them to compute, ``work`` its predicted prefill
+        (token-equivalents)."""
+        self.queue.append([units, uncached, work, request_id])
         self.queue_units += units
         self.queue_work += work
         self.pending_work += work
         self.busy = True
+
+    def drop(self, request_id: str) -> None:
+        """A request ended while requests routed here before it are still queued: prefill is
+        first come, first served, so it never ran (the replica rejected it: longer than its
+        KV, or it was aborted) and has no work left. Without this, such a request stays the
+        newest entry, and the reconciliation takes the pending tokens of the requests before
+        it for its predicted work: a phantom queue of minutes. The head entry stays: it ran,
+        and the reconciliation retires it."""
+        queue = self.queue
+        for i in range(len(queue) - 1, 0, -1):
+            if queue[i][3] == request_id:
+                units, _, work, _ = queue[i]
+                del queue[i]
+                self.queue_units -= units
+                self.queue_work -= work
+                self.pending_work = max(0.0, self.pending_work - work)
+                return
 
     # -- the cache ------------------------------------------------------------------------------
     def survival(self, stamp: int, width: float) -> float:
@@ -299,7 +340,8 @@ class PrefixRoute(BasePolicy):
                  learn_speed: str = "auto", feedback: bool = True, follow_inflight: bool = True,
                  replicate: bool = False, replica_share: float = 1.25,
                  balance_cap: float = 0.0, max_copy: float = 0.05,
-                 externality: bool = True, max_externality: float = 20.0) -> None:
+                 externality: bool = True, max_externality: float = 20.0,
+                 drop_ended: bool = True) -> None:
         if prefill_s_per_token <= 0 or attention_context_tokens <= 0:
             raise ConfigError("prefill_s_per_token and attention_context_tokens must be positive")
         if step_overhead_tokens < 0 or decode_tokens_per_seq < 0 \
@@ -347,6 +389,7 @@ class PrefixRoute(BasePolicy):
         self.feedback = feedback
         self.follow_inflight = follow_inflight
         self.externality = externality
+        self.drop_ended = drop_ended
         self.load_horizon_s = load_horizon_s
         self.max_externality = max_externality
         # Whether the runner's pending_prefill_tokens count a waiting request's whole prompt
@@ -667,7 +710,7 @@ class PrefixRoute(BasePolicy):
             cached = expected * request.block_size
         uncached = max(0.0, request.num_tokens - cached)
         units = request.num_tokens if self._pending_counts_prompt else uncached
-        est.add_work(units, uncached, self.prefill_work(uncached, cached))
+        est.add_work(units, uncached, self.prefill_work(uncached, cached), request.request_id)
         inserts_before = est.inserts
         predicted_blocks = int(round(cached / request.block_size)) if request.block_size else 0
         stamp = est.touch(keys, predicted_blocks)
@@ -708,6 +751,8 @@ class PrefixRoute(BasePolicy):
         if est is None:
             return
         est.in_flight.pop(request.request_id, None)
+        if self.drop_ended:
+            est.drop(request.request_id)
         if prediction is None or prediction[0] != replica or request.block_size <= 0 \
                 or not self.feedback:
             return
