@@ -364,3 +364,23 @@ def test_config_errors_name_file_line_and_field(tmp_path, monkeypatch, tiny_toke
     message = str(caught.value)
     assert f"gateway.yaml:{line}" in message, message
     assert f"field '{field}'" in message and words in message, message
+
+
+# -- prefixroute doctor without a tokenizer: the render endpoint ---------------------------
+
+
+def test_doctor_without_a_tokenizer_checks_the_render_endpoint(tiny_tokenizer_dir):
+    from prefixroute.edges.gateway.doctor import OK, WARN
+    from prefixroute.edges.tokenization import load_tokenizer
+    from tests.unit.test_gateway_doctor import FakeEngine, by_name, doctor_for
+
+    engine = FakeEngine(load_tokenizer(tiny_tokenizer_dir))
+    checks = by_name(doctor_for(engine).run())
+    assert checks["render_completion"].status == OK, checks["render_completion"].detail
+    assert checks["render_chat"].status == OK, checks["render_chat"].detail
+    assert "tokenize" not in checks
+    engine = FakeEngine(load_tokenizer(tiny_tokenizer_dir), render=False)
+    doctor = doctor_for(engine)
+    checks = by_name(doctor.run())
+    assert checks["render_chat"].status == WARN and doctor.ok
+    assert "--enable-scale-out" in checks["render_chat"].detail

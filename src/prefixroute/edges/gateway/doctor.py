@@ -24,6 +24,13 @@ fresh random ``cache_salt`` (so they can neither hit nor pollute anyone's cache)
                      engine has them, and always through the cache: the local token ids are
                      sent first, then the text or messages, which must hit all their full
                      blocks. A mismatch is reported at its first differing token.
+``render_*``         (without ``--tokenizer``: what ``tokenization: backend`` relies on) the
+                     render endpoints answer, and the token ids they give for a completion
+                     text and a chat conversation are the ones the engine runs: sent first as
+                     token ids, the text or messages must then hit all their full blocks. An
+                     endpoint that is off (vLLM 0.32 answers 403 without
+                     ``--enable-scale-out``) is a warning: the gateway would route on
+                     character blocks.
 """
 
 from __future__ import annotations
@@ -121,9 +128,10 @@ class Doctor:
             self._tokenize_completion()
             self._tokenize_chat()
         else:
-            self.checks.append(Check("tokenize", SKIP, "no --tokenizer given: the gateway "
-                                     "would route on character blocks, which cannot match "
-                                     "engine events"))
+            self._render_tokens("render_completion", "/v1/completions",
+                                {"model": self.model, "prompt": COMPLETION_TEXT})
+            self._render_tokens("render_chat", "/v1/chat/completions",
+                                {"model": self.model, "messages": CHAT_MESSAGES})
         return self.checks
 
     @property
@@ -309,6 +317,23 @@ class Doctor:
         self._compare("tokenize_chat", local, rendered,
                       {"model": self.model, "messages": CHAT_MESSAGES},
                       "/v1/chat/completions")
+
+    def _render_tokens(self, name: str, path: str, body: dict) -> None:
+        """Without a local tokenizer: the render endpoint's ids must be the engine's."""
+        ids = self._render(path + "/render", body)
+        if ids is None:
+            self.checks.append(Check(name, WARN, f"POST {path}/render gave no token ids: "
+                                     "tokenization: backend needs it (vLLM 0.32: start with "
+                                     "--enable-scale-out); without it and without a "
+                                     "tokenizer the gateway routes on character blocks, "
+                                     "which cannot match engine events"))
+            return
+        if not self._cached_reported:
+            self.checks.append(Check(name, OK, f"render endpoint answers ({len(ids)} tokens); "
+                                     "not verified through the cache (no cached_tokens)",
+                                     {"engine_tokens": len(ids)}))
+            return
+        self._compare(name, ids, None, body, path)
 
     def _compare(self, name: str, local: list[int], rendered: list[int] | None,
                  body: dict, path: str) -> None:
