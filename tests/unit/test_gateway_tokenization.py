@@ -384,3 +384,51 @@ def test_doctor_without_a_tokenizer_checks_the_render_endpoint(tiny_tokenizer_di
     checks = by_name(doctor.run())
     assert checks["render_chat"].status == WARN and doctor.ok
     assert "--enable-scale-out" in checks["render_chat"].detail
+
+
+# -- the app in backend mode (fake replicas behind httpx.MockTransport) --------------------
+
+
+def test_the_app_routes_on_rendered_tokens_and_falls_back_when_render_is_off(monkeypatch):
+    from tests.unit.test_gateway_app import Harness, make_config
+
+    renders = []
+
+    def with_render(replica):
+        handle = replica.handle
+
+        async def handle_with_render(request):
+            if request.url.path.endswith("/render"):
+                body = json.loads(request.content)
+                renders.append((replica.name, body))
+                if replica.fault == "render_off":
+                    return httpx.Response(403, json={"error": {"message": "Scale-out endpoints "
+                                                               "are disabled."}})
+                ids = [1, *(ord(c) for c in body["prompt"])]
+                return httpx.Response(200, json=[{"request_id": "cmpl-1", "token_ids": ids,
+                                                  "features": None}])
+            return await handle(request)
+        replica.handle = handle_with_render
+
+    config = make_config(monkeypatch, tokenization="backend")
+
+    async def scenario():
+        async with Harness(config) as h:
+            for replica in h.replicas.values():
+                with_render(replica)
+            prompt = "a prompt long enough for a few blocks"
+            await h.openai().completions.create(model="tiny", prompt=prompt)
+            await h.openai().completions.create(model="tiny", prompt=prompt)  # cached
+            record = h.gateway.router.decisions[-1]
+            assert record.tokenization == "backend"
+            assert record.full_blocks == (len(prompt) + 1) // BLOCK
+            assert len(renders) == 1 and "cache_salt" not in renders[0][1]
+            for replica in h.replicas.values():
+                replica.fault = "render_off"
+            await h.openai().completions.create(model="tiny", prompt="another prompt here")
+            assert h.gateway.router.decisions[-1].tokenization == "chars"
+            metrics = (await h.http.get("/metrics")).text
+            assert "prefixroute_gateway_tokenize_fallbacks_total 1.0" in metrics
+            assert 'prefixroute_gateway_render_calls_total{outcome="http_403"} 1.0' in metrics
+            assert 'prefixroute_gateway_render_calls_total{outcome="ok"} 1.0' in metrics
+    run(scenario())
