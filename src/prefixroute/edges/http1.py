@@ -4,7 +4,8 @@ Why not httpx alone: its connection pool (httpcore) scans every pooled connectio
 request and parses with the pure-Python ``h11``, about a millisecond of CPU per proxied request
 on this project's 2-core machines (``benchmarks/emulator_rps.py`` saw the same from the client
 side). This client does only what a proxy and a load generator need, and parses responses with
-``httptools`` (the C parser uvicorn serves with):
+``httptools`` (the C parser uvicorn serves with), from the connection's own protocol callback
+(no stream reader; a task wakes up only when it waits for the bytes that arrived):
 
 * one pool of idle keep-alive connections per origin, most recently used first; a pooled
   connection the server has closed is noticed before use (EOF already read), and a request
@@ -13,7 +14,10 @@ side). This client does only what a proxy and a load generator need, and parses 
 * bodies framed by ``Content-Length``, ``chunked`` or the connection's end, delivered as they
   arrive (:meth:`Response.aiter_raw`); a connection is reused only when its body was read to
   the end and neither side asked to close;
-* connect, write and read (between bytes) timeouts.
+* connect, write and read (between bytes) timeouts;
+* a body can be *spliced* (:meth:`Response.splice`): each chunk is handed, as it arrives, to a
+  sink called from the connection's data callback, with pause/resume for back-pressure. A
+  proxy relaying many streams then wakes no task and runs no generator per chunk.
 
 :class:`HTTP1Transport` puts it under ``httpx.AsyncClient`` (for code written against httpx);
 :class:`HttpxClient` goes the other way, an ``httpx.AsyncClient`` behind this client's
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import AsyncIterator, Iterable, Mapping
+from typing import AsyncIterator, Iterable, Mapping, Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -70,37 +74,111 @@ class _Origin:
         self.idle: deque[_Connection] = deque()
 
 
-class _Connection:
-    __slots__ = ("reader", "writer", "origin", "reused")
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection. Bytes from the server go straight into the current
+    exchange's parser from the loop's callback: no stream reader, and no task wakes up unless
+    someone is waiting for exactly those bytes (a spliced body wakes nobody)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 origin: _Origin):
-        self.reader = reader
-        self.writer = writer
+    __slots__ = ("origin", "transport", "reused", "closed", "exchange", "_drain")
+
+    def __init__(self, origin: _Origin):
         self.origin = origin
+        self.transport: asyncio.Transport | None = None
         self.reused = False
+        self.closed = False  # EOF seen or connection lost: never used again
+        self.exchange: _Exchange | None = None
+        self._drain: asyncio.Future | None = None  # set while the write buffer is full
+
+    # -- asyncio.Protocol --
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None:  # bytes nobody asked for: the connection is out of step
+            self.abort()
+            return
+        exchange.feed(data)
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange.ended(None)
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange.ended(exc)
+        self.resume_writing()
+
+    def pause_writing(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    # -- ours --
 
     def usable(self) -> bool:
-        return not self.reader.at_eof() and not self.writer.is_closing()
+        return not self.closed and self.transport is not None \
+            and not self.transport.is_closing()
 
     def close(self) -> None:
-        self.writer.close()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection at once (mid-body: nothing left in it is wanted)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
 
-class _Events:
-    """httptools callbacks, collected."""
+class _Exchange:
+    """One response being read: httptools callbacks, the body not yet taken, who waits for
+    it (a task awaiting :meth:`wait`, or a splice sink called from the connection's
+    callback), and the read timeout.
 
-    __slots__ = ("headers", "body", "headers_done", "complete", "framed", "keep_alive",
-                 "parser")
+    The read timeout (at most ``seconds`` waiting for the server's next bytes) is one loop
+    timer per response: due ``seconds`` after the wait under way started, pushed back when it
+    fires early, lapsing while nobody waits (a slow caller is not a slow server)."""
 
-    def __init__(self) -> None:
-        self.parser: httptools.HttpResponseParser | None = None
+    __slots__ = ("conn", "client", "parser", "headers", "body", "buffered", "headers_done",
+                 "complete", "framed", "keep_alive", "error", "received", "waiter", "sink",
+                 "seconds", "loop", "handle", "waiting", "since", "paused", "released",
+                 "no_body")
+
+    def __init__(self, conn: _Connection, client: "Client", seconds: float | None):
+        self.conn: _Connection | None = conn
+        self.client = client
+        self.parser = httptools.HttpResponseParser(self)
         self.keep_alive = False  # read at the end of the headers: later the parser forgets
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
+        self.buffered = 0
         self.headers_done = False
         self.complete = False
         self.framed = False  # Content-Length or chunked: the body's end is known
+        self.error: TransportError | None = None
+        self.received = 0
+        self.waiter: asyncio.Future | None = None
+        self.sink: Sink | None = None
+        self.seconds = seconds
+        self.loop = asyncio.get_running_loop()
+        self.handle: asyncio.TimerHandle | None = None
+        self.waiting = False
+        self.since = 0.0
+        self.paused = False  # reading paused: the body is not being taken
+        self.released = False
+        self.no_body = False
+
+    # -- httptools callbacks --
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lower = name.lower()
@@ -111,97 +189,226 @@ class _Events:
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
-        if self.parser is not None:
-            self.keep_alive = self.parser.should_keep_alive()
-            self.parser = None  # no reference cycle with the parser that holds us
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
+        self.buffered += len(body)
 
     def on_message_complete(self) -> None:
         self.complete = True
 
+    # -- from the connection --
 
-class _ReadTimer:
-    """The read timeout (at most ``seconds`` waiting for the server's next bytes) with one
-    loop timer per response instead of an ``asyncio.timeout`` per read: making, scheduling and
-    cancelling one for every read of a streamed body was a tenth of a proxied stream's CPU.
-
-    The timer is due ``seconds`` after the read under way started; when it fires early (that
-    read ended and another began) it is pushed back to the current read's due time, and with
-    no read under way it lapses until the next read arms it again. On expiry the reading task
-    is cancelled and the read raises ``TimeoutError`` (a cancellation from anyone else stays a
-    cancellation)."""
-
-    __slots__ = ("seconds", "loop", "handle", "task", "read_started", "expired")
-
-    def __init__(self, seconds: float | None):
-        self.seconds = seconds
-        self.loop = asyncio.get_running_loop()
-        self.handle: asyncio.TimerHandle | None = None
-        self.task: asyncio.Task | None = None
-        self.read_started: float | None = None
-        self.expired = False
-
-    async def read(self, reader: asyncio.StreamReader) -> bytes:
-        if self.seconds is None:
-            return await reader.read(READ_SIZE)
-        self.task = asyncio.current_task()
-        self.read_started = now = self.loop.time()
-        if self.handle is None:
-            self.handle = self.loop.call_at(now + self.seconds, self._fire)
+    def feed(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.waiting:
+            self.since = self.loop.time()
         try:
-            return await reader.read(READ_SIZE)
-        except asyncio.CancelledError:
-            if self.expired and self.task is not None and self.task.uncancel() == 0:
-                raise TimeoutError() from None
-            raise
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            what = "response body" if self.headers_done else "response"
+            self._fail(ProtocolError(f"malformed {what}: {exc}"))
+            return
+        if self.complete:
+            self._release()
+        sink = self.sink
+        if sink is not None:
+            if self.body:
+                sink.on_body(self.take())
+            if self.complete:
+                self._end_sink()
+            return
+        if self.buffered > READ_SIZE and not self.complete and self.conn is not None \
+                and not self.paused:
+            self.paused = True  # nobody takes the body: stop reading until someone does
+            self.conn.transport.pause_reading()  # type: ignore[union-attr]
+        self._wake()
+
+    def ended(self, exc: Exception | None) -> None:
+        """The server closed the connection (EOF, ``exc`` None) or it was lost."""
+        if self.complete or self.error is not None:
+            return
+        if self.headers_done and not self.framed and exc is None:
+            self.complete = True  # the body ends with the connection
+            self._release()
+            if self.sink is not None:
+                self._end_sink()
+            else:
+                self._wake()
+            return
+        if not self.headers_done:
+            if self.conn is not None and self.conn.reused and not self.received:
+                error: TransportError = _Stale()
+            elif exc is not None:
+                error = ProtocolError(f"connection lost before the response: {exc}")
+            else:
+                error = ProtocolError("the server closed the connection without answering")
+        elif exc is not None:
+            error = ProtocolError(f"connection lost while reading the body: {exc}")
+        else:
+            error = ProtocolError("the server closed the connection before the end of the "
+                                  "body")
+        self._fail(error)
+
+    # -- for the reader --
+
+    def take(self) -> bytes:
+        body = self.body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self.buffered = 0
+        if self.paused and self.sink is None:
+            self._resume()
+        return data
+
+    async def wait(self) -> None:
+        """Until something changes: body bytes, the end, or an error."""
+        waiter = self.waiter = self.loop.create_future()
+        self._start_waiting()
+        try:
+            await waiter
         finally:
-            self.read_started = None
+            self.waiter = None
+            self.waiting = False
+
+    def splice(self, sink: "Sink") -> None:
+        self.sink = sink
+        if self.body:
+            sink.on_body(self.take())
+        if self.error is not None:
+            self._error_sink()
+        elif self.complete:
+            self._end_sink()
+        elif not self.paused:
+            self._start_waiting()
+        else:
+            self.resume()
+
+    def pause(self) -> None:
+        if not self.paused and self.conn is not None and not self.complete:
+            self.paused = True
+            self.waiting = False
+            self.conn.transport.pause_reading()  # type: ignore[union-attr]
+
+    def resume(self) -> None:
+        if self.paused:
+            self._resume()
+            if self.sink is not None and not self.complete and self.error is None:
+                self._start_waiting()
+
+    def close(self) -> None:
+        """Done with it: a connection still mid-body is dropped."""
+        self.sink = None
+        self._stop_timer()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.exchange = None
+            conn.abort()
+
+    # -- inside --
+
+    def _resume(self) -> None:
+        self.paused = False
+        if self.conn is not None and not self.conn.closed:
+            self.conn.transport.resume_reading()  # type: ignore[union-attr]
+
+    def _start_waiting(self) -> None:
+        if self.seconds is None:
+            return
+        self.waiting = True
+        self.since = self.loop.time()
+        if self.handle is None:
+            self.handle = self.loop.call_at(self.since + self.seconds, self._fire)
 
     def _fire(self) -> None:
         self.handle = None
-        started = self.read_started
-        if started is None or self.seconds is None:
+        if not self.waiting or self.seconds is None:
             return
-        due = started + self.seconds
+        due = self.since + self.seconds
         if self.loop.time() < due:
             self.handle = self.loop.call_at(due, self._fire)
             return
-        self.expired = True
-        if self.task is not None:
-            self.task.cancel()
+        self._fail(RequestTimeout("read", self.seconds))
 
-    def stop(self) -> None:
+    def _stop_timer(self) -> None:
+        self.waiting = False
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _release(self) -> None:
+        """The whole response is in: the connection goes back to the pool (if both sides
+        keep it alive) while the body, if not yet taken, stays here."""
+        if self.released:
+            return
+        self.released = True
+        self._stop_timer()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.exchange = None
+            if self.paused:
+                self.paused = False
+                if not conn.closed:
+                    conn.transport.resume_reading()  # type: ignore[union-attr]
+            self.client._release(conn, self.keep_alive)
+
+    def _fail(self, error: TransportError) -> None:
+        if self.error is not None or self.complete:
+            return
+        self.error = error
+        self._stop_timer()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.exchange = None
+            conn.abort()
+        if self.sink is not None:
+            self._error_sink()
+        else:
+            self._wake()
+
+    def _end_sink(self) -> None:
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            sink.on_end()
+
+    def _error_sink(self) -> None:
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            sink.on_error(self.error)  # type: ignore[arg-type]
+
+
+class Sink(Protocol):
+    """Where a spliced body goes (:meth:`Response.splice`); called from the connection's
+    callback, so it must not block."""
+
+    def on_body(self, data: bytes) -> None: ...
+
+    def on_end(self) -> None: ...
+
+    def on_error(self, error: TransportError) -> None: ...
 
 
 class Response:
     """A response whose status and headers have arrived; the body follows on demand.
 
-    Read the body with :meth:`aiter_raw` or :meth:`aread`, or drop it with :meth:`aclose`
-    (which closes the connection when the body was not read to its end)."""
+    Read the body with :meth:`aiter_raw` or :meth:`aread`, hand it to a :class:`Sink` as it
+    arrives with :meth:`splice`, or drop it with :meth:`aclose` (which closes the connection
+    when the body was not read to its end)."""
 
-    __slots__ = ("status", "raw_headers", "_headers", "_client", "_conn", "_parser", "_events",
-                 "_timer", "_done")
+    __slots__ = ("status", "raw_headers", "_headers", "_exchange", "_done")
 
-    def __init__(self, status: int, client: "Client", conn: _Connection,
-                 parser: httptools.HttpResponseParser, events: _Events, timer: _ReadTimer,
-                 no_body: bool):
+    def __init__(self, status: int, exchange: _Exchange):
         self.status = status
-        self.raw_headers = events.headers
+        self.raw_headers = exchange.headers
         self._headers: dict[str, str] | None = None
-        self._client = client
-        self._conn: _Connection | None = conn
-        self._parser = parser
-        self._events = events
-        self._timer = timer
+        self._exchange = exchange
         self._done = False
-        if no_body:
-            events.body.clear()
-            self._finish(events.keep_alive)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -213,66 +420,50 @@ class Response:
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (de-chunked, not decompressed)."""
-        events = self._events
+        exchange = self._exchange
         while True:
-            if events.body:
-                data = events.body[0] if len(events.body) == 1 else b"".join(events.body)
-                events.body.clear()
-                if events.complete:
-                    self._finish(events.keep_alive)
-                yield data
-            if events.complete or self._done:
-                if not self._done:
-                    self._finish(events.keep_alive)
+            if exchange.body:
+                yield exchange.take()
+                continue
+            if exchange.error is not None:
+                self._done = True
+                raise exchange.error
+            if exchange.complete or self._done:
+                self._done = True
                 return
-            conn = self._conn
-            assert conn is not None
             try:
-                data = await self._timer.read(conn.reader)
-            except TimeoutError:
-                self._abort()
-                raise RequestTimeout("read", self._timer.seconds) from None
-            except OSError as exc:
-                self._abort()
-                raise ProtocolError(f"connection lost while reading the body: {exc}") from None
+                await exchange.wait()
             except BaseException:  # cancelled: the connection is mid-body, unusable
                 self._abort()
                 raise
-            if not data:
-                if events.framed:
-                    self._abort()
-                    raise ProtocolError("the server closed the connection before the end of "
-                                        "the body")
-                events.complete = True  # the body ends with the connection
-                self._finish(False)
-                continue
-            try:
-                self._parser.feed_data(data)
-            except httptools.HttpParserError as exc:
-                self._abort()
-                raise ProtocolError(f"malformed response body: {exc}") from None
 
     async def aread(self) -> bytes:
         chunks = [chunk async for chunk in self.aiter_raw()]
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def aclose(self) -> None:
-        if not self._done:
-            self._abort()
+    def splice(self, sink: Sink) -> None:
+        """From now on, every body chunk goes to ``sink.on_body`` as it arrives, from the
+        connection's data callback (what is already buffered goes at once); then exactly one
+        of ``sink.on_end()`` or ``sink.on_error(exc)``. :meth:`pause_reading` and
+        :meth:`resume_reading` push back on the server; :meth:`aclose` stops it all."""
+        self._exchange.splice(sink)
 
-    def _finish(self, keep_alive: bool) -> None:
-        conn, self._conn = self._conn, None
-        self._done = True
-        self._timer.stop()
-        if conn is not None:
-            self._client._release(conn, keep_alive)
+    def pause_reading(self) -> None:
+        """Stop reading the server (its read timeout is paused too)."""
+        self._exchange.pause()
+
+    def resume_reading(self) -> None:
+        self._exchange.resume()
+
+    async def aclose(self) -> None:
+        self._abort()
 
     def _abort(self) -> None:
-        conn, self._conn = self._conn, None
-        self._done = True
-        self._timer.stop()
-        if conn is not None:
-            conn.close()
+        if not self._done:
+            self._done = True
+            exchange = self._exchange
+            if not exchange.complete:
+                exchange.close()
 
 
 class Client:
@@ -325,17 +516,18 @@ class Client:
             if conn is None:
                 conn = await self._connect(origin, self.connect_timeout if connect_timeout is None
                                            else connect_timeout)
+            exchange = conn.exchange = _Exchange(conn, self, read_s)
             try:
                 await self._send(conn, head, body, self.write_timeout if write_timeout is None
                                  else write_timeout)
-                return await self._read_head(conn, method, read_s)
+                return await self._read_head(exchange, method)
             except _Stale:
-                conn.close()
+                exchange.close()
                 if fresh:  # cannot happen on a new connection; guard against a loop anyway
                     raise ProtocolError("the server closed the connection without answering")
                 continue  # the server closed an idle connection: send on a new one
             except BaseException:
-                conn.close()
+                exchange.close()
                 raise
 
     @staticmethod
@@ -365,78 +557,59 @@ class Client:
         return None
 
     async def _connect(self, origin: _Origin, timeout: float) -> _Connection:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(origin.host, origin.port,
-                                                               limit=READ_SIZE)
+                _, conn = await loop.create_connection(lambda: _Connection(origin),
+                                                       origin.host, origin.port)
         except TimeoutError:
             raise RequestTimeout("connect", timeout) from None
         except OSError as exc:
             raise ConnectError(f"cannot connect to {origin.host}:{origin.port}: "
                                f"{exc.strerror or exc}") from None
-        return _Connection(reader, writer, origin)
+        return conn
 
     async def _send(self, conn: _Connection, head: bytes, body: bytes, timeout: float) -> None:
-        writer = conn.writer
-        try:
-            if len(body) < 16384:
-                writer.write(head + body)
-            else:
-                writer.write(head)
-                writer.write(body)
-            if writer.transport.get_write_buffer_size() > READ_SIZE:
-                async with asyncio.timeout(timeout):
-                    await writer.drain()
-        except TimeoutError:
-            raise RequestTimeout("write", timeout) from None
-        except OSError as exc:
+        if not conn.usable():
             if conn.reused:
-                raise _Stale() from None
-            raise ProtocolError(f"connection lost while sending: {exc}") from None
-
-    async def _read_head(self, conn: _Connection, method: str, timeout: float) -> Response:
-        events = _Events()
-        parser = events.parser = httptools.HttpResponseParser(events)
-        received = 0
-        timer = _ReadTimer(timeout)
-        try:
-            while not events.headers_done:
-                data = await self._read_head_bytes(conn, timer, received)
-                received += len(data)
-                try:
-                    parser.feed_data(data)
-                except httptools.HttpParserError as exc:
-                    raise ProtocolError(f"malformed response: {exc}") from None
-                if events.headers_done and parser.get_status_code() < 200:
-                    # Interim answers (100 Continue, 103 Early Hints) are never asked for here.
-                    raise ProtocolError("interim (1xx) responses are not supported")
-        except BaseException:
-            timer.stop()
-            raise
-        status = parser.get_status_code()
-        return Response(status, self, conn, parser, events, timer,
-                        no_body=method == "HEAD" or status in _NO_BODY_STATUSES)
-
-    @staticmethod
-    async def _read_head_bytes(conn: _Connection, timer: _ReadTimer, received: int) -> bytes:
-        try:
-            data = await timer.read(conn.reader)
-        except TimeoutError:
-            raise RequestTimeout("read", timer.seconds) from None
-        except OSError as exc:
-            if conn.reused and not received:
-                raise _Stale() from None
-            raise ProtocolError(f"connection lost before the response: {exc}") from None
-        if not data:
-            if conn.reused and not received:
                 raise _Stale()
-            raise ProtocolError("the server closed the connection without answering")
-        return data
+            raise ProtocolError("the server closed the connection before the request went out")
+        transport = conn.transport
+        assert transport is not None
+        if len(body) < 16384:
+            transport.write(head + body)
+        else:
+            transport.write(head)
+            transport.write(body)
+        drain = conn._drain
+        if drain is not None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await drain
+            except TimeoutError:
+                raise RequestTimeout("write", timeout) from None
+
+    async def _read_head(self, exchange: _Exchange, method: str) -> Response:
+        while not exchange.headers_done:
+            if exchange.error is not None:
+                raise exchange.error
+            await exchange.wait()
+        if exchange.parser.get_status_code() < 200:
+            # Interim answers (100 Continue, 103 Early Hints) are never asked for here.
+            raise ProtocolError("interim (1xx) responses are not supported")
+        status = exchange.parser.get_status_code()
+        if method == "HEAD" or status in _NO_BODY_STATUSES:
+            exchange.body.clear()
+            exchange.buffered = 0
+            exchange.complete = True
+            exchange._release()
+        return Response(status, exchange)
 
     def _release(self, conn: _Connection, keep_alive: bool) -> None:
         idle = conn.origin.idle
         if keep_alive and not self._closed and conn.usable() \
                 and len(idle) < self.max_idle_per_origin:
+            conn.reused = True
             idle.append(conn)
         else:
             conn.close()
@@ -448,7 +621,7 @@ class Client:
                 origin.idle.pop().close()
 
 
-class _Stale(Exception):
+class _Stale(TransportError):
     """A reused connection was found closed before any response byte: resend."""
 
 

@@ -11,6 +11,19 @@ silently truncated answer.
 Streams pass through event by event as the replica sends them. The gateway asks the replica for
 the usage chunk (``stream_options.include_usage``) to learn ``cached_tokens``, and drops that
 chunk again when the caller did not ask for it.
+
+Two drivers relay a stream, sharing the per-event logic (:class:`SSERelay`'s ``take``, ``tail``
+and ``broke``):
+
+* *spliced* (served by uvicorn's httptools protocol, replicas through ``edges/http1.py``):
+  after the first event, the replica connection's data callback hands each body chunk to a
+  sink that frames it as an HTTP/1.1 chunk and writes it straight to the caller's transport:
+  no task wake-up, no generator, no ASGI message per event. When the caller's write buffer
+  is full, reading the replica pauses until it drains. The response start and its end go
+  through uvicorn's ``send`` as usual, so its connection state (keep-alive, completion)
+  stays its own;
+* *generic* (any other ASGI server, in-process test clients, an httpx transport): an async
+  generator under a ``StreamingResponse``.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response, StreamingResponse
 
@@ -61,7 +74,8 @@ class Job:
 class ClosingStreamingResponse(StreamingResponse):
     """A streaming response that always closes its relay, however the send ends (client
     gone, server shutting down, or never started): the upstream response and the request's
-    slot are released at once rather than whenever the generator is collected."""
+    slot are released at once rather than whenever the generator is collected. Spliced when
+    the server and the upstream allow it (module docstring), else a generator."""
 
     def __init__(self, relay: "SSERelay", **kwargs: Any):
         super().__init__(relay.events(), **kwargs)
@@ -91,7 +105,20 @@ class ClosingStreamingResponse(StreamingResponse):
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await self.stream_response(send)
+            cycle = _uvicorn_cycle(send) if hasattr(self.relay.upstream, "splice") else None
+            if cycle is None:
+                await self.stream_response(send)
+            else:
+                await send({"type": "http.response.start", "status": self.status_code,
+                            "headers": self.raw_headers})
+                if cycle.chunked_encoding is True:
+                    await self.relay.splice(cycle, send)
+                else:  # not what this splice was written for: relay as Starlette would
+                    async for chunk in self.body_iterator:
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+                    await send({"type": "http.response.body", "body": b"",
+                                "more_body": False})
         except asyncio.CancelledError:
             if not left or task.uncancel() > 0:  # cancelled by someone else as well
                 raise
@@ -263,7 +290,11 @@ class Proxy:
 
 
 class SSERelay:
-    """Relays one replica stream to the caller, event by event."""
+    """Relays one replica stream to the caller, event by event.
+
+    ``take``, ``tail`` and ``broke`` are the per-event logic both drivers share: what to pass
+    on for bytes just received, at the stream's end, and when the replica's stream breaks.
+    :meth:`events` is the generic driver, :meth:`splice` the spliced one."""
 
     def __init__(self, job: Job, attempt: Attempt, upstream: Upstream,
                  chunks: AsyncIterator[bytes], first: bytes, proxy: Proxy,
@@ -276,6 +307,8 @@ class SSERelay:
         self.proxy = proxy
         self.on_done = on_done
         self.usage: dict | None = None
+        self.buffer = b""
+        self.sent_any = False
         self._closed = False
 
     async def close(self) -> None:
@@ -292,50 +325,99 @@ class SSERelay:
         finally:
             self.on_done(self.job)
 
+    # -- the per-event logic --
+
+    def take(self, data: bytes) -> bytes:
+        """What goes to the caller for ``data`` just received: every complete event in one
+        piece (what one read brought, usually one event), the usage chunk filtered; an
+        incomplete event waits for the rest."""
+        buffer = self.buffer + data if self.buffer else data
+        cut = buffer.rfind(b"\n\n")
+        if cut < 0:
+            self.buffer = buffer
+            return b""
+        if cut + 2 == len(buffer):
+            complete, self.buffer = buffer, b""
+        else:
+            complete, self.buffer = buffer[:cut + 2], buffer[cut + 2:]
+        if b'"usage"' in complete:
+            complete = b"".join(out for out in map(self._filter, _events_of(complete)) if out)
+        if complete:
+            if not self.sent_any:
+                self.sent_any = True
+                self.job.ttft_s = self.proxy.clock.now() - self.job.started
+            if b"data: [DONE]" in complete:
+                # The answer is whole once [DONE] is out: record success before it goes,
+                # since a caller that has it may hang up at once.
+                self._succeed()
+        return complete
+
+    def tail(self) -> bytes:
+        """The replica's stream ended: what is left to pass on (a last event without its
+        blank line); the attempt succeeded."""
+        rest, self.buffer = self.buffer, b""
+        self._succeed()
+        return rest if rest.strip() else b""
+
+    def broke(self, exc: TransportError) -> bytes:
+        """The replica's stream broke after bytes reached the caller: no retry is possible,
+        so the error event that says so in the stream."""
+        reason = "timeout" if isinstance(exc, RequestTimeout) else "stream"
+        self.proxy._failed(self.job, self.attempt, reason,
+                           f"stream broke midway: {type(exc).__name__}")
+        self.job.status = "stream_error"
+        return sse_error(f"the replica's stream broke midway ({type(exc).__name__}); the "
+                         "answer is incomplete", code="stream_interrupted")
+
+    # -- the drivers --
+
     async def events(self) -> AsyncIterator[bytes]:
-        job, proxy = self.job, self.proxy
-        buffer = b""
-        sent_any = False
+        """The generic driver: an async generator over the upstream's body."""
         try:
+            out = self.take(self.first)
+            if out:
+                yield out
             chunks = self.chunks
-            pending = self.first
             while True:
-                buffer += pending
-                # Every complete event that arrived goes out in one write (what one read
-                # brought, usually one event); only a run with the usage chunk is split up.
-                cut = buffer.rfind(b"\n\n")
-                if cut >= 0:
-                    complete, buffer = buffer[:cut + 2], buffer[cut + 2:]
-                    if b'"usage"' in complete:
-                        complete = b"".join(
-                            out for out in map(self._filter, _events_of(complete)) if out)
-                    if complete:
-                        if not sent_any:
-                            sent_any = True
-                            job.ttft_s = proxy.clock.now() - job.started
-                        if b"data: [DONE]" in complete:
-                            # The answer is whole once [DONE] is out: record success before
-                            # yielding it, since a caller that has it may hang up at once and
-                            # the generator then never gets past this yield.
-                            self._succeed()
-                        yield complete
                 try:
-                    pending = await chunks.__anext__()
+                    data = await chunks.__anext__()
                 except StopAsyncIteration:
                     break
-            if buffer.strip():
-                yield buffer
-            self._succeed()
+                out = self.take(data)
+                if out:
+                    yield out
+            out = self.tail()
+            if out:
+                yield out
         except TransportError as exc:
-            # Bytes already reached the caller: no retry possible, so say so in the stream.
-            reason = "timeout" if isinstance(exc, RequestTimeout) else "stream"
-            proxy._failed(job, self.attempt, reason, f"stream broke midway: "
-                          f"{type(exc).__name__}")
-            job.status = "stream_error"
-            yield sse_error(f"the replica's stream broke midway ({type(exc).__name__}); the "
-                            "answer is incomplete", code="stream_interrupted")
+            yield self.broke(exc)
         finally:
             await self.close()
+
+    async def splice(self, cycle: Any, send: Callable[[dict], Awaitable[None]]) -> None:
+        """The spliced driver, once uvicorn has sent the response start (chunked): the first
+        event goes out here, every later one from the replica connection's data callback
+        (:class:`_SpliceSink`); this task only wakes to wait for the caller's buffer to drain
+        and to send the end."""
+        sink = _SpliceSink(self, cycle)
+        sink.on_body(self.first)
+        self.upstream.splice(sink)  # type: ignore[attr-defined]
+        loop = asyncio.get_running_loop()
+        while not sink.finished:
+            if sink.paused:
+                await cycle.flow.drain()
+                sink.paused = False
+                if not cycle.disconnected:
+                    self.upstream.resume_reading()  # type: ignore[attr-defined]
+                continue
+            sink.wake = loop.create_future()
+            try:
+                await sink.wake
+            finally:
+                sink.wake = None
+        if sink.failure is not None:
+            raise sink.failure
+        await send({"type": "http.response.body", "body": sink.last, "more_body": False})
 
     def _succeed(self) -> None:
         if self.attempt.finished:
@@ -362,6 +444,87 @@ class SSERelay:
                     obj["usage"] = None
                     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
         return event
+
+
+class _SpliceSink:
+    """Where a spliced replica body goes (``edges/http1.py``'s ``Sink``), called from the
+    replica connection's data callback: each piece :meth:`SSERelay.take` passes on is framed
+    as one HTTP/1.1 chunk and written to the caller's transport. A full caller buffer pauses
+    the replica (the driver resumes it on drain); the end and errors wake the driver, which
+    sends the last piece through uvicorn. A bug of ours here is kept for the driver to raise
+    rather than left to the event loop's handler."""
+
+    __slots__ = ("relay", "cycle", "transport", "flow", "finished", "paused", "last",
+                 "failure", "wake")
+
+    def __init__(self, relay: SSERelay, cycle: Any):
+        self.relay = relay
+        self.cycle = cycle
+        self.transport = cycle.transport
+        self.flow = cycle.flow
+        self.finished = False
+        self.paused = False
+        self.last = b""
+        self.failure: BaseException | None = None
+        self.wake: asyncio.Future | None = None
+
+    def on_body(self, data: bytes) -> None:
+        try:
+            out = self.relay.take(data)
+            if out and not self.cycle.disconnected and not self.transport.is_closing():
+                self.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+                if self.flow.write_paused and not self.paused:
+                    self.paused = True
+                    self.relay.upstream.pause_reading()  # type: ignore[attr-defined]
+                    self._wake()
+        except Exception as exc:  # pragma: no cover - a bug of ours
+            self._end(failure=exc)
+
+    def on_end(self) -> None:
+        try:
+            self._end(last=self.relay.tail())
+        except Exception as exc:  # pragma: no cover - a bug of ours
+            self._end(failure=exc)
+
+    def on_error(self, error: TransportError) -> None:
+        try:
+            self._end(last=self.relay.broke(error))
+        except Exception as exc:  # pragma: no cover - a bug of ours
+            self._end(failure=exc)
+
+    def _end(self, last: bytes = b"", failure: BaseException | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.last = last
+        self.failure = failure
+        self._wake()
+
+    def _wake(self) -> None:
+        wake = self.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+
+def _uvicorn_cycle(send: Callable) -> Any | None:
+    """uvicorn's httptools request-response cycle behind ``send``, if it is one this splice
+    was written against (uvicorn 0.30 to 0.x: ``send`` a bound method of
+    ``httptools_impl.RequestResponseCycle`` with these attributes); ``None`` sends the stream
+    the generic way."""
+    cycle = getattr(send, "__self__", None)
+    if cycle is None or type(cycle).__name__ != "RequestResponseCycle" \
+            or type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl":
+        return None
+    if not all(hasattr(cycle, name) for name in _CYCLE_ATTRIBUTES):
+        return None
+    flow = cycle.flow
+    if not (hasattr(flow, "write_paused") and hasattr(flow, "drain")):
+        return None
+    return cycle
+
+
+_CYCLE_ATTRIBUTES = ("transport", "flow", "disconnected", "response_started",
+                     "response_complete", "chunked_encoding")
 
 
 def _events_of(data: bytes) -> list[bytes]:
