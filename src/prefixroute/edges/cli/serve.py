@@ -48,6 +48,7 @@ def run(args) -> int:
         print_json({
             "config": config.source, "policy": config.policy,
             "tokenizer": str(config.tokenizer) if config.tokenizer else None,
+            "tokenization": config.tokenization,
             "block_size": config.hashing.block_size, "hash_algo": config.hashing.algo,
             "backends": [{"name": b.name, "url": b.url, "models": list(b.models),
                           "kv_events": b.kv_events.endpoint if b.kv_events else None}
