@@ -28,9 +28,22 @@ its own CPU time per request (from /proc), which other load on the machine does 
   and about 200 are open at once while the replicas' core is not saturated. With replicas
   that answer instantly (time model off) 200 concurrent streams exist only in a closed loop,
   where by Little's law the latency difference measures the throughput ratio, not the hop.
+
   Overhead = the router's TTFT percentile minus the same percentile with no router (the
-  client takes turns between the replicas) measured just before it, so both see the same
-  background load; ``--rounds`` such pairs, median reported.
+  client takes turns between the replicas). The two are measured *interleaved* in one run:
+  one arrival process whose target alternates every ``--block-seconds`` (4 s) between no
+  router and the router (``--rounds`` such pairs, 10 by default), so both see the same
+  replicas and the same background load on the machine, minute by minute. The first
+  ``SETTLE_S`` (1.5 s, more than a stream's 1.15 s) of every block are not counted: by then
+  the streams of the other target have ended and about 200 streams are open through the
+  current one. The percentiles are taken over the pooled counted samples of each target
+  (about 4,400 per target with the defaults, so the p99 rests on about 44 samples, not on
+  one short run's 17). Why not paired runs, as before: the no-router p99 alone moved between
+  120 and 320 ms from one 10 s run to the next (other work on this 2-core machine comes and
+  goes), which swamped a p99 difference of a few milliseconds; interleaving at the scale of
+  seconds cancels that drift. The report also gives the difference over the odd and the even
+  block pairs separately, two independent halves, as a check of its stability.
+  A router's overhead run uses the same arrival process (seed) as every other router's.
 * **throughput**, time model off (``--time-scale 0``): closed loop, 200 clients streaming 16
   tokens, then 128 clients sending non-streaming requests (1 token): completed per second.
 
@@ -63,7 +76,8 @@ from typing import Any, Callable
 from prefixroute.core.simulator.generators import design_scenario
 from prefixroute.edges.emulator.process import free_port
 from prefixroute.edges.loadtest.fleet import LocalFleet, ServiceProcess
-from prefixroute.edges.loadtest.replay import closed_loop, replay, summarize
+from prefixroute.edges.http1 import Client
+from prefixroute.edges.loadtest.replay import closed_loop, replay, send, summarize
 from prefixroute.edges.loadtest.workload import TEXT, TOKEN_IDS, design_requests, to_wire
 
 PEER_VERSIONS = {"sglang-router": "sglang-router==0.3.2", "vllm-router": "vllm-router==0.1.17"}
@@ -89,6 +103,9 @@ SCENARIO_RATE_PER_REPLICA = 2.9  # as prefixroute demo (edges/cli/demo.py says w
 SCENARIO_OUTPUT_TOKENS = (8, 32)
 MODEL = "emulated"
 LOAD_CPU, ROUTER_CPU = 0, 1
+BLOCK_S = 4.0  # the overhead run alternates targets every BLOCK_S seconds ...
+SETTLE_S = 1.5  # ... and counts a block's requests only from SETTLE_S seconds into it
+DEFAULT_BLOCK_PAIRS = 10
 
 
 # -- peers -----------------------------------------------------------------------------------
@@ -167,11 +184,69 @@ def _loadgen_main(spec: dict) -> dict:
         summary["mean_open_streams"] = round(sum(o.latency_s for o in outcomes) / elapsed, 1)
         summary["requests_per_second"] = round(len(outcomes) / elapsed, 1)
         return summary
+    if spec["mode"] == "interleaved":
+        return asyncio.run(_interleaved(spec, headers))
     requests = scenario_requests(spec["requests"], spec.get("prompt_format", TEXT))
     outcomes = asyncio.run(replay(
         spec["urls"][0], requests, headers_for=lambda r: headers,
         time_scale=spec["time_scale"], deadline_s=spec["deadline"]))
     return summarize(outcomes, time_scale=spec["time_scale"])
+
+
+async def _interleaved(spec: dict, headers: dict) -> dict:
+    """One open-loop arrival process whose target alternates every ``block`` seconds: no
+    router (the replicas in turn) in even blocks, the router in odd ones. Requests that leave
+    in the first ``settle`` seconds of a block are sent but not counted."""
+    block, settle, pairs = spec["block"], spec["settle"], spec["pairs"]
+    count = int(spec["rate"] * block * 2 * pairs)
+    requests = hop_requests(True, spec["max_tokens"], count=count, rate=spec["rate"])
+    client = Client(read_timeout=60, max_idle_per_origin=1024)
+    first = requests[0].arrival_s
+    counted: dict[str, list[list]] = {"direct": [[], []], "router": [[], []]}
+    open_seconds = {"direct": 0.0, "router": 0.0}
+    served = {"direct": 0, "router": 0}
+    direct_turn = 0
+
+    async def one(target: str, url: str, request, half: int | None) -> None:
+        outcome = await send(client, url, request, headers, stream=True, timeout_s=60)
+        open_seconds[target] += outcome.latency_s
+        if half is not None:
+            counted[target][half].append(outcome)
+
+    tasks = []
+    start = time.perf_counter()
+    try:
+        for request in requests:
+            offset = request.arrival_s - first
+            number = int(offset // block)
+            target = "router" if number % 2 else "direct"
+            if target == "router":
+                url = spec["router"]
+            else:
+                url = spec["direct"][direct_turn % len(spec["direct"])]
+                direct_turn += 1
+            half = (number // 2) % 2 if offset - number * block >= settle else None
+            served[target] += 1
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(target, url, request, half)))
+        async with asyncio.timeout(60):
+            await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.aclose()
+    out = {}
+    for target, halves in counted.items():
+        summary = summarize(halves[0] + halves[1])
+        summary["halves"] = [summarize(half) for half in halves]
+        # Streams open through this target, averaged over the time it was the target.
+        summary["mean_open_streams"] = round(open_seconds[target] / (block * pairs), 1)
+        summary["served"] = served[target]
+        out[target] = summary
+    return out
 
 
 def scenario_requests(count: int, prompt_format: str = TEXT) -> list:
@@ -212,12 +287,27 @@ def with_cpu(pid: int | None, run: Callable[[], dict]) -> dict:
     return result
 
 
-def measure_overhead(name: str, urls: list[str], api_key: str, seconds: float, pin: bool,
-                     log: Callable[[str], None]) -> dict:
-    log(f"{name}: open loop, {OPEN_RATE:g} streams/s of {OPEN_TOKENS} tokens for {seconds:g} s")
-    spec = {"urls": urls, "api_key": api_key, "mode": "open_hop", "rate": OPEN_RATE,
-            "max_tokens": OPEN_TOKENS, "warmup": 3.0, "seconds": seconds}
-    return run_loadgen(spec, LOAD_CPU if pin else None, timeout=seconds + 120)
+def with_cpu_of(pid: int | None, key: str, run: Callable[[], dict]) -> dict:
+    """:func:`with_cpu` for a result holding several targets' summaries: the router's CPU
+    is charged to ``result[key]``'s requests (counted or not: it served them all)."""
+    before = cpu_seconds(pid) if pid else 0.0
+    result = run()
+    if pid:
+        served = result[key].pop("served", None) or (
+            result[key]["requests_ok"] + result[key]["requests_failed"])
+        result[key]["router_cpu_ms_per_request"] = round(
+            1000 * (cpu_seconds(pid) - before) / max(1, served), 3)
+    return result
+
+
+def measure_overhead(name: str, direct: list[str], router: str, api_key: str, pairs: int,
+                     pin: bool, log: Callable[[str], None]) -> dict:
+    log(f"{name}: open loop, {OPEN_RATE:g} streams/s of {OPEN_TOKENS} tokens, {pairs} x "
+        f"({BLOCK_S:g} s no router, {BLOCK_S:g} s through {name})")
+    spec = {"direct": direct, "router": router, "api_key": api_key, "mode": "interleaved",
+            "rate": OPEN_RATE, "max_tokens": OPEN_TOKENS, "block": BLOCK_S,
+            "settle": SETTLE_S, "pairs": pairs}
+    return run_loadgen(spec, LOAD_CPU if pin else None, timeout=2 * BLOCK_S * pairs + 180)
 
 
 def measure_throughput(name: str, urls: list[str], api_key: str, seconds: float, pin: bool,
@@ -247,11 +337,10 @@ def measure_scenario(name: str, url: str, api_key: str, requests: int, time_scal
 
 
 def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
-              log: Callable[[str], None], rounds: int = 3) -> dict:
+              log: Callable[[str], None], rounds: int = DEFAULT_BLOCK_PAIRS) -> dict:
     """Overhead (paced replicas) then throughput (time model off) for every router. Each
-    router's overhead run follows its own no-router run, so both see the same background
-    load on the machine (other processes come and go); ``rounds`` such pairs per router,
-    and the overhead is the median of their differences."""
+    router's overhead run interleaves it with no router, ``rounds`` block pairs (module
+    docstring), so both see the same background load on the machine."""
     cpus = [LOAD_CPU] if pin else None
     router_cpu = ROUTER_CPU if pin else None
     profile = workdir / "pacing-profile.json"
@@ -279,15 +368,10 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
                     urls = [router.url + "/v1/completions"]
                     pid = router.process.pid if router.process else None
                     if part == "overhead":
-                        pairs = []
-                        for _ in range(rounds):
-                            baseline = measure_overhead("direct", direct, key, seconds, pin,
-                                                        log)
-                            routed = with_cpu(pid, lambda: measure_overhead(
-                                name, urls, key, seconds, pin, log))
-                            pairs.append((routed, baseline))
-                        results[name]["overhead_rounds"] = pairs
-                        results["direct"].setdefault("overhead", pairs[0][1])
+                        both = with_cpu_of(pid, "router", lambda: measure_overhead(
+                            name, direct, urls[0], key, rounds, pin, log))
+                        results[name]["overhead"] = both["router"]
+                        results[name]["overhead_baseline"] = both["direct"]
                     else:
                         results[name].update(measure_throughput(name, urls, key, seconds,
                                                                 pin, log, pid))
@@ -296,19 +380,17 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
                         router.stop()
     for name in names:
         row = results[name]
-        pairs = row["overhead_rounds"]
-        # The round with the median p50 difference stands for the router in the table.
-        pairs.sort(key=lambda pair: pair[0]["ttft_p50_s"] - pair[1]["ttft_p50_s"])
-        row["overhead"], row["overhead_baseline"] = pairs[len(pairs) // 2]
+        routed, base = row["overhead"], row["overhead_baseline"]
+        results["direct"].setdefault("overhead", base)
         row["overhead_ms"] = {
-            key: statistics.median(_ms_diff(r[field], b[field]) for r, b in pairs)
+            key: _ms_diff(routed[field], base[field])
             for key, field in (("ttft_p50", "ttft_p50_s"), ("ttft_p99", "ttft_p99_s"),
                                ("stream_p50", "latency_p50_s"),
                                ("stream_p99", "latency_p99_s"))}
-        row["overhead_ms"]["ttft_p50_rounds"] = [
-            _ms_diff(r["ttft_p50_s"], b["ttft_p50_s"]) for r, b in pairs]
-        row["overhead_ms"]["ttft_p99_rounds"] = sorted(
-            _ms_diff(r["ttft_p99_s"], b["ttft_p99_s"]) for r, b in pairs)
+        for key, field in (("ttft_p50", "ttft_p50_s"), ("ttft_p99", "ttft_p99_s")):
+            row["overhead_ms"][f"{key}_rounds"] = [
+                _ms_diff(r[field], b[field])
+                for r, b in zip(routed["halves"], base["halves"])]
     return results
 
 
@@ -359,10 +441,10 @@ def _ms(x: float | None) -> str:
 
 
 def _rounds(overhead: dict, key: str) -> str:
-    """The median, then every round's value."""
-    if key not in overhead:
+    """The pooled difference, then the odd and the even block pairs' each."""
+    if overhead.get(key) is None:
         return "-"
-    each = ", ".join(f"{x:g}" for x in sorted(overhead[f"{key}_rounds"]))
+    each = ", ".join("-" if x is None else f"{x:g}" for x in overhead[f"{key}_rounds"])
     return f"**{overhead[key]:g}** ({each})"
 
 
@@ -382,11 +464,13 @@ def markdown(result: dict) -> str:
         + ("replicas and load generator on core 0, the router on core 1. "
            if meta["pinned"] else "no CPU pinning. ")
         + f"**Overhead**: streams of {OPEN_TOKENS} tokens arrive (Poisson) at "
-        f"{OPEN_RATE:g}/s for {meta['seconds']:g} s after a 3 s warm-up; the replicas pace "
-        "them with fixed 50 ms engine steps, so about 200 streams are open at any time; "
-        "overhead = the router's TTFT percentile minus the same percentile with no router "
-        "(the client takes turns between the replicas) measured just before it, median of "
-        f"{meta['rounds']} such pairs (each pair in brackets). Target: p50 at most "
+        f"{OPEN_RATE:g}/s; the replicas pace them with fixed 50 ms engine steps, so about "
+        "200 streams are open at any time; the target alternates every "
+        f"{BLOCK_S:g} s between no router (the client takes turns between the replicas) and "
+        f"the router, {meta['rounds']} such pairs, the first {SETTLE_S:g} s of each block "
+        "not counted; overhead = the router's TTFT percentile minus the same percentile "
+        "with no router over the pooled counted requests (in brackets: the same over the "
+        "odd and over the even block pairs alone). Target: p50 at most "
         f"{OVERHEAD_TARGET_P50_MS:g} ms, p99 at most {OVERHEAD_TARGET_P99_MS:g} ms. "
         f"**Throughput**: time model off (`--time-scale 0`), closed loop for "
         f"{meta['seconds']:g} s after 2 s: {STREAMS} clients streaming 16 tokens, and "
@@ -441,8 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="measured seconds per closed-loop run (default 10)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="paired overhead runs per router, median reported (default 3)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_BLOCK_PAIRS,
+                        help="interleaved (no router, router) block pairs per router in the "
+                             f"overhead run (default {DEFAULT_BLOCK_PAIRS})")
     parser.add_argument("--requests", type=int, default=200,
                         help="design-scenario requests per router (default 200)")
     parser.add_argument("--time-scale", type=float, default=0.5,
