@@ -76,6 +76,14 @@ finish before an older, longer prefill and now leave the queue too.
 **KV admission.** A replica whose KV is held by running requests cannot admit the request until
 enough of them finish: the blocks it lacks, as a share of its capacity, times how long requests
 stay (learned from completions, timed by the latest request seen) are added to the wait.
+This underestimates a replica whose KV is held by long-context sessions (their shared
+prefixes free only when a session's last request ends): on agentic sessions (a) 31 requests
+still wait 30 to 50 s there against 1 to 3 s estimated. Two corrections were tried and not
+kept, since both left setting (a) unchanged and lost at 7 replicas, where sessions moved off
+their KV-full holders recompute and the fleet has no prefill to spare: counting the waiting
+requests' new blocks in what the replica lacks (p99 80.3 -> 143.0 s, mean 11.7 -> 24.6 s),
+and adding the time a KV-full replica's queue has gone without progress to its wait (p99
+132.3 s, mean 22.0 s; on every replica: 162.3 s, 31.9 s).
 
 **Delay to others.** Under load, prefill work also delays the requests that will queue
 behind it: about ``rho / (1 - rho)`` of its length at prefill utilisation ``rho`` (an M/G/1
