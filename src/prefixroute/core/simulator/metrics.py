@@ -21,6 +21,10 @@ Token-level first (SPEC section 2: measure token hit rate, not request hit rate)
     per replica, the fraction of the run it spent in steps;
 ``evictions``
     cached blocks evicted from all replicas' pools.
+
+Per replica busy seconds (not in the summary): :attr:`PolicyRun.busy_s` over the whole run and,
+when asked for, :attr:`PolicyRun.busy_until_s` up to a given time; :func:`max_over_mean` makes
+either a busiest-replica ratio.
 """
 
 from __future__ import annotations
@@ -89,6 +93,15 @@ def summarize_latencies(prefix: str, values: Sequence[float]) -> dict[str, float
 
 def max_skew(assignments: Sequence[int]) -> int:
     return max(assignments) - min(assignments) if assignments else 0
+
+
+def max_over_mean(values: Sequence[float]) -> float:
+    """The largest value over the mean (1.0 for no values or a zero mean): how much more the
+    busiest replica carries than the average one. ``max_over_mean([1, 2, 3])`` is 1.5."""
+    if not values:
+        return 1.0
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean > 0 else 1.0
 
 
 def downsample(times: Sequence[float], rows: Sequence[Sequence[int]],

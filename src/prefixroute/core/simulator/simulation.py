@@ -203,6 +203,10 @@ class PolicyRun:
     timeline_t: list[float]
     timeline_in_flight: list[list[int]]
     cached_tokens: list[int] = field(default_factory=list)  # per request, -1 if not completed
+    # Per replica, seconds spent in engine steps over the whole run, and up to the run's
+    # ``busy_until`` time (``None`` unless asked for): see :func:`busy_seconds_until`.
+    busy_s: list[float] = field(default_factory=list)
+    busy_until_s: list[float] | None = None
 
 
 def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
@@ -216,10 +220,28 @@ def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
     return (f"{name}:{rest}" if rest else name), view
 
 
+def busy_seconds_until(engine: ReplicaEngine, t: float) -> float:
+    """Seconds ``engine`` has spent in steps up to time ``t``, given that every engine event
+    at or before ``t`` has been processed (so the step or decode run in progress, if any,
+    began at or before ``t``): the finished steps' time plus the part of the current step or
+    run before ``t``. A decode run is back-to-back steps, so it is busy from its start (the
+    first unfinished step) to its end."""
+    busy = engine.busy_s
+    current = engine._run if engine._run is not None else engine._step
+    if current is not None and t > current.start:
+        busy += min(t, current.end) - current.start
+    return busy
+
+
 def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *,
                     view: str = DEFAULT_VIEW, seed: int = 0,
-                    progress: Callable[[int, int], None] | None = None) -> PolicyRun:
-    """Replay ``workload`` through fresh replicas routed by the policy ``spec``."""
+                    progress: Callable[[int, int], None] | None = None,
+                    busy_until: float | None = None) -> PolicyRun:
+    """Replay ``workload`` through fresh replicas routed by the policy ``spec``.
+
+    ``busy_until``: also measure each replica's busy seconds up to that time
+    (:attr:`PolicyRun.busy_until_s`; replicas start idle, so from the first arrival on). It
+    only reads the engines when the first event after it comes, so the run is unchanged."""
     policy_spec, view = split_view(spec, view)
     if workload.block_size != fleet.block_size:
         raise ConfigError(f"the workload's block size is {workload.block_size}, the fleet's "
@@ -298,8 +320,14 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     k = 0
     report_every = max(1, total // 100)
     inf = math.inf
+    busy_until_s: list[float] | None = None
+    snap_at = inf if busy_until is None else busy_until
     while k < total or heap:
         arrival = requests[k].arrival_s if k < total else inf
+        if (heap[0][0] if heap and heap[0][0] < arrival else arrival) > snap_at:
+            # Every event up to busy_until is done: read the engines before the next one.
+            busy_until_s = [busy_seconds_until(e, snap_at) for e in engines]
+            snap_at = inf
         if heap and heap[0][0] <= arrival:
             t, i = heapq.heappop(heap)
             if wake[i] != t:
@@ -351,12 +379,15 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
             progress(k, total)
     if progress is not None:
         progress(total, total)
+    if snap_at < inf:  # nothing happened after busy_until: every step ended by then
+        busy_until_s = [busy_seconds_until(e, snap_at) for e in engines]
 
     summary = _summarize(workload, fleet, spec, view, engines, first_token, finish, cached,
                          replica_of, assignments, rejected, predicted_total)
     ttfts = [first_token[j] - requests[j].arrival_s for j in range(total) if first_token[j] >= 0]
     cached_list = [cached[j] if finish[j] >= 0 else -1 for j in range(total)]
-    return PolicyRun(spec, summary, ttfts, timeline_t, timeline_rows, cached_list)
+    return PolicyRun(spec, summary, ttfts, timeline_t, timeline_rows, cached_list,
+                     [e.busy_s for e in engines], busy_until_s)
 
 
 def _summarize(workload: PreparedWorkload, fleet: FleetConfig, spec: str, view: str,
