@@ -7,6 +7,8 @@ tenants never appear as labels except on the rate-limit counter (they are few an
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Latency buckets: proxy overheads of a millisecond up to long generations.
@@ -64,5 +66,24 @@ class GatewayMetrics:
                                           "tokenizer or template could not render, routed on "
                                           "character blocks instead", registry=r)
 
+        for metric in vars(self).values():
+            if getattr(metric, "_labelnames", None):
+                metric.labels = _memoized_labels(metric.labels)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _memoized_labels(labels: Callable[..., Any]) -> Callable[..., Any]:
+    """``metric.labels(*values)`` remembered per value tuple: prometheus_client checks the
+    values and takes a lock on every call, a dozen times per proxied request. The children
+    are prometheus_client's own (the gateway never removes one), so nothing else changes."""
+    children: dict[tuple, Any] = {}
+
+    def cached(*values: str) -> Any:
+        child = children.get(values)
+        if child is None:
+            child = children[values] = labels(*values)
+        return child
+
+    return cached

@@ -34,6 +34,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+import orjson
 from starlette.responses import Response, StreamingResponse
 
 from prefixroute.core.clock import Clock
@@ -163,7 +164,7 @@ class Proxy:
 
     async def _attempts(self, job: Job, on_done: Callable[[Job], None]) -> Response:
         body = job.checked.body
-        payload = json.dumps(body, ensure_ascii=False).encode()
+        payload = _encode(body)
         path = PATHS[job.checked.endpoint]
         tried: set[int] = set()
         last_5xx: tuple[int, bytes, str] | None = None
@@ -433,7 +434,7 @@ class SSERelay:
         data = event.strip()
         if data.startswith(b"data:"):
             try:
-                obj = json.loads(data[5:])
+                obj = orjson.loads(data[5:])
             except ValueError:
                 return event
             if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
@@ -442,7 +443,7 @@ class SSERelay:
                     if not obj.get("choices"):
                         return None
                     obj["usage"] = None
-                    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+                    return b"data: " + _encode(obj) + b"\n\n"
         return event
 
 
@@ -552,11 +553,21 @@ async def _read_quietly(upstream: Upstream) -> bytes:
         await upstream.aclose()
 
 
+def _encode(obj: Any) -> bytes:
+    """JSON of a body parsed from JSON: orjson (several times faster on these documents),
+    or the standard library for what orjson refuses (an integer beyond 64 bits). A NaN or
+    infinity (which strict JSON has not) goes as null."""
+    try:
+        return orjson.dumps(obj)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(obj, ensure_ascii=False).encode()
+
+
 def _usage_of(content: bytes) -> dict | None:
     if b'"usage"' not in content:
         return None
     try:
-        obj = json.loads(content)
+        obj = orjson.loads(content)
     except ValueError:
         return None
     usage = obj.get("usage") if isinstance(obj, dict) else None
@@ -565,7 +576,7 @@ def _usage_of(content: bytes) -> dict | None:
 
 def _is_openai_error(content: bytes) -> bool:
     try:
-        obj = json.loads(content)
+        obj = orjson.loads(content)
     except ValueError:
         return False
     return isinstance(obj, dict) and isinstance(obj.get("error"), dict) \
