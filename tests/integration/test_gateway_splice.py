@@ -305,3 +305,19 @@ def test_a_slow_reader_pushes_back_on_the_replica_without_a_read_timeout(monkeyp
     assert still_at == stalled_at  # its writes waited for the gateway to read again
     assert received.count(b"data: {") == len(big)  # and then every event arrived
     assert b"data: [DONE]" in received and b"stream_interrupted" not in received
+
+
+def test_a_replica_cut_before_the_first_event_is_a_clear_error_not_a_started_stream(monkeypatch):
+    async def main():
+        async with running(monkeypatch, [b"data: {\"partial", 0.02, "cut"]) \
+                as (url, gateway, _, splices):
+            async with httpx.AsyncClient(timeout=30) as client:
+                response = await client.post(url + "/v1/completions", headers=AUTH, json={
+                    "model": "tiny", "prompt": "x", "max_tokens": 9, "stream": True})
+            return response, len(splices), gateway.open_requests
+
+    response, splices, open_requests = run(main())
+    assert splices == 1 and open_requests == 0
+    assert response.status_code == 503  # nothing had reached the caller: no stream began
+    assert response.json()["error"]["code"] == "replicas_unavailable"
+    assert "before its first event" in response.json()["error"]["message"]

@@ -81,6 +81,11 @@ class ClosingStreamingResponse(StreamingResponse):
     def __init__(self, relay: "SSERelay", **kwargs: Any):
         super().__init__(relay.events(), **kwargs)
         self.relay = relay
+        self.sink: _SpliceSink | None = None  # set when spliced from the first event on
+
+    def start_message(self) -> dict:
+        return {"type": "http.response.start", "status": self.status_code,
+                "headers": self.raw_headers}
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
         try:
@@ -106,12 +111,15 @@ class ClosingStreamingResponse(StreamingResponse):
 
         watcher = asyncio.ensure_future(watch())
         try:
-            cycle = _uvicorn_cycle(send) if hasattr(self.relay.upstream, "splice") else None
-            if cycle is None:
+            cycle = None if self.sink is not None else _uvicorn_cycle(
+                getattr(send, "__self__", None)) if hasattr(self.relay.upstream, "splice") \
+                else None
+            if self.sink is not None:  # spliced since the first event
+                await self.relay.finish_splice(self.sink, send)
+            elif cycle is None:
                 await self.stream_response(send)
             else:
-                await send({"type": "http.response.start", "status": self.status_code,
-                            "headers": self.raw_headers})
+                await send(self.start_message())
                 if cycle.chunked_encoding is True:
                     await self.relay.splice(cycle, send)
                 else:  # not what this splice was written for: relay as Starlette would
@@ -252,6 +260,10 @@ class Proxy:
                 upstream, job), media_type=upstream.headers.get("content-type"))
 
         if job.checked.stream:
+            cycle = _running_cycle() if hasattr(upstream, "splice") else None
+            if cycle is not None:
+                return await self._spliced_stream(job, attempt, upstream, status, on_done,
+                                                  cycle)
             chunks = upstream.aiter_raw()
             try:
                 first = await _first_chunk(chunks)
@@ -280,6 +292,38 @@ class Proxy:
         job.status = str(status)
         return Response(content, status_code=status, headers=_reply_headers(upstream, job),
                         media_type=upstream.headers.get("content-type", "application/json"))
+
+    async def _spliced_stream(self, job: Job, attempt: Attempt, upstream: Upstream,
+                              status: int, on_done: Callable[[Job], None],
+                              cycle: Any) -> ClosingStreamingResponse | None:
+        """A stream spliced from its first event on: the replica connection's data callback
+        starts the response and writes the first event itself, inside the engine step's
+        burst of events rather than after it (waking this task would queue it behind every
+        event of the burst); this task wakes to return the response, or to retry when the
+        stream breaks before its first event."""
+        relay = SSERelay(job, attempt, upstream, None, b"", self, on_done)
+        response = ClosingStreamingResponse(relay, status_code=status,
+                                            headers=_reply_headers(upstream, job),
+                                            media_type="text/event-stream")
+        sink = _SpliceSink(relay, cycle, response.start_message())
+        woken = sink.wake = asyncio.get_running_loop().create_future()
+        upstream.splice(sink)  # type: ignore[attr-defined]
+        try:
+            if not (sink.started or sink.finished or sink.pending):
+                await woken
+        finally:
+            sink.wake = None
+        if not sink.started and sink.error is not None:
+            await upstream.aclose()
+            reason = "timeout" if isinstance(sink.error, RequestTimeout) else "stream"
+            self._failed(job, attempt, reason, f"stream broke before its first event: "
+                         f"{type(sink.error).__name__}")
+            return None
+        if not sink.started and sink.failure is not None:
+            raise sink.failure
+        self.router.first_byte(attempt)
+        response.sink = sink
+        return response
 
     def _failed(self, job: Job, attempt: Attempt, reason: str, detail: str) -> None:
         self.router.failed(attempt, reason)
@@ -398,17 +442,30 @@ class SSERelay:
     async def splice(self, cycle: Any, send: Callable[[dict], Awaitable[None]]) -> None:
         """The spliced driver, once uvicorn has sent the response start (chunked): the first
         event goes out here, every later one from the replica connection's data callback
-        (:class:`_SpliceSink`); this task only wakes to wait for the caller's buffer to drain
-        and to send the end."""
+        (:class:`_SpliceSink`)."""
         sink = _SpliceSink(self, cycle)
         sink.on_body(self.first)
         self.upstream.splice(sink)  # type: ignore[attr-defined]
+        await self.finish_splice(sink, send)
+
+    async def finish_splice(self, sink: "_SpliceSink",
+                            send: Callable[[dict], Awaitable[None]]) -> None:
+        """The rest of a spliced stream: this task only wakes to start the response if the
+        data callback could not, to wait for the caller's buffer to drain, and to send the
+        end through uvicorn."""
+        cycle = sink.cycle
+        if not sink.started:
+            await send(sink.start)
+            sink.started = True
+            if sink.pending:
+                pending, sink.pending = sink.pending, b""
+                sink.write(pending)
         loop = asyncio.get_running_loop()
-        while not sink.finished:
+        while not sink.finished or sink.paused:
             if sink.paused:
                 await cycle.flow.drain()
                 sink.paused = False
-                if not cycle.disconnected:
+                if not cycle.disconnected and not sink.finished:
                     self.upstream.resume_reading()  # type: ignore[attr-defined]
                 continue
             sink.wake = loop.create_future()
@@ -450,36 +507,55 @@ class SSERelay:
 class _SpliceSink:
     """Where a spliced replica body goes (``edges/http1.py``'s ``Sink``), called from the
     replica connection's data callback: each piece :meth:`SSERelay.take` passes on is framed
-    as one HTTP/1.1 chunk and written to the caller's transport. A full caller buffer pauses
-    the replica (the driver resumes it on drain); the end and errors wake the driver, which
+    as one HTTP/1.1 chunk and written to the caller's transport.
+
+    With ``start`` (the response start message, not yet sent) the first piece starts the
+    response first, by running uvicorn's ``send`` for it to completion right here (it does
+    not wait for anything unless the caller's buffer is full; then the piece waits for the
+    driver task). A stream that breaks before its first piece reached the caller only
+    records the ``error`` (the attempt can be retried). A full caller buffer pauses the
+    replica (the driver resumes it on drain); the end and errors wake the driver, which
     sends the last piece through uvicorn. A bug of ours here is kept for the driver to raise
     rather than left to the event loop's handler."""
 
-    __slots__ = ("relay", "cycle", "transport", "flow", "finished", "paused", "last",
-                 "failure", "wake")
+    __slots__ = ("relay", "cycle", "transport", "flow", "start", "started", "pending",
+                 "finished", "paused", "last", "error", "failure", "wake")
 
-    def __init__(self, relay: SSERelay, cycle: Any):
+    def __init__(self, relay: SSERelay, cycle: Any, start: dict | None = None):
         self.relay = relay
         self.cycle = cycle
         self.transport = cycle.transport
         self.flow = cycle.flow
+        self.start = start
+        self.started = start is None
+        self.pending = b""  # a first piece waiting for the driver to start the response
         self.finished = False
         self.paused = False
         self.last = b""
+        self.error: TransportError | None = None
         self.failure: BaseException | None = None
         self.wake: asyncio.Future | None = None
 
     def on_body(self, data: bytes) -> None:
         try:
             out = self.relay.take(data)
-            if out and not self.cycle.disconnected and not self.transport.is_closing():
-                self.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
-                if self.flow.write_paused and not self.paused:
-                    self.paused = True
-                    self.relay.upstream.pause_reading()  # type: ignore[attr-defined]
-                    self._wake()
+            if not out:
+                return
+            if not self.started:
+                if self.pending or not self._start_now():
+                    self.pending += out
+                    self._pause()
+                    return
+                self._wake()  # the response is under way: its task can hand it over
+            self.write(out)
         except Exception as exc:  # pragma: no cover - a bug of ours
             self._end(failure=exc)
+
+    def write(self, out: bytes) -> None:
+        if not self.cycle.disconnected and not self.transport.is_closing():
+            self.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+            if self.flow.write_paused:
+                self._pause()
 
     def on_end(self) -> None:
         try:
@@ -488,10 +564,36 @@ class _SpliceSink:
             self._end(failure=exc)
 
     def on_error(self, error: TransportError) -> None:
+        if not self.started and not self.pending:  # nothing reached the caller: retry
+            self.error = error
+            self._end()
+            return
         try:
             self._end(last=self.relay.broke(error))
         except Exception as exc:  # pragma: no cover - a bug of ours
             self._end(failure=exc)
+
+    def _start_now(self) -> bool:
+        """Send the response start through uvicorn now, if that needs no waiting."""
+        cycle = self.cycle
+        if cycle.disconnected or self.flow.write_paused or cycle.response_started:
+            return False
+        step = cycle.send(self.start)
+        try:
+            step.send(None)
+        except StopIteration:
+            self.started = True
+            if cycle.chunked_encoding is not True:
+                raise RuntimeError("uvicorn did not choose chunked encoding for the stream")
+            return True
+        step.close()  # it wanted to wait after all: leave it to the driver
+        return False
+
+    def _pause(self) -> None:
+        if not self.paused:
+            self.paused = True
+            self.relay.upstream.pause_reading()  # type: ignore[attr-defined]
+            self._wake()
 
     def _end(self, last: bytes = b"", failure: BaseException | None = None) -> None:
         if self.finished:
@@ -507,12 +609,10 @@ class _SpliceSink:
             wake.set_result(None)
 
 
-def _uvicorn_cycle(send: Callable) -> Any | None:
-    """uvicorn's httptools request-response cycle behind ``send``, if it is one this splice
-    was written against (uvicorn 0.30 to 0.x: ``send`` a bound method of
-    ``httptools_impl.RequestResponseCycle`` with these attributes); ``None`` sends the stream
-    the generic way."""
-    cycle = getattr(send, "__self__", None)
+def _uvicorn_cycle(cycle: Any) -> Any | None:
+    """``cycle`` if it is uvicorn's httptools request-response cycle as this splice was
+    written against (uvicorn 0.30 to 0.54: ``httptools_impl.RequestResponseCycle`` with these
+    attributes); ``None`` sends the stream the generic way."""
     if cycle is None or type(cycle).__name__ != "RequestResponseCycle" \
             or type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl":
         return None
@@ -524,8 +624,19 @@ def _uvicorn_cycle(send: Callable) -> Any | None:
     return cycle
 
 
+def _running_cycle() -> Any | None:
+    """The uvicorn cycle serving the current request: uvicorn runs each request as a task of
+    ``cycle.run_asgi(app)``, so the task's coroutine frame holds it (checked as above)."""
+    task = asyncio.current_task()
+    coro = task.get_coro() if task is not None else None
+    if getattr(coro, "__qualname__", None) != "RequestResponseCycle.run_asgi":
+        return None
+    frame = getattr(coro, "cr_frame", None)
+    return _uvicorn_cycle(frame.f_locals.get("self")) if frame is not None else None
+
+
 _CYCLE_ATTRIBUTES = ("transport", "flow", "disconnected", "response_started",
-                     "response_complete", "chunked_encoding")
+                     "response_complete", "chunked_encoding", "send")
 
 
 def _events_of(data: bytes) -> list[bytes]:
