@@ -16,12 +16,15 @@ Two drivers relay a stream, sharing the per-event logic (:class:`SSERelay`'s ``t
 and ``broke``):
 
 * *spliced* (served by uvicorn's httptools protocol, replicas through ``edges/http1.py``):
-  after the first event, the replica connection's data callback hands each body chunk to a
-  sink that frames it as an HTTP/1.1 chunk and writes it straight to the caller's transport:
-  no task wake-up, no generator, no ASGI message per event. When the caller's write buffer
-  is full, reading the replica pauses until it drains. The response start and its end go
-  through uvicorn's ``send`` as usual, so its connection state (keep-alive, completion)
-  stays its own;
+  once the replica's headers are in, its connection's data callback hands each body chunk to
+  a sink that frames it as an HTTP/1.1 chunk and writes it straight to the caller's
+  transport: no task wake-up, no generator, no ASGI message per event. The first event too:
+  the sink starts the response with uvicorn's own ``send`` (run to completion in place) and
+  writes the event inside the engine step's burst of events, not after it; until then the
+  request's task waits, and retries if the stream breaks before its first event. When the
+  caller's write buffer is full, reading the replica pauses until it drains. The response's
+  start and end go through uvicorn's ``send``, so its connection state (keep-alive,
+  completion) stays its own;
 * *generic* (any other ASGI server, in-process test clients, an httpx transport): an async
   generator under a ``StreamingResponse``.
 """
