@@ -145,6 +145,7 @@ class Backend:
         self.loop: asyncio.AbstractEventLoop | None = None  # where event batches are applied
         for gauge in (metrics.in_flight, metrics.healthy, metrics.breaker):
             gauge.labels(self.name)
+        self._published: tuple[int, int] | None = None  # (healthy, breaker) last set
         self._publish_state()
 
     # -- routing --------------------------------------------------------------------------
@@ -221,8 +222,12 @@ class Backend:
         self._publish_state()
 
     def _publish_state(self) -> None:
-        self._metrics.healthy.labels(self.name).set(1 if self.healthy else 0)
-        self._metrics.breaker.labels(self.name).set(STATE_CODES[self.breaker.state])
+        state = (1 if self.healthy else 0, STATE_CODES[self.breaker.state])
+        if state == self._published:
+            return  # every success lands here: set the gauges only when they change
+        self._published = state
+        self._metrics.healthy.labels(self.name).set(state[0])
+        self._metrics.breaker.labels(self.name).set(state[1])
 
     # -- health and load ------------------------------------------------------------------
 

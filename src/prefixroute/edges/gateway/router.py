@@ -52,12 +52,22 @@ class DecisionRecord:
     full_blocks: int
     tokenization: str
     predicted_cached_tokens: int
-    candidates: list[dict[str, Any]]
+    candidates: list[tuple]  # (backend, in_flight, queued, running, kv_usage, assignments)
+    scores: dict[int, dict[str, Any]]
     reported_cached_tokens: int | None = None
     outcome: str = "pending"
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        out = {name: getattr(self, name) for name in self.__slots__ if name != "scores"}
+        # The candidates as they were at the decision, made readable only when asked for
+        # (``/debug/decisions``), not on every request.
+        out["candidates"] = [{"replica": b.name, "index": b.index, "in_flight": in_flight,
+                              "queued": queued, "running": running, "kv_usage": kv_usage,
+                              "assignments": assignments,
+                              "scores": self.scores.get(b.index, {})}
+                             for b, in_flight, queued, running, kv_usage, assignments
+                             in self.candidates]
+        return out
 
 
 @dataclass(slots=True)
@@ -120,10 +130,8 @@ class GatewayRouter:
             branch=decision.branch, reason=decision.reason, num_tokens=prompt.num_tokens,
             full_blocks=len(prompt.block_keys), tokenization=prompt.mode,
             predicted_cached_tokens=predicted,
-            candidates=[{"replica": b.name, "index": b.index, "in_flight": b.in_flight,
-                         "queued": b.queued, "running": b.running, "kv_usage": b.kv_usage,
-                         "assignments": b.assignments,
-                         "scores": decision.scores.get(b.index, {})} for b in candidates])
+            candidates=[(b, b.in_flight, b.queued, b.running, b.kv_usage, b.assignments)
+                        for b in candidates], scores=decision.scores)
         self.decisions.append(record)
         self._metrics.decisions.labels(self.policy_name, decision.branch).inc()
         ticket = backend.dispatch(prompt.block_keys, uncached)
