@@ -112,6 +112,8 @@ ABLATIONS = [
                                                     "(1.25 x the mean of recent requests)"),
     ("prefixroute:externality=false", "no charge for the delay a prefill causes queued "
                                       "requests"),
+    ("prefixroute:cold_cap=1.1,cold_share=0.5", "requests no replica holds much of go below "
+                                                "1.1x the mean prefill routed over 300 s"),
     ("prefixroute:drop_ended=false", "ended requests stay in the queue record (the rule "
                                      "before 2026-11-30: a rejected prompt reads as queue)"),
 ]

@@ -307,3 +307,62 @@ def test_candidates_with_gaps_and_unknown_replicas():
     policy.on_routed(request, decision)
     policy.on_completed(request, decision.replica, 16)
     policy.on_completed(req(blocks("Z", 1), "never-routed"), 5, 0)  # tolerated
+
+
+def _cold_balance_scenario(extra=""):
+    """Replica 0 computed a 1,000-token prompt (1.0 s of prefill routed there, done); replica
+    1 has a 50-token prompt queued (0.05 s). Both are idle or nearly: a cold 100-token request
+    costs 0.1 s on replica 0 and 0.05 + 0.1 s on replica 1."""
+    policy = create_policy(PLAIN + extra)
+    send(policy, req(blocks("a", 62), "a", extra_tokens=8), 0, fleet(), cached_tokens=0)
+    send(policy, req(blocks("b", 3), "b", extra_tokens=2), 1, fleet())
+    return policy, fleet(pending=[0, 50])
+
+
+def test_cold_balance_is_off_by_default_and_momentary_cost_decides():
+    policy, replicas = _cold_balance_scenario()
+    decision = policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas)
+    assert decision.replica == 0
+    assert decision.scores[0]["cost_s"] == pytest.approx(0.1)
+    assert decision.scores[1]["cost_s"] == pytest.approx(0.15)
+    # The longer-horizon load is kept anyway: prefill seconds routed, decayed over 300 s.
+    assert decision.scores[0]["long_load_s"] == pytest.approx(1.0)
+    assert decision.scores[1]["long_load_s"] == pytest.approx(0.05)
+
+
+def test_cold_balance_places_a_cold_request_below_the_cap():
+    policy, replicas = _cold_balance_scenario(",cold_cap=1.1")
+    decision = policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas)
+    # Mean long-horizon load (1.0 + 0.05) / 2 = 0.525 s, cap 1.1 x 0.525 = 0.5775 s: replica
+    # 0 (1.0 s) is over it, replica 1 (0.05 s) holds as little of the request (nothing).
+    assert decision.replica == 1
+    assert decision.branch == "cold_balance"
+    assert "0.050 s more cost" in decision.reason
+
+
+def test_cold_balance_leaves_a_request_with_its_cache():
+    policy, replicas = _cold_balance_scenario(",cold_cap=1.1")
+    # 62 blocks of "a" are expected cached on replica 0 only: 992 of 1,032 tokens, far more
+    # than free_share (10%) of the prompt above replica 1's 0. It stays with its cache.
+    decision = policy.route(req(blocks("a", 62) + blocks("x", 2), "r2", extra_tokens=8),
+                            replicas)
+    assert decision.replica == 0
+    assert decision.branch == "cache_affinity"
+
+
+def test_cold_balance_slack_bounds_the_extra_cost():
+    # cold_slack = 0.1 of the request's own prefill (0.1 s): 0.01 s; the move costs 0.05 s.
+    policy, replicas = _cold_balance_scenario(",cold_cap=1.1,cold_slack=0.1")
+    decision = policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas)
+    assert decision.replica == 0
+    # At cold_slack = 1 (0.1 s allowed) it moves.
+    policy, replicas = _cold_balance_scenario(",cold_cap=1.1,cold_slack=1")
+    assert policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas).replica == 1
+
+
+@pytest.mark.parametrize("spec", ["prefixroute:cold_cap=0.5", "prefixroute:free_share=2",
+                                  "prefixroute:balance_horizon_s=0",
+                                  "prefixroute:balance_signal=vibes"])
+def test_bad_cold_balance_parameters_are_config_errors(spec):
+    with pytest.raises(ConfigError):
+        create_policy(spec)

@@ -85,6 +85,26 @@ requests' new blocks in what the replica lacks (p99 80.3 -> 143.0 s, mean 11.7 -
 and adding the time a KV-full replica's queue has gone without progress to its wait (p99
 132.3 s, mean 22.0 s; on every replica: 162.3 s, 31.9 s).
 
+**Balance (issue 4: busiest replica <= 1.25x the mean load; 2026-11-30).** Load is each
+replica's busy seconds from the first arrival to the 95%-arrival time (the benchmark's
+window; the whole run's figure counted the agentic sessions' idle tail of a few late
+sessions: 1.95 -> 1.26 at 8 replicas). As of this date the default meets it everywhere but
+agentic sessions (1.26 at (a), 1.37 at (b)) and the design scenario (a) (1.35: hot tenants
+whose document one replica holds; assignments 1.92). On the sessions the figure is a
+lottery of a few placements: replaying at time scales 1% apart (0.0985 .. 0.1004) gives
+1.18-1.47 at 8 replicas (median 1.26) and 1.13-1.37 at 7 (median 1.19), and p99 TTFT
+68-151 s and 80-113 s (llmd_weighted, far steadier: 89-113 s, 1.11-1.23; 186-212 s,
+1.13-1.21). ``cold_cap`` (above) was tried at the benchmark's settings (p99 s / mean s /
+busiest; default first): ``cold_cap=1.1,cold_share=0.5`` design (a) 0.516 / 0.0494 / 1.35
+-> 0.516 / 0.0476 / 1.13 (mean now below llmd_weighted's 0.0484), but Mooncake synthetic (b)
+19.2 / 3.74 -> 23.6 / 4.68 (a saturated fleet: the slack bound does not help, the harm is
+downstream), agentic (a) 68.2 / 4.58 / 1.26 -> 80.5 / 6.02 / 1.23 and (b) 80.3 / 11.7 /
+1.37 -> 143.2 / 17.7 / 1.33; over the five time scales above, medians 70.7 s / 5.29 s /
+1.26 -> 91.6 / 6.30 / 1.43 at 8 replicas and 88.6 / 13.9 / 1.19 -> 142.7 / 17.7 / 1.29 at
+7. Caps 1.0-1.5, horizons 120-900 s, slack 0.3-1 and the other signals all lost TTFT on the
+sessions (mean 5.2-96 s at (a)); only 1.5 was about neutral there (it rarely fires), and it
+leaves design (a) at 1.25. So the default stays without it.
+
 **Delay to others.** Under load, prefill work also delays the requests that will queue
 behind it: about ``rho / (1 - rho)`` of its length at prefill utilisation ``rho`` (an M/G/1
 queue), with ``rho`` the fleet's recent prefill seconds per second. Charged to every candidate
@@ -104,6 +124,20 @@ runs each against the default; the README table shows the evidence):
     a replica that got more than ``balance_cap`` times the mean of recent requests hands the
     request to the cheapest replica below that, if that copies at most ``max_copy`` of its KV.
     Both buy balance with hits and TTFT on the benchmark's workloads.
+``cold_cap``
+    long-lived placement: a request that no replica holds much more of than the cheapest one
+    (expected cached tokens within ``free_share`` of its prompt; with ``cold_share`` < 1 only
+    when no replica holds more than that share of it) starts what later requests follow: a
+    new session, a tenant's first request. Placed by the momentary queue, such requests can
+    stack long sessions where a queue happened to be short. With ``cold_cap`` set, when the
+    cheapest replica's load over ``balance_horizon_s`` is above ``cold_cap`` times the fleet
+    mean, the cheapest equivalent replica at or below it takes the request (branch
+    ``cold_balance``), at most ``cold_slack`` times the request's own prefill and decode
+    dearer. The load is ``balance_signal``: ``work`` (predicted prefill seconds routed there,
+    decayed; a prompt longer than the replica's KV counts nothing: it is rejected at once),
+    ``tokens`` (prompt tokens routed), ``requests``, or ``busy`` (prefill seconds seen done).
+    Kept off: it buys balance only on the design scenario and costs TTFT on the sessions and
+    on a saturated fleet (figures below, "Balance", 2026-11-30).
 
 Parameters and their defaults (one configuration for every workload):
 
@@ -142,6 +176,10 @@ Parameters and their defaults (one configuration for every workload):
     ended requests behind the head leave the queue (above); false is the earlier rule.
 ``replicate`` (false), ``replica_share`` (1.25, the issue's busiest-replica bound),
 ``balance_cap`` (0 = off), ``max_copy`` (0.05) as described above.
+``cold_cap`` (0 = off), ``balance_horizon_s`` (300: about the gap between a session's
+turns at the benchmark's load, ten load horizons), ``free_share`` (0.1), ``cold_share``
+(1.0), ``cold_slack`` (inf), ``balance_signal`` (``work``) as described above; the load is
+kept (the ``long_load_s`` score) even when the cap is off.
 """
 
 from __future__ import annotations
@@ -180,8 +218,8 @@ class ReplicaEstimate:
 
     __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity",
                  "configured_capacity", "queue", "queue_units", "queue_work", "pending_work",
-                 "observed_at", "progress_at", "utilisation", "routed", "busy",
-                 "elapsed_s", "done_work", "in_flight")
+                 "observed_at", "progress_at", "utilisation", "routed", "routed_s", "done_s",
+                 "busy", "elapsed_s", "done_work", "in_flight")
 
     def __init__(self, s_per_token: float, prior_work: float) -> None:
         self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
@@ -200,6 +238,8 @@ class ReplicaEstimate:
         self.progress_at = 0.0    # when the replica was last seen to make progress
         self.utilisation = 0.0    # prefill seconds per second, recently
         self.routed = [0.0, 0.0]  # requests routed here, decayed: [rate, as of time]
+        self.routed_s = [0.0, 0.0]  # predicted prefill seconds routed here, decayed (long)
+        self.done_s = [0.0, 0.0]    # prefill seconds seen done here, decayed (long)
         self.busy = False         # pending prefill at the last observation
         # Speed: seconds of busy time over work done, with exponential forgetting; the prior
         # counts as ``prior_work`` token-equivalents done at ``s_per_token``.
@@ -216,7 +256,8 @@ class ReplicaEstimate:
         return self.pending_work * self.s_per_token
 
     def observe(self, pending_prefill_tokens: int, now: float, forget: float,
-                learn: bool = True, horizon_s: float = 30.0) -> None:
+                learn: bool = True, horizon_s: float = 30.0,
+                long_horizon_s: float = 0.0) -> None:
         """Reconcile the queue with the replica's pending prefill and learn its speed.
 
         The runner's pending tokens belong to the most recently routed requests (the engine
@@ -259,6 +300,11 @@ class ReplicaEstimate:
             weight = math.exp(-elapsed / horizon_s)
             self.utilisation = self.utilisation * weight + min(
                 1.0, done * self.s_per_token / horizon_s)
+            if long_horizon_s > 0:
+                done_s = self.done_s
+                done_s[0] = done_s[0] * math.exp(-(now - done_s[1]) / long_horizon_s) \
+                    + done * self.s_per_token
+                done_s[1] = now
         self.pending_work = pending
         if not self.busy:
             self.progress_at = now
@@ -349,7 +395,10 @@ class PrefixRoute(BasePolicy):
                  replicate: bool = False, replica_share: float = 1.25,
                  balance_cap: float = 0.0, max_copy: float = 0.05,
                  externality: bool = True, max_externality: float = 20.0,
-                 drop_ended: bool = True) -> None:
+                 drop_ended: bool = True, cold_cap: float = 0.0,
+                 balance_horizon_s: float = 300.0, free_share: float = 0.1,
+                 cold_slack: float = math.inf, cold_share: float = 1.0,
+                 balance_signal: str = "work") -> None:
         if prefill_s_per_token <= 0 or attention_context_tokens <= 0:
             raise ConfigError("prefill_s_per_token and attention_context_tokens must be positive")
         if step_overhead_tokens < 0 or decode_tokens_per_seq < 0 \
@@ -363,6 +412,11 @@ class PrefixRoute(BasePolicy):
             raise ConfigError(f"learning_rate must be in (0, 1], got {learning_rate!r}")
         if balance_cap != 0 and balance_cap < 1:
             raise ConfigError(f"balance_cap must be 0 (off) or at least 1, got {balance_cap!r}")
+        if cold_cap != 0 and cold_cap < 1:
+            raise ConfigError(f"cold_cap must be 0 (off) or at least 1, got {cold_cap!r}")
+        if balance_horizon_s <= 0 or not 0.0 <= free_share <= 1.0 or cold_slack < 0:
+            raise ConfigError("balance_horizon_s must be positive, free_share in [0, 1] and "
+                              "cold_slack >= 0")
         if replica_share <= 0:
             raise ConfigError(f"replica_share must be positive, got {replica_share!r}")
         if not 0.0 < speed_memory <= 1.0:
@@ -398,6 +452,15 @@ class PrefixRoute(BasePolicy):
         self.follow_inflight = follow_inflight
         self.externality = externality
         self.drop_ended = drop_ended
+        self.cold_cap = cold_cap
+        self.balance_horizon_s = balance_horizon_s
+        self.free_share = free_share
+        self.cold_slack = cold_slack
+        self.cold_share = cold_share
+        if balance_signal not in ("work", "tokens", "requests", "busy"):
+            raise ConfigError(f"balance_signal must be work, tokens, requests or busy, got "
+                              f"{balance_signal!r}")
+        self.balance_signal = balance_signal
         self.load_horizon_s = load_horizon_s
         self.max_externality = max_externality
         # Whether the runner's pending_prefill_tokens count a waiting request's whole prompt
@@ -427,7 +490,8 @@ class PrefixRoute(BasePolicy):
             self._pending_counts_prompt = True
         learn = self.learn_speed == "true" or (self.learn_speed == "auto"
                                                and replica.prefill_s_per_token is None)
-        est.observe(pending, now, self.speed_memory, learn, self.load_horizon_s)
+        est.observe(pending, now, self.speed_memory, learn, self.load_horizon_s,
+                    self.balance_horizon_s if self.balance_signal == "busy" else 0.0)
         return est
 
     def _fleet_speed(self) -> float:
@@ -543,7 +607,9 @@ class PrefixRoute(BasePolicy):
                 "decode_s": decode, "delay_others_s": delay, "cost_s": cost,
                 "s_per_token": s, "prefill_busy": est.utilisation,
                 "load": float(replica.load),
-                "recent_requests": round(self._decayed(est.routed, now), 3)}
+                "recent_requests": round(self._decayed(est.routed, now), 3),
+                "long_load_s": self._decayed(est.done_s if self.balance_signal == "busy"
+                                             else est.routed_s, now, self.balance_horizon_s)}
         choice, branch, reason = self._choose(replicas, estimates, scores, costs, details, n,
                                               keys, block, now)
         chosen = scores[choice]
@@ -556,10 +622,11 @@ class PrefixRoute(BasePolicy):
         return Decision(choice, branch, reason, scores, predicted_blocks * block)
 
     # -- demand -------------------------------------------------------------------------------
-    def _decayed(self, entry: list[float], now: float) -> float:
-        """A decayed count ``[value, as of time]`` brought to ``now``."""
+    def _decayed(self, entry: list[float], now: float, horizon_s: float = 0.0) -> float:
+        """A decayed count ``[value, as of time]`` brought to ``now`` (time constant
+        ``horizon_s``, default ``load_horizon_s``)."""
         if now > entry[1]:
-            entry[0] *= math.exp(-(now - entry[1]) / self.load_horizon_s)
+            entry[0] *= math.exp(-(now - entry[1]) / (horizon_s or self.load_horizon_s))
             entry[1] = now
         return entry[0]
 
@@ -665,6 +732,32 @@ class PrefixRoute(BasePolicy):
             if choice != first:
                 spread = (f" (within {near - costs[first]:.3f} s of replica {first}'s cost: "
                           f"the fewest recent requests)")
+        # Long-lived placement: a request no replica holds much more of than the chosen one
+        # (a new session, a tenant's first request) starts what later requests will follow.
+        # Placed by the momentary queue, sessions stack up where a queue happened to be
+        # short; so it avoids replicas whose prefill work routed over the longer horizon is
+        # above cold_cap x the fleet mean, taking the cheapest equivalent replica below it.
+        fits = all(r.capacity_blocks <= 0 or n <= r.capacity_blocks * block for r in replicas)
+        if self.cold_cap and len(costs) > 1 and best_hit <= self.cold_share * n and fits:
+            loads = {i: scores[i]["long_load_s"] for i in allowed}
+            mean = sum(loads.values()) / len(loads)
+            cap = self.cold_cap * mean
+            if mean > 0 and loads[choice] > cap:
+                floor = scores[choice]["expected_cached_tokens"] - self.free_share * n
+                slack = costs[choice] + self.cold_slack * (scores[choice]["prefill_s"]
+                                                           + scores[choice]["decode_s"]) \
+                    if math.isfinite(self.cold_slack) else math.inf
+                below = [i for i in allowed if loads[i] <= cap and costs[i] <= slack
+                         and scores[i]["expected_cached_tokens"] >= floor]
+                if below:
+                    other = min(below, key=lambda i: (costs[i], i))
+                    return other, "cold_balance", (
+                        f"replica {choice} got {loads[choice]:.1f} s of prefill over the last "
+                        f"{self.balance_horizon_s:g} s, over {self.cold_cap:g} x the mean "
+                        f"{mean:.1f} s, and holds no more of this request than replica "
+                        f"{other} ({scores[other]['expected_cached_tokens']:.0f} tokens "
+                        f"expected cached), which takes it for "
+                        f"{costs[other] - costs[choice]:.3f} s more cost")
         # Balance: a replica that got more than balance_cap x the mean of recent requests
         # hands this one to the cheapest replica below that, if that copies only a short
         # prefix there (at most max_copy of its KV: a tenant's document, not a session).
@@ -725,6 +818,14 @@ class PrefixRoute(BasePolicy):
         est.in_flight[request.request_id] = stamp
         self._decayed(est.routed, request.now)
         est.routed[0] += 1.0
+        self._decayed(est.routed_s, request.now, self.balance_horizon_s)
+        if not est.configured_capacity \
+                or request.num_tokens <= est.configured_capacity * request.block_size:
+            # (A prompt longer than the replica's KV is rejected at once: no load.)
+            est.routed_s[0] += (self.prefill_work(uncached, cached) * est.s_per_token
+                                if self.balance_signal == "work" else
+                                float(request.num_tokens) if self.balance_signal == "tokens"
+                                else 1.0)
         if self.replicate:
             self._record_demand(keys, request.now)
             depth_keys = self._depth_keys(keys)
