@@ -68,6 +68,9 @@ def serve(config: GatewayConfig, host: str, port: int, *, log_level: str = "info
         server = _Server(uvicorn.Config(
             gateway.app, loop="uvloop", http="httptools", lifespan="on",
             log_config=log_config, log_level=log_level, access_log=False,
+            # The gateway reads neither the client's address nor the scheme (tenants are
+            # API keys): no X-Forwarded-* middleware frame on every request.
+            proxy_headers=False,
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=int(config.shutdown_grace_s + 0.999)), gateway)
         gc.collect()
