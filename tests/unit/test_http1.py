@@ -1,5 +1,6 @@
 """The small HTTP/1.1 client (edges/http1.py) against a scripted asyncio server: keep-alive,
-body framings, a dead pooled connection, timeouts, refused connections."""
+body framings, a dead pooled connection, timeouts, refused connections, and spliced bodies
+(delivered to a sink as they arrive, paused without a read timeout, cut short)."""
 
 from __future__ import annotations
 
@@ -192,3 +193,79 @@ def test_nobody_listening_is_a_connect_error():
             await client.request("GET", f"http://127.0.0.1:{port}/")
 
     run(main())
+
+
+class Sink:
+    """Records what a spliced body delivers, and when it ends."""
+
+    def __init__(self):
+        self.pieces: list[bytes] = []
+        self.ended = asyncio.Event()
+        self.error = None
+
+    def on_body(self, data: bytes) -> None:
+        self.pieces.append(data)
+
+    def on_end(self) -> None:
+        self.ended.set()
+
+    def on_error(self, error) -> None:
+        self.error = error
+        self.ended.set()
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def test_a_spliced_body_goes_to_the_sink_piece_by_piece_and_the_connection_is_reused():
+    async def main():
+        async with Server([[CHUNKED_HEAD, b"5\r\nhello\r\n", 0.05, b"6\r\n world\r\n",
+                            0.05, b"0\r\n\r\n"], [ok(b"next")]]) as server:
+            client = Client()
+            response = await client.request("POST", server.url, body=b"{}")
+            sink = Sink()
+            response.splice(sink)
+            await asyncio.wait_for(sink.ended.wait(), 5)
+            after = await (await client.request("POST", server.url, body=b"{}")).aread()
+            await client.aclose()
+            return sink.pieces, sink.error, after, server.connections
+
+    pieces, error, after, connections = run(main())
+    assert pieces == [b"hello", b" world"] and error is None
+    assert (after, connections) == (b"next", 1)
+
+
+def test_a_paused_splice_is_not_a_read_timeout_and_a_stall_after_resuming_is():
+    async def main():
+        async with Server([[CHUNKED_HEAD, b"5\r\nhello\r\n", 0.4, b"6\r\n world\r\n",
+                            1.0, b"0\r\n\r\n"]]) as server:
+            client = Client(read_timeout=0.2)
+            response = await client.request("GET", server.url)
+            sink = Sink()
+            response.splice(sink)
+            response.pause_reading()  # a slow caller: 0.5 s without reading
+            await asyncio.sleep(0.5)
+            assert sink.error is None
+            response.resume_reading()  # " world" is waiting; then 1 s of nothing
+            await asyncio.wait_for(sink.ended.wait(), 5)
+            await client.aclose()
+            return sink.pieces, sink.error
+
+    pieces, error = run(main())
+    assert pieces == [b"hello", b" world"]
+    assert isinstance(error, RequestTimeout) and error.phase == "read"
+
+
+def test_a_spliced_body_cut_short_is_an_error_for_the_sink():
+    async def main():
+        async with Server([[CHUNKED_HEAD, b"5\r\nhello\r\n", 0.05, "close"]]) as server:
+            client = Client()
+            response = await client.request("GET", server.url)
+            sink = Sink()
+            response.splice(sink)
+            await asyncio.wait_for(sink.ended.wait(), 5)
+            await client.aclose()
+            return sink.pieces, sink.error
+
+    pieces, error = run(main())
+    assert pieces == [b"hello"] and isinstance(error, ProtocolError)
