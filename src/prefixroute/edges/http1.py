@@ -149,7 +149,8 @@ class _Exchange:
     timer per response: due ``seconds`` after the wait under way started, pushed back when it
     fires early, lapsing while nobody waits (a slow caller is not a slow server)."""
 
-    __slots__ = ("conn", "client", "parser", "headers", "body", "buffered", "headers_done",
+    __slots__ = ("conn", "client", "parser", "status", "headers", "body", "buffered",
+                 "headers_done",
                  "complete", "framed", "keep_alive", "error", "received", "waiter", "sink",
                  "seconds", "loop", "handle", "waiting", "since", "paused", "released",
                  "no_body")
@@ -157,7 +158,11 @@ class _Exchange:
     def __init__(self, conn: _Connection, client: "Client", seconds: float | None):
         self.conn: _Connection | None = conn
         self.client = client
-        self.parser = httptools.HttpResponseParser(self)
+        # The parser holds bound methods of this object: a reference cycle, broken as soon as
+        # the response is over (:meth:`_drop_parser`) so that exchanges are freed by their
+        # reference counts, not left to the cyclic GC (thousands of objects per collection).
+        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        self.status = 0
         self.keep_alive = False  # read at the end of the headers: later the parser forgets
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
@@ -189,7 +194,10 @@ class _Exchange:
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
-        self.keep_alive = self.parser.should_keep_alive()
+        parser = self.parser
+        if parser is not None:
+            self.status = parser.get_status_code()
+            self.keep_alive = parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
@@ -204,8 +212,11 @@ class _Exchange:
         self.received += len(data)
         if self.waiting:
             self.since = self.loop.time()
+        parser = self.parser
+        if parser is None:  # over already: bytes nobody asked for
+            return
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as exc:
             what = "response body" if self.headers_done else "response"
             self._fail(ProtocolError(f"malformed {what}: {exc}"))
@@ -300,6 +311,7 @@ class _Exchange:
     def close(self) -> None:
         """Done with it: a connection still mid-body is dropped."""
         self.sink = None
+        self.parser = None
         self._stop_timer()
         conn, self.conn = self.conn, None
         if conn is not None:
@@ -348,6 +360,7 @@ class _Exchange:
         if self.released:
             return
         self.released = True
+        self.parser = None
         self._stop_timer()
         conn, self.conn = self.conn, None
         if conn is not None:
@@ -362,6 +375,7 @@ class _Exchange:
         if self.error is not None or self.complete:
             return
         self.error = error
+        self.parser = None
         self._stop_timer()
         conn, self.conn = self.conn, None
         if conn is not None:
@@ -594,10 +608,10 @@ class Client:
             if exchange.error is not None:
                 raise exchange.error
             await exchange.wait()
-        if exchange.parser.get_status_code() < 200:
+        status = exchange.status
+        if status < 200:
             # Interim answers (100 Continue, 103 Early Hints) are never asked for here.
             raise ProtocolError("interim (1xx) responses are not supported")
-        status = exchange.parser.get_status_code()
         if method == "HEAD" or status in _NO_BODY_STATUSES:
             exchange.body.clear()
             exchange.buffered = 0
