@@ -112,8 +112,10 @@ ABLATIONS = [
                                                     "(1.25 x the mean of recent requests)"),
     ("prefixroute:externality=false", "no charge for the delay a prefill causes queued "
                                       "requests"),
-    ("prefixroute:cold_cap=1.1,cold_share=0.5", "requests no replica holds much of go below "
-                                                "1.1x the mean prefill routed over 300 s"),
+    ("prefixroute:cold_cap=0", "no cold-request balance (requests no replica holds much of "
+                               "go by momentary cost alone)"),
+    ("prefixroute:cold_rho_max=1", "cold-request balance at any fleet load, not only below "
+                                   "10% prefill utilisation"),
     ("prefixroute:drop_ended=false", "ended requests stay in the queue record (the rule "
                                      "before 2026-11-30: a rejected prompt reads as queue)"),
 ]

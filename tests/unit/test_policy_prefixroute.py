@@ -1,8 +1,9 @@
 """``prefixroute``, our default policy, as specifications.
 
 Every scenario is small enough to check by hand. Unless a test says otherwise the policy runs
-with the attention term, the step overhead and the delay-to-others charge switched off, so a
-replica's cost is ``wait + uncached tokens x seconds per token``; replicas state 1 ms per token
+with the attention term, the step overhead, the delay-to-others charge and the cold-request
+balance switched off, so a replica's cost is ``wait + uncached tokens x seconds per token``
+and the cheapest replica wins; replicas state 1 ms per token
 (``prefill_s_per_token=1e-3``), so 100 uncached tokens cost 0.1 s.
 """
 
@@ -17,7 +18,7 @@ from prefixroute.core.routing.registry import create_policy
 B = 16
 MS = 1e-3  # seconds per token every replica states
 PLAIN = ("prefixroute:attention_context_tokens=1e12,step_overhead_tokens=0,tie_tolerance=0,"
-         "tie_s=0,externality=false")
+         "tie_s=0,externality=false,cold_cap=0")
 
 
 def blocks(family: str, n: int) -> tuple:
@@ -62,6 +63,7 @@ def test_default_configuration_is_documented_and_valid():
     assert policy.attention_context_tokens == 44_000.0   # 4.0e-5 / 9.0e-10
     assert policy.chunk_tokens == 8192                   # vLLM max_num_batched_tokens
     assert (policy.replicate, policy.balance_cap, policy.externality) == (False, 0.0, True)
+    assert policy.cold_cap == 1.1
 
 
 @pytest.mark.parametrize("spec", ["prefixroute:survival_width=1", "prefixroute:balance_cap=0.5",
@@ -319,7 +321,7 @@ def _cold_balance_scenario(extra=""):
     return policy, fleet(pending=[0, 50])
 
 
-def test_cold_balance_is_off_by_default_and_momentary_cost_decides():
+def test_without_cold_balance_the_momentary_cost_decides():
     policy, replicas = _cold_balance_scenario()
     decision = policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas)
     assert decision.replica == 0
@@ -330,8 +332,10 @@ def test_cold_balance_is_off_by_default_and_momentary_cost_decides():
     assert decision.scores[1]["long_load_s"] == pytest.approx(0.05)
 
 
-def test_cold_balance_places_a_cold_request_below_the_cap():
-    policy, replicas = _cold_balance_scenario(",cold_cap=1.1")
+@pytest.mark.parametrize("extra", [",cold_cap=1.1", ",cold_cap=1.1,cold_share=0.5",
+                                   ",cold_cap=1.1,cold_rho_max=0.1"])
+def test_cold_balance_places_a_cold_request_below_the_cap(extra):
+    policy, replicas = _cold_balance_scenario(extra)
     decision = policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas)
     # Mean long-horizon load (1.0 + 0.05) / 2 = 0.525 s, cap 1.1 x 0.525 = 0.5775 s: replica
     # 0 (1.0 s) is over it, replica 1 (0.05 s) holds as little of the request (nothing).
@@ -348,6 +352,14 @@ def test_cold_balance_leaves_a_request_with_its_cache():
                             replicas)
     assert decision.replica == 0
     assert decision.branch == "cache_affinity"
+
+
+def test_cold_balance_is_on_by_default_on_a_quiet_fleet_only():
+    policy = create_policy("prefixroute")
+    assert (policy.cold_cap, policy.cold_share, policy.cold_rho_max) == (1.1, 0.5, 0.1)
+    # cold_rho_max = 0: the fleet's prefill utilisation (here 0) is never below it.
+    policy, replicas = _cold_balance_scenario(",cold_cap=1.1,cold_rho_max=0")
+    assert policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas).replica == 0
 
 
 def test_cold_balance_slack_bounds_the_extra_cost():
