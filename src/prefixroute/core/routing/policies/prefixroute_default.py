@@ -122,8 +122,9 @@ Mooncake synthetic (a) and (b). Caps 1.0-1.5, horizons 120-900 s, slack 0.3-1, t
 signals and ``cold_share`` 0.2 or 1 all lost TTFT on the sessions without the gate (mean
 5.2-96 s at (a)). The agentic sessions' busiest-replica figure is a lottery of a few
 placements: replaying at time scales 1% apart (0.0985 .. 0.1004) gives 1.18-1.47 at 8
-replicas (median 1.26; 1.27 with the cold rule) and 1.11-1.38 at 7 (median 1.19; 1.22),
-and p99 TTFT 68-151 s and 80-113 s (llmd_weighted, far steadier: 89-113 s, 1.11-1.23 and
+replicas (median 1.26; with the cold rule 1.21-1.47, median 1.27) and 1.13-1.37 at 7
+(median 1.19; with it 1.11-1.38, median 1.22), and p99 TTFT 68-151 s at 8 and 80-113 s at 7
+(with it 68-151 s and 86-113 s; llmd_weighted, far steadier: 89-113 s, 1.11-1.23 and
 186-212 s, 1.13-1.21). It still fails there.
 
 **Delay to others.** Under load, prefill work also delays the requests that will queue
