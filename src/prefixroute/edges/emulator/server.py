@@ -12,6 +12,9 @@ Routes (as ``vllm serve`` 0.32 has them, plus the probes peer routers send):
     vLLM needs ``VLLM_SERVER_DEV_MODE=1``; always on here. Answers ``{"success": bool}``.
 ``GET /model_info``, ``GET /server_info``
     what ``sglang-router`` probes
+``GET /debug/timings``, ``DELETE /debug/timings``
+    only with ``PREFIXROUTE_EMULATOR_TIMINGS=N`` set: per-request arrival and first-write
+    times (timings.py)
 
 :class:`EmulatorServer` holds the pieces (tokenizer, replica, driver, metrics, KV publisher)
 and builds the Starlette app; :func:`serve` runs it under uvicorn with uvloop and httptools.
@@ -43,6 +46,7 @@ from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -71,6 +75,7 @@ from prefixroute.edges.emulator.protocol import (
     sse,
 )
 from prefixroute.edges.emulator.replica import EmulatedReplica, SequenceMeta
+from prefixroute.edges.emulator.timings import TimingMiddleware, TimingRecords, capacity_from_env
 from prefixroute.edges.emulator.tokens import DummyOutput, PromptEncoder
 
 log = logging.getLogger(__name__)
@@ -173,6 +178,8 @@ class EmulatorServer:
         self._id_prefix = secrets.token_hex(4)
         self._counter = itertools.count()
         self.shutting_down = False
+        capacity = capacity_from_env()  # opt-in per-request timings (timings.py)
+        self.timings = TimingRecords(capacity) if capacity else None
 
     def begin_shutdown(self) -> int:
         """Refuse new requests and abort every sequence in the engine, failing their
@@ -211,7 +218,11 @@ class EmulatorServer:
             self.close()
 
     def app(self) -> Starlette:
-        return Starlette(routes=[
+        debug = [] if self.timings is None else [
+            Route("/debug/timings", self.debug_timings, methods=["GET", "DELETE"])]
+        middleware = [] if self.timings is None else [
+            Middleware(TimingMiddleware, records=self.timings)]
+        return Starlette(middleware=middleware, routes=[*debug,
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions/render", self.render_completions, methods=["POST"]),
@@ -229,6 +240,14 @@ class EmulatorServer:
         ], lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
 
     # -- small endpoints ------------------------------------------------------------------------
+    async def debug_timings(self, request: Request) -> Response:
+        """Opt-in per-request timing records (timings.py); DELETE empties them."""
+        assert self.timings is not None
+        if request.method == "DELETE":
+            self.timings.clear()
+            return json_response({"cleared": True})
+        return json_response(self.timings.as_json())
+
     async def health(self, request: Request) -> Response:
         return Response(b"", status_code=200)
 
