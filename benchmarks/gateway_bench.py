@@ -3,7 +3,7 @@
 Run: ``python benchmarks/gateway_bench.py`` (about 8 minutes; the first run also installs the
 peer routers, see below). ``--json`` prints the results as JSON; ``--out FILE`` writes the
 Markdown report (default ``benchmarks/results/gateway.md``); ``--skip-peers`` measures ours
-alone; ``--skip-scenario`` skips part 2. The exit code is 0 when our overhead meets the
+alone; ``--skip-scenario`` skips part 2. The exit code is 0 when our hop overhead meets the
 target (p50 at most 1 ms, p99 at most 5 ms), else 1.
 
 Routers under test, each in front of the same emulator replicas (``prefixroute replica``):
@@ -29,9 +29,29 @@ its own CPU time per request (from /proc), which other load on the machine does 
   that answer instantly (time model off) 200 concurrent streams exist only in a closed loop,
   where by Little's law the latency difference measures the throughput ratio, not the hop.
 
-  Overhead = the router's TTFT percentile minus the same percentile with no router (the
-  client takes turns between the replicas). The two are measured *interleaved* in one run:
-  one arrival process whose target alternates every ``--block-seconds`` (4 s) between no
+  The overhead is measured per request, as the **hop**: the client's TTFT of a request (its
+  clock) minus the time the replica spent on it from receiving it to writing its first
+  event (the replica's clock; the emulator's opt-in timing records,
+  ``PREFIXROUTE_EMULATOR_TIMINGS``, served at ``/debug/timings``, docs/emulator.md). Why:
+  a TTFT here is about 87 ms, nearly all of it the wait for the engine step under way
+  (0-50 ms) and one step, and that wait varies from request to request and its tail from
+  run to run (the no-router TTFT p99 moved between 150 and 350 ms) by far more than a
+  router's few milliseconds; it lies inside the replica's interval, so subtracting the
+  interval request by request removes it. What is left is the client's send and read, the
+  router (if any) both ways, and the time the request and its first event wait in sockets
+  and event loops. Each side's interval comes from one process's clock, so the clocks need
+  not agree. The join: every request carries a unique tag as the body's ``user`` (all three
+  routers forward it; the peers also forward the caller's ``x-request-id``, which the
+  client sets too, while our gateway sets its own), and the replicas record it. Overhead
+  = a percentile (p50, p99; also the mean) of the router's hops minus the same percentile
+  of the hops with no router (the client takes turns between the replicas). Routed and
+  direct requests are different requests, so there is no per-request pairing: the
+  difference of percentiles is the figure. The former measure, the router's TTFT
+  percentile minus the no-router one, is still reported, second, and so is the replicas'
+  side (their receive-to-first-event percentiles, which should match with and without the
+  router since the load is the same).
+
+  Both targets are measured *interleaved* in one run: one arrival process whose target alternates every ``--block-seconds`` (4 s) between no
   router and the router (``--rounds`` such pairs, 10 by default), so both see the same
   replicas and the same background load on the machine, minute by minute. The first
   ``SETTLE_S`` (1.5 s, more than a stream's 1.15 s) of every block are not counted: by then
@@ -41,8 +61,9 @@ its own CPU time per request (from /proc), which other load on the machine does 
   one short run's 17). Why not paired runs, as before: the no-router p99 alone moved between
   120 and 320 ms from one 10 s run to the next (other work on this 2-core machine comes and
   goes), which swamped a p99 difference of a few milliseconds; interleaving at the scale of
-  seconds cancels that drift. The report also gives the difference over the odd and the even
-  block pairs separately, two independent halves, as a check of its stability.
+  seconds cancels that drift. The report also gives the differences (hop and TTFT) over the
+  odd and the even block pairs separately, two independent halves, as a check of their
+  stability.
   A router's overhead run uses the same arrival process (seed) as every other router's.
 * **throughput**, time model off (``--time-scale 0``): closed loop, 200 clients streaming 16
   tokens, then 128 clients sending non-streaming requests (1 token): completed per second.
