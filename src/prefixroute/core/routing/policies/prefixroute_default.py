@@ -145,7 +145,11 @@ runs each against the default; the README table shows the evidence):
 ``balance_cap``
     a replica that got more than ``balance_cap`` times the mean of recent requests hands the
     request to the cheapest replica below that, if that copies at most ``max_copy`` of its KV.
-    Both buy balance with hits and TTFT on the benchmark's workloads.
+    Both buy balance with hits and TTFT on the benchmark's workloads. (2026-11-30, on top of
+    the cold rule: ``replicate=true`` changes no TTFT beyond noise at the eight settings and
+    takes agentic (a)'s busiest replica 1.27 -> 1.22 and design (a)'s 1.13 -> 1.15, but over
+    the five time scales of "Balance" below its agentic (a) median is 1.31 against 1.27 and
+    its mean TTFT 5.65 against 5.37 s at 0.1004: a different draw, not a fix; kept off.)
 
 Parameters and their defaults (one configuration for every workload):
 
