@@ -311,14 +311,18 @@ class _Exchange:
     def close(self) -> None:
         """Done with it: a connection still mid-body is dropped."""
         self.sink = None
+        self._drop_connection()
+
+    # -- inside --
+
+    def _drop_connection(self) -> None:
+        """Stop reading for good: the connection, mid-response, cannot be reused."""
         self.parser = None
         self._stop_timer()
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.exchange = None
             conn.abort()
-
-    # -- inside --
 
     def _resume(self) -> None:
         self.paused = False
@@ -375,12 +379,7 @@ class _Exchange:
         if self.error is not None or self.complete:
             return
         self.error = error
-        self.parser = None
-        self._stop_timer()
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            conn.exchange = None
-            conn.abort()
+        self._drop_connection()
         if self.sink is not None:
             self._error_sink()
         else:
