@@ -11,8 +11,6 @@ Run with ``PREFIXROUTE_VLLM_DIR=... pytest -m vllm tests/real_vllm/test_gateway_
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +22,8 @@ import pytest
 
 from prefixroute.edges.gateway.config import hash_api_key
 
-from .vllm_server import BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, free_port, install_problem
+from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, free_port, install_problem,
+                          running_gateway)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
@@ -42,55 +41,30 @@ def fleet(tmp_path_factory):
         pytest.skip(problem)
     kv_port, replay_port = free_port(), free_port()
     directory = tmp_path_factory.mktemp("render-vllm")
-    gateway = None
     with VllmServer(kv_events_port=kv_port, replay_port=replay_port, topic="kv",
                     extra_args=("--enable-scale-out",)) as server:
-        try:
-            doctor = subprocess.run(
-                [sys.executable, "-m", "prefixroute", "doctor", "--backend", server.url,
-                 "--json"], capture_output=True, text=True, timeout=600)
-            config = {
-                "server_secret": {"env": "PR_VLLM_RENDER_SECRET"},
-                "tokenization": "backend",
-                "hashing": {"block_size": BLOCK_SIZE, "algo": "sha256"},
-                "backends": [{"name": "vllm0", "url": server.url, "models": [SERVED_MODEL_NAME],
-                              "kv_events": {"endpoint": f"tcp://127.0.0.1:{kv_port}",
-                                            "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
-                                            "topic": "kv"}}],
-                "tenants": [
-                    {"name": "a", "api_key_sha256": hash_api_key(KEYS["a"])},
-                    {"name": "ops", "api_key_sha256": hash_api_key(KEYS["ops"]), "admin": True},
-                ],
-                "timeouts": {"read_s": 300, "render_s": 30},  # a loaded CPU box renders slowly
-            }
-            path = directory / "gateway.yaml"
-            path.write_text(json.dumps(config, indent=2))
-            port = free_port()
-            log = open(directory / "gateway.log", "wb")
-            gateway = subprocess.Popen(
-                [sys.executable, "-m", "prefixroute", "serve", "--config", str(path),
-                 "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PR_VLLM_RENDER_SECRET": SECRET})
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                assert gateway.poll() is None, (directory / "gateway.log").read_text()[-3000:]
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "gateway did not become healthy"
-                time.sleep(0.3)
+        doctor = subprocess.run(
+            [sys.executable, "-m", "prefixroute", "doctor", "--backend", server.url,
+             "--json"], capture_output=True, text=True, timeout=600)
+        config = {
+            "server_secret": {"env": "PR_VLLM_RENDER_SECRET"},
+            "tokenization": "backend",
+            "hashing": {"block_size": BLOCK_SIZE, "algo": "sha256"},
+            "backends": [{"name": "vllm0", "url": server.url, "models": [SERVED_MODEL_NAME],
+                          "kv_events": {"endpoint": f"tcp://127.0.0.1:{kv_port}",
+                                        "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
+                                        "topic": "kv"}}],
+            "tenants": [
+                {"name": "a", "api_key_sha256": hash_api_key(KEYS["a"])},
+                {"name": "ops", "api_key_sha256": hash_api_key(KEYS["ops"]), "admin": True},
+            ],
+            "timeouts": {"read_s": 300, "render_s": 30},  # a loaded CPU box renders slowly
+        }
+        path = directory / "gateway.yaml"
+        path.write_text(json.dumps(config, indent=2))
+        with running_gateway(path, directory / "gateway.log",
+                             {"PR_VLLM_RENDER_SECRET": SECRET}) as url:
             yield {"url": url, "doctor": doctor, "log": directory / "gateway.log"}
-        finally:
-            if gateway is not None and gateway.poll() is None:
-                gateway.send_signal(signal.SIGTERM)
-                try:
-                    gateway.wait(timeout=40)
-                except subprocess.TimeoutExpired:
-                    gateway.kill()
-                    gateway.wait(timeout=10)
 
 
 def client(fleet) -> openai.OpenAI:

@@ -18,8 +18,6 @@ Run with ``pytest -m vllm tests/real_vllm/test_gateway_vllm.py`` (a few minutes:
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -34,13 +32,12 @@ from prefixroute.core.identity.identity import derive_trust_group_salt
 from prefixroute.edges.gateway.config import hash_api_key
 
 from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, cached_tokens, free_port,
-                          install_problem, vllm_install_dir)
+                          install_problem, running_gateway, vllm_install_dir)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
 SECRET = "vllm-gateway-test-secret-0123456789abcdef"
 KEYS = {"a": "sk-tenant-a", "b": "sk-tenant-b", "ops": "sk-ops"}
-GATEWAY_START_S = 60.0
 # Long enough for several full 32-token blocks, varied enough to tokenize into many tokens.
 DOCUMENT = ("Section {n}. Prefix caching keeps the keys and values of a prompt's leading tokens "
             "so that a repeated prefix skips prefill. The router decides which replica holds "
@@ -117,7 +114,6 @@ def fleet(tmp_path_factory):
     kv_ports = [free_port(), free_port()]
     replay_ports = [free_port(), free_port()]
     servers = start_pair(kv_ports, replay_ports)
-    gateway = None
     try:
         # The doctor binds replica 0's event endpoint first; the gateway binds it after.
         doctor = subprocess.run(
@@ -127,32 +123,11 @@ def fleet(tmp_path_factory):
             capture_output=True, text=True, timeout=600)
         directory = tmp_path_factory.mktemp("gateway")
         config = write_config(directory, servers, kv_ports, replay_ports)
-        port = free_port()
-        log = open(directory / "gateway.log", "wb")
-        gateway = subprocess.Popen(
-            [sys.executable, "-m", "prefixroute", "serve", "--config", str(config),
-             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PR_VLLM_GATEWAY_SECRET": SECRET})
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + GATEWAY_START_S
-        while True:
-            assert gateway.poll() is None, (directory / "gateway.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "gateway did not become healthy"
-            time.sleep(0.3)
-        yield {"servers": servers, "url": url, "doctor": doctor, "log": directory / "gateway.log"}
+        with running_gateway(config, directory / "gateway.log",
+                             {"PR_VLLM_GATEWAY_SECRET": SECRET}) as url:
+            yield {"servers": servers, "url": url, "doctor": doctor,
+                   "log": directory / "gateway.log"}
     finally:
-        if gateway is not None and gateway.poll() is None:
-            gateway.send_signal(signal.SIGTERM)
-            try:
-                gateway.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                gateway.kill()
-                gateway.wait(timeout=10)
         for server in reversed(servers):
             server.stop()
 

@@ -288,3 +288,41 @@ def prompt_token_ids(response: dict) -> list[int] | None:
     choices = response.get("choices") or [{}]
     ids = choices[0].get("prompt_token_ids")
     return list(ids) if ids is not None else None
+
+
+GATEWAY_START_S = 60.0
+
+
+@contextlib.contextmanager
+def running_gateway(config: Path, log_path: Path, env: dict[str, str]):
+    """``prefixroute serve --config config`` on a free port until healthy; yields its URL and
+    stops it (SIGTERM, then kill) on the way out. Its output goes to ``log_path``."""
+    import sys
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log:
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "prefixroute", "serve", "--config", str(config),
+             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **env})
+        try:
+            deadline = time.monotonic() + GATEWAY_START_S
+            while True:
+                assert gateway.poll() is None, log_path.read_text()[-3000:]
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "gateway did not become healthy"
+                time.sleep(0.3)
+            yield url
+        finally:
+            if gateway.poll() is None:
+                gateway.send_signal(signal.SIGTERM)
+                try:
+                    gateway.wait(timeout=40)
+                except subprocess.TimeoutExpired:
+                    gateway.kill()
+                    gateway.wait(timeout=10)
