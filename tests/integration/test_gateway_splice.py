@@ -24,6 +24,7 @@ import uvicorn
 from prefixroute.edges.gateway import proxy
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import hash_api_key, parse_config
+from tests.helpers.scripted_http import read_request
 
 SECRET = "s" * 32
 KEY = "key-splice"
@@ -56,13 +57,9 @@ class ScriptedReplica:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         try:
             while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
+                head = await read_request(reader)
+                if head is None:
                     return
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
                 path = head.split(b" ")[1]
                 if path == b"/v1/models":
                     self.reply(writer, b'{"object": "list", "data": [{"id": "tiny"}]}')

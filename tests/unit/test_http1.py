@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from prefixroute.edges.http1 import Client, ConnectError, ProtocolError, RequestTimeout
+from tests.helpers.scripted_http import read_request
 
 
 class Server:
@@ -25,13 +26,9 @@ class Server:
         self.connections += 1
         try:
             while self.replies:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
+                head = await read_request(reader)
+                if head is None:
                     return
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
                 self.requests += 1
                 for part in self.replies.pop(0):
                     if part == "close":
