@@ -365,16 +365,35 @@ def with_cpu(pid: int | None, run: Callable[[], dict]) -> dict:
     return result
 
 
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process's threads spent runnable but waiting for a CPU (schedstat's second
+    field), summed over its threads; 0.0 where the kernel does not report it."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 def with_cpu_of(pid: int | None, key: str, run: Callable[[], dict]) -> dict:
     """:func:`with_cpu` for a result holding several targets' summaries: the router's CPU
-    is charged to ``result[key]``'s requests (counted or not: it served them all)."""
+    is charged to ``result[key]``'s requests (counted or not: it served them all). Also the
+    router's wait for a CPU (run queue) per second of the run: other work on the router's
+    core delays the router, which the interleaving does not cancel (the no-router requests
+    do not pass that core)."""
     before = cpu_seconds(pid) if pid else 0.0
+    waited = runqueue_wait_seconds(pid) if pid else 0.0
+    started = time.perf_counter()
     result = run()
     if pid:
         served = result[key].pop("served", None) or (
             result[key]["requests_ok"] + result[key]["requests_failed"])
         result[key]["router_cpu_ms_per_request"] = round(
             1000 * (cpu_seconds(pid) - before) / max(1, served), 3)
+        result[key]["router_runqueue_wait_ms_per_s"] = round(
+            1000 * (runqueue_wait_seconds(pid) - waited) / (time.perf_counter() - started), 2)
     return result
 
 
@@ -569,11 +588,15 @@ def markdown(result: dict) -> str:
         "Overhead = the router's hop percentile minus the same percentile with no router "
         "(in brackets: over the odd and the even block pairs alone). Replica time: the "
         "replica-side interval of the routed requests (no-router in brackets). Joined: "
-        "counted requests matched to a replica record (unmatched in brackets).",
+        "counted requests matched to a replica record (unmatched in brackets). Run-queue "
+        "wait: milliseconds per second the router's threads were runnable but had no CPU "
+        "(/proc schedstat), a sign of other work on its core, which delays only routed "
+        "requests.",
         "",
         "| router | hop p50 / p99 ms (no router) | hop overhead p50 ms | hop overhead p99 ms "
-        "| hop overhead mean ms | replica time p50 / p99 ms (no router) | joined |",
-        "|---|---|---|---|---|---|---|",
+        "| hop overhead mean ms | replica time p50 / p99 ms (no router) | joined | "
+        "run-queue wait ms/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in hop.items():
         o, base = row.get("overhead"), row.get("overhead_baseline")
@@ -587,7 +610,8 @@ def markdown(result: dict) -> str:
             f"{d.get('hop_mean', '-')} | {_ms(o['replica_p50_s'])} / {_ms(o['replica_p99_s'])}"
             + (f" ({_ms(base['replica_p50_s'])} / {_ms(base['replica_p99_s'])})" if base
                else "")
-            + f" | {o['hop_joined']} ({o['hop_unjoined']}) |")
+            + f" | {o['hop_joined']} ({o['hop_unjoined']}) | "
+            f"{o.get('router_runqueue_wait_ms_per_s', '-')} |")
     lines += [
         "",
         "The same runs by the older, secondary measure: overhead = the router's TTFT "
