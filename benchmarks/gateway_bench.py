@@ -49,7 +49,9 @@ its own CPU time per request (from /proc), which other load on the machine does 
   difference of percentiles is the figure. The former measure, the router's TTFT
   percentile minus the no-router one, is still reported, second, and so is the replicas'
   side (their receive-to-first-event percentiles, which should match with and without the
-  router since the load is the same).
+  router since the load is the same). Not removed: other work on the machine when a
+  request passes; the router's core is passed by routed requests only, so the router's
+  run-queue wait (ms per s, /proc schedstat) is reported as the sign of such work.
 
   Both targets are measured *interleaved* in one run: one arrival process whose target alternates every ``--block-seconds`` (4 s) between no
   router and the router (``--rounds`` such pairs, 10 by default), so both see the same
