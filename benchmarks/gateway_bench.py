@@ -53,7 +53,7 @@ its own CPU time per request (from /proc), which other load on the machine does 
   request passes; the router's core is passed by routed requests only, so the router's
   run-queue wait (ms per s, /proc schedstat) is reported as the sign of such work.
 
-  Both targets are measured *interleaved* in one run: one arrival process whose target alternates every ``--block-seconds`` (4 s) between no
+  Both targets are measured *interleaved* in one run: one arrival process whose target alternates every ``BLOCK_S`` (4 s) between no
   router and the router (``--rounds`` such pairs, 10 by default), so both see the same
   replicas and the same background load on the machine, minute by minute. The first
   ``SETTLE_S`` (1.5 s, more than a stream's 1.15 s) of every block are not counted: by then
