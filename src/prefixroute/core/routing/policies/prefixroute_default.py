@@ -97,10 +97,9 @@ is made on noise, and hot tenants or long sessions stack up where it fell. So th
 the cheapest replica's load over ``balance_horizon_s`` is above ``cold_cap`` times the fleet
 mean, the cheapest equivalent replica at or below it takes the request (branch
 ``cold_balance``; at most ``cold_slack`` times the request's own prefill and decode dearer,
-unbounded by default). The load (``balance_signal``) is ``work``: predicted prefill seconds
-routed there, decayed (a prompt longer than the replica's KV counts nothing: it is rejected
-at once); ``tokens`` (prompt tokens routed), ``requests`` and ``busy`` (prefill seconds seen
-done) were tried. Once prefill is busy the momentary queue is the real signal, and moving
+unbounded by default). The load is predicted prefill seconds routed there, decayed (a prompt
+longer than the replica's KV counts nothing: it is rejected at once); prompt tokens routed,
+requests routed and prefill seconds seen done were tried as the load and not kept. Once prefill is busy the momentary queue is the real signal, and moving
 requests by a longer-horizon load only cost TTFT (below).
 
 **Balance (issue 4: busiest replica <= 1.25x the mean load; 2026-11-30).** Load is each
@@ -190,8 +189,7 @@ Parameters and their defaults (one configuration for every workload):
 ``balance_cap`` (0 = off), ``max_copy`` (0.05) as described above.
 ``cold_cap`` (1.1; 0 = off), ``cold_rho_max`` (0.1: queues mostly empty, an M/M/1 queue
 waits with probability ``rho``), ``balance_horizon_s`` (300: ten load horizons, a few turns
-of a session), ``free_share`` (0.1), ``cold_share`` (0.5), ``cold_slack`` (inf),
-``balance_signal`` (``work``): the cold rule above, ours, from the benchmark (figures
+of a session), ``free_share`` (0.1), ``cold_share`` (0.5), ``cold_slack`` (inf): the cold rule above, ours, from the benchmark (figures
 above); the load is kept (the ``long_load_s`` score) even with the rule off.
 """
 
@@ -231,7 +229,7 @@ class ReplicaEstimate:
 
     __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity",
                  "configured_capacity", "queue", "queue_units", "queue_work", "pending_work",
-                 "observed_at", "progress_at", "utilisation", "routed", "routed_s", "done_s",
+                 "observed_at", "progress_at", "utilisation", "routed", "routed_s",
                  "busy", "elapsed_s", "done_work", "in_flight")
 
     def __init__(self, s_per_token: float, prior_work: float) -> None:
@@ -252,7 +250,6 @@ class ReplicaEstimate:
         self.utilisation = 0.0    # prefill seconds per second, recently
         self.routed = [0.0, 0.0]  # requests routed here, decayed: [rate, as of time]
         self.routed_s = [0.0, 0.0]  # predicted prefill seconds routed here, decayed (long)
-        self.done_s = [0.0, 0.0]    # prefill seconds seen done here, decayed (long)
         self.busy = False         # pending prefill at the last observation
         # Speed: seconds of busy time over work done, with exponential forgetting; the prior
         # counts as ``prior_work`` token-equivalents done at ``s_per_token``.
@@ -269,8 +266,7 @@ class ReplicaEstimate:
         return self.pending_work * self.s_per_token
 
     def observe(self, pending_prefill_tokens: int, now: float, forget: float,
-                learn: bool = True, horizon_s: float = 30.0,
-                long_horizon_s: float = 0.0) -> None:
+                learn: bool = True, horizon_s: float = 30.0) -> None:
         """Reconcile the queue with the replica's pending prefill and learn its speed.
 
         The runner's pending tokens belong to the most recently routed requests (the engine
@@ -313,11 +309,6 @@ class ReplicaEstimate:
             weight = math.exp(-elapsed / horizon_s)
             self.utilisation = self.utilisation * weight + min(
                 1.0, done * self.s_per_token / horizon_s)
-            if long_horizon_s > 0:
-                done_s = self.done_s
-                done_s[0] = done_s[0] * math.exp(-(now - done_s[1]) / long_horizon_s) \
-                    + done * self.s_per_token
-                done_s[1] = now
         self.pending_work = pending
         if not self.busy:
             self.progress_at = now
@@ -411,7 +402,7 @@ class PrefixRoute(BasePolicy):
                  drop_ended: bool = True, cold_cap: float = 1.1,
                  balance_horizon_s: float = 300.0, free_share: float = 0.1,
                  cold_slack: float = math.inf, cold_share: float = 0.5,
-                 balance_signal: str = "work", cold_rho_max: float = 0.1) -> None:
+                 cold_rho_max: float = 0.1) -> None:
         if prefill_s_per_token <= 0 or attention_context_tokens <= 0:
             raise ConfigError("prefill_s_per_token and attention_context_tokens must be positive")
         if step_overhead_tokens < 0 or decode_tokens_per_seq < 0 \
@@ -470,10 +461,6 @@ class PrefixRoute(BasePolicy):
         self.free_share = free_share
         self.cold_slack = cold_slack
         self.cold_share = cold_share
-        if balance_signal not in ("work", "tokens", "requests", "busy"):
-            raise ConfigError(f"balance_signal must be work, tokens, requests or busy, got "
-                              f"{balance_signal!r}")
-        self.balance_signal = balance_signal
         self.cold_rho_max = cold_rho_max
         self._rho = 0.0
         self.load_horizon_s = load_horizon_s
@@ -505,8 +492,7 @@ class PrefixRoute(BasePolicy):
             self._pending_counts_prompt = True
         learn = self.learn_speed == "true" or (self.learn_speed == "auto"
                                                and replica.prefill_s_per_token is None)
-        est.observe(pending, now, self.speed_memory, learn, self.load_horizon_s,
-                    self.balance_horizon_s if self.balance_signal == "busy" else 0.0)
+        est.observe(pending, now, self.speed_memory, learn, self.load_horizon_s)
         return est
 
     def _fleet_speed(self) -> float:
@@ -624,8 +610,7 @@ class PrefixRoute(BasePolicy):
                 "s_per_token": s, "prefill_busy": est.utilisation,
                 "load": float(replica.load),
                 "recent_requests": round(self._decayed(est.routed, now), 3),
-                "long_load_s": self._decayed(est.done_s if self.balance_signal == "busy"
-                                             else est.routed_s, now, self.balance_horizon_s)}
+                "long_load_s": self._decayed(est.routed_s, now, self.balance_horizon_s)}
         choice, branch, reason = self._choose(replicas, estimates, scores, costs, details, n,
                                               keys, block, now)
         chosen = scores[choice]
@@ -828,7 +813,8 @@ class PrefixRoute(BasePolicy):
             cached = expected * request.block_size
         uncached = max(0.0, request.num_tokens - cached)
         units = request.num_tokens if self._pending_counts_prompt else uncached
-        est.add_work(units, uncached, self.prefill_work(uncached, cached), request.request_id)
+        work = self.prefill_work(uncached, cached)
+        est.add_work(units, uncached, work, request.request_id)
         inserts_before = est.inserts
         predicted_blocks = int(round(cached / request.block_size)) if request.block_size else 0
         stamp = est.touch(keys, predicted_blocks)
@@ -839,10 +825,7 @@ class PrefixRoute(BasePolicy):
         if not est.configured_capacity \
                 or request.num_tokens <= est.configured_capacity * request.block_size:
             # (A prompt longer than the replica's KV is rejected at once: no load.)
-            est.routed_s[0] += (self.prefill_work(uncached, cached) * est.s_per_token
-                                if self.balance_signal == "work" else
-                                float(request.num_tokens) if self.balance_signal == "tokens"
-                                else 1.0)
+            est.routed_s[0] += work * est.s_per_token
         if self.replicate:
             self._record_demand(keys, request.now)
             depth_keys = self._depth_keys(keys)
