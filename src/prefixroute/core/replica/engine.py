@@ -213,6 +213,18 @@ class ReplicaEngine:
         waiting request counts its whole prompt, since its hit is known only at admission."""
         return self._pending_prefill
 
+    def busy_seconds_until(self, t: float) -> float:
+        """Seconds spent in steps up to time ``t``, given that every event at or before ``t``
+        has been processed (so the step or decode run in progress, if any, began at or before
+        ``t``): the finished steps' time plus the part of the current step or run before
+        ``t``. A decode run is back-to-back steps, so it is busy from its start (the first
+        unfinished step) to its end."""
+        busy = self.busy_s
+        current = self._run if self._run is not None else self._step
+        if current is not None and t > current.start:
+            busy += min(t, current.end) - current.start
+        return busy
+
     @property
     def idle(self) -> bool:
         return self._step is None and self._run is None and not self._arriving

@@ -204,7 +204,7 @@ class PolicyRun:
     timeline_in_flight: list[list[int]]
     cached_tokens: list[int] = field(default_factory=list)  # per request, -1 if not completed
     # Per replica, seconds spent in engine steps over the whole run, and up to the run's
-    # ``busy_until`` time (``None`` unless asked for): see :func:`busy_seconds_until`.
+    # ``busy_until`` time (``None`` unless asked for; ``ReplicaEngine.busy_seconds_until``).
     busy_s: list[float] = field(default_factory=list)
     busy_until_s: list[float] | None = None
 
@@ -218,19 +218,6 @@ def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
                           f"{', '.join(VIEWS)}")
     rest = ",".join(f"{k}={v}" for k, v in params.items())
     return (f"{name}:{rest}" if rest else name), view
-
-
-def busy_seconds_until(engine: ReplicaEngine, t: float) -> float:
-    """Seconds ``engine`` has spent in steps up to time ``t``, given that every engine event
-    at or before ``t`` has been processed (so the step or decode run in progress, if any,
-    began at or before ``t``): the finished steps' time plus the part of the current step or
-    run before ``t``. A decode run is back-to-back steps, so it is busy from its start (the
-    first unfinished step) to its end."""
-    busy = engine.busy_s
-    current = engine._run if engine._run is not None else engine._step
-    if current is not None and t > current.start:
-        busy += min(t, current.end) - current.start
-    return busy
 
 
 def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *,
@@ -326,7 +313,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         arrival = requests[k].arrival_s if k < total else inf
         if (heap[0][0] if heap and heap[0][0] < arrival else arrival) > snap_at:
             # Every event up to busy_until is done: read the engines before the next one.
-            busy_until_s = [busy_seconds_until(e, snap_at) for e in engines]
+            busy_until_s = [e.busy_seconds_until(snap_at) for e in engines]
             snap_at = inf
         if heap and heap[0][0] <= arrival:
             t, i = heapq.heappop(heap)
@@ -380,7 +367,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     if progress is not None:
         progress(total, total)
     if snap_at < inf:  # nothing happened after busy_until: every step ended by then
-        busy_until_s = [busy_seconds_until(e, snap_at) for e in engines]
+        busy_until_s = [e.busy_seconds_until(snap_at) for e in engines]
 
     summary = _summarize(workload, fleet, spec, view, engines, first_token, finish, cached,
                          replica_of, assignments, rejected, predicted_total)
