@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from prefixroute.core.routing.base import ReplicaView, RequestView
 from prefixroute.core.routing.registry import create_policy
+from tests.helpers.policy_views import CountingCache
 
 PEERS = ["sglang_cache_aware", "ray_prefix_affinity", "llmd_weighted", "dynamo_kv_cost",
          "aibrix_prefix_cache", "preble_e2",
@@ -24,19 +25,6 @@ PEERS = ["sglang_cache_aware", "ray_prefix_affinity", "llmd_weighted", "dynamo_k
          "aibrix_prefix_cache:load_gate=abs,block_number=6",
          "preble_e2:window_s=10,eviction_cost=false"]
 BLOCK = 4
-
-
-class CountingCache:
-    """A runner's view: some leading blocks of a family are cached."""
-
-    def __init__(self, held: int):
-        self.held = held
-
-    def match(self, keys):
-        return min(self.held, len(keys))
-
-    def __len__(self):
-        return self.held
 
 
 replica_st = st.fixed_dictionaries({

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from prefixroute.core.routing.base import ReplicaView, RequestView
 from prefixroute.core.routing.registry import create_policy
+from tests.helpers.policy_views import CountingCache
 
 BLOCK = 4
 SPECS = ["prefixroute",
@@ -20,16 +21,6 @@ SPECS = ["prefixroute",
          "prefixroute:replicate=true,balance_cap=1.25,max_copy=1",
          "prefixroute:externality=false,learn_speed=false,feedback=false,follow_inflight=false,"
          "survival_width=0,tie_tolerance=0,tie_s=0"]
-
-
-class CountingCache:
-    """A runner's view: some leading blocks are cached."""
-
-    def __init__(self, held: int):
-        self.held = held
-
-    def match(self, keys):
-        return min(self.held, len(keys))
 
 
 replica_st = st.fixed_dictionaries({
