@@ -152,8 +152,7 @@ class _Exchange:
     __slots__ = ("conn", "client", "parser", "status", "headers", "body", "buffered",
                  "headers_done",
                  "complete", "framed", "keep_alive", "error", "received", "waiter", "sink",
-                 "seconds", "loop", "handle", "waiting", "since", "paused", "released",
-                 "no_body")
+                 "seconds", "loop", "handle", "waiting", "since", "paused", "released")
 
     def __init__(self, conn: _Connection, client: "Client", seconds: float | None):
         self.conn: _Connection | None = conn
@@ -181,7 +180,6 @@ class _Exchange:
         self.since = 0.0
         self.paused = False  # reading paused: the body is not being taken
         self.released = False
-        self.no_body = False
 
     # -- httptools callbacks --
 

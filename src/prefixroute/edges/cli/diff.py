@@ -18,7 +18,7 @@ from typing import Any
 
 from prefixroute.core.diagnostics.diff import PromptDiff, diff_tokens, verdict
 from prefixroute.core.diagnostics.lint import DEFAULT_BLOCK_SIZE
-from prefixroute.core.diagnostics.prompts import flatten_content, parse_body
+from prefixroute.core.diagnostics.prompts import parse_body
 from prefixroute.core.diagnostics.volatile import CHANGED_CONTENT, classify_change
 from prefixroute.core.errors import InputError
 from prefixroute.edges.cli.common import positive_int, print_json

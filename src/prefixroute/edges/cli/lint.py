@@ -11,8 +11,6 @@ the static region and the cache model behind the hit rates.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 from prefixroute.core.diagnostics.lint import DEFAULT_BLOCK_SIZE, LintReport, lint_requests
 from prefixroute.core.diagnostics.prompts import parse_log

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixroute.core.errors import ConfigError, InputError
+from prefixroute.core.errors import ConfigError
 from prefixroute.core.identity.hashing import VLLM_ALGOS
 from prefixroute.core.identity.identity import MIN_SECRET_BYTES
 from prefixroute.core.routing.registry import create_policy, policy_names

@@ -113,8 +113,6 @@ class PromptPreparer:
         self._cache: OrderedDict[bytes, PreparedPrompt] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()  # large prompts are prepared on a worker thread
-        self.cache_hits = 0
-        self.cache_misses = 0
 
     @property
     def mode(self) -> str:
@@ -159,10 +157,7 @@ class PromptPreparer:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
-                self.cache_hits += 1
-                return cached
-            self.cache_misses += 1
-            return None
+            return cached
 
     def _store(self, key: bytes, prepared: PreparedPrompt) -> None:
         with self._lock:
