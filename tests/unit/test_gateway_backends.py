@@ -83,3 +83,39 @@ def test_health_needs_consecutive_failures_and_one_success(monkeypatch):
     assert not backend.healthy and "503" in backend.last_health_error
     asyncio.run(backend.check_health(client_answering(""), 1.0))
     assert backend.healthy
+
+
+def test_character_block_units_scale_the_kv_size_and_speed_the_policy_sees(monkeypatch):
+    # Text at 6 characters per token: 1.5 estimated tokens (characters / 4) per real one, so
+    # 800 engine blocks hold 1,200 character blocks and a real token's 30 us is 20 us per
+    # estimated token.
+    backend = make_backend(monkeypatch, ManualClock(), prefill_s_per_token=3e-5)
+    asyncio.run(backend.scrape_metrics(client_answering(METRICS), 1.0))
+    assert backend.view.capacity_blocks == 800
+    backend.observe_units(15_453, 10_302)
+    assert backend.units_per_token == 1.5
+    assert backend.view.capacity_blocks == 1200
+    view = backend.replica_view()
+    assert view.capacity_blocks == 1201  # num_gpu_blocks 801, as the policy is told
+    assert abs(view.prefill_s_per_token - 2e-5) < 1e-12
+    # A small drift of the running average is not applied: the policy restarts its learned
+    # capacity whenever the size it is shown changes.
+    backend.observe_units(1_520, 1_000)
+    assert backend.units_per_token == 1.5
+    # One answer at 3 characters per token moves the average by a tenth of the way to 0.75:
+    # 1.427, under a 5% move, still within the step; a second one passes it.
+    backend.observe_units(750, 1_000)
+    backend.observe_units(750, 1_000)
+    assert backend.units_per_token < 1.5
+    assert backend.view.capacity_blocks == int(800 * backend.units_per_token)
+
+
+def test_a_shrunk_approximate_view_forgets_the_least_recently_routed_blocks():
+    from prefixroute.core.routing.views import ApproximateView
+    view = ApproximateView(4)
+    view.record(["a", "b", "c", "d"])
+    view.resize(2)
+    assert (len(view), view.match(["c", "d"]), view.match(["a"])) == (2, 2, 0)
+    view.resize(3)
+    view.record(["e"])
+    assert view.match(["c", "d"]) == 2

@@ -432,3 +432,16 @@ def test_the_app_routes_on_rendered_tokens_and_falls_back_when_render_is_off(mon
             assert 'prefixroute_gateway_render_calls_total{outcome="http_403"} 1.0' in metrics
             assert 'prefixroute_gateway_render_calls_total{outcome="ok"} 1.0' in metrics
     run(scenario())
+
+
+def test_character_block_feedback_is_converted_to_estimated_tokens():
+    from prefixroute.edges.gateway.router import cached_in_routing_units
+    # 15,453 characters / 4 = 15,453 estimated tokens for a prompt the engine counts as
+    # 10,302 tokens: 1.5 estimated per real token. Blocks of 16.
+    assert cached_in_routing_units(0, 10_302, 15_453, 16) == 0
+    # 10,000 cached: credited up to the end of the next engine block, (10,000 + 16) x 1.5.
+    assert cached_in_routing_units(10_000, 10_302, 15_453, 16) == 15_024
+    # As far as the engine ever reports, floor(10,301 / 16) x 16 = 10,288: wholly cached.
+    assert cached_in_routing_units(10_288, 10_302, 15_453, 16) == 15_453
+    # Without the usage's prompt_tokens the figure is passed on as reported.
+    assert cached_in_routing_units(160, None, 300, 16) == 160

@@ -42,6 +42,15 @@ class ApproximateView:
                 if key in self._lru:
                     self._lru._drop(key, expired=False)
 
+    def resize(self, capacity_blocks: int) -> None:
+        """Bound the view at ``capacity_blocks``, forgetting the least recently routed blocks
+        beyond it."""
+        self.capacity_blocks = capacity_blocks
+        self._lru.capacity = capacity_blocks
+        entries = self._lru._expiry
+        while len(entries) > capacity_blocks:
+            entries.popitem(last=False)
+
     def __len__(self) -> int:
         return len(self._lru)
 

@@ -10,6 +10,11 @@ The cache view is what the routing policy matches a request's block keys against
   replica's KV size when known (``capacity_blocks`` in the config, else ``num_gpu_blocks`` from
   the engine's ``vllm:cache_config_info``).
 
+Character-block prompts count estimated tokens (characters / 4), the engine real ones. Each
+answer's ``prompt_tokens`` teaches the backend the ratio (``units_per_token``), and the KV
+size and prefill speed the policy sees are given in estimated tokens: a replica of 10,000
+blocks holds 15,000 character blocks of text that runs 6 characters to the token.
+
 Load comes from the gateway's own in-flight count and the engine's Prometheus gauges
 (``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``),
 scraped every ``health.metrics_interval_s``.
@@ -39,6 +44,7 @@ from prefixroute.edges.gateway.metrics import GatewayMetrics
 log = logging.getLogger("prefixroute.gateway")
 
 _LOW64 = (1 << 64) - 1
+_UNITS_STEP = 0.05  # see Backend.units_per_token
 _GPU_MEDIA = (None, "GPU")
 _NUM_GPU_BLOCKS = re.compile(r'num_gpu_blocks="(\d+)"')
 ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
@@ -136,6 +142,12 @@ class Backend:
         self.headers: dict[str, str] = {}
         if config.api_key_env and os.environ.get(config.api_key_env):
             self.headers["authorization"] = f"Bearer {os.environ[config.api_key_env]}"
+        # Estimated tokens per real token for character-block prompts (see the module doc):
+        # the applied value, moved only when the running estimate drifts past
+        # _UNITS_STEP, because the policy restarts its learned capacity when the KV size
+        # it is shown changes.
+        self.units_per_token = 1.0
+        self._units_estimate: float | None = None
         self.view: LiveEventView | ApproximateView
         if config.kv_events is not None:
             self.view = LiveEventView(EventView())
@@ -162,12 +174,31 @@ class Backend:
 
     def replica_view(self) -> ReplicaView:
         capacity = self.config.capacity_blocks or self.num_gpu_blocks or 0
+        speed = self.config.prefill_s_per_token
+        units = self.units_per_token
+        if units != 1.0:
+            capacity = int(capacity * units)
+            speed = speed / units if speed is not None else None
         return ReplicaView(index=self.index, name=self.name, healthy=self.healthy,
                            in_flight=self.in_flight, queued=self.queued, running=self.running,
                            pending_prefill_tokens=self.pending_prefill_tokens,
                            kv_usage=self.kv_usage, assignments=self.assignments,
                            capacity_blocks=capacity, cache=self.view,
-                           prefill_s_per_token=self.config.prefill_s_per_token)
+                           prefill_s_per_token=speed)
+
+    def observe_units(self, estimated_tokens: int, prompt_tokens: int) -> None:
+        """A character-block prompt of ``estimated_tokens`` was ``prompt_tokens`` real tokens:
+        update the running ratio (exponential average, weight 0.1 per answer) and apply it
+        when it has moved by more than _UNITS_STEP."""
+        if estimated_tokens <= 0 or prompt_tokens <= 0:
+            return
+        ratio = estimated_tokens / prompt_tokens
+        estimate = self._units_estimate
+        estimate = ratio if estimate is None else estimate + 0.1 * (ratio - estimate)
+        self._units_estimate = estimate
+        if abs(estimate - self.units_per_token) > _UNITS_STEP * self.units_per_token:
+            self.units_per_token = estimate
+            self._size_approximate_view()
 
     @property
     def pending_prefill_tokens(self) -> int:
@@ -303,11 +334,15 @@ class Backend:
             self._metrics.view_blocks.labels(self.name).set(0)
 
     def _size_approximate_view(self) -> None:
-        """Bound an empty approximate view by the engine's KV size once it is known (block 0
-        is vLLM's reserved null block, so N blocks hold N - 1)."""
-        if isinstance(self.view, ApproximateView) and self.config.capacity_blocks is None \
-                and len(self.view) == 0 and self.num_gpu_blocks and self.num_gpu_blocks > 1:
-            self.view = ApproximateView(self.num_gpu_blocks - 1)
+        """Bound the approximate view by the replica's KV size, in the units its keys count
+        (block 0 is vLLM's reserved null block, so N engine blocks hold N - 1)."""
+        if not isinstance(self.view, ApproximateView):
+            return
+        blocks = self.config.capacity_blocks
+        if blocks is None and self.num_gpu_blocks and self.num_gpu_blocks > 1:
+            blocks = self.num_gpu_blocks - 1
+        if blocks is not None:
+            self.view.resize(max(1, int(blocks * self.units_per_token)))
 
     # -- KV events ------------------------------------------------------------------------
 
