@@ -45,6 +45,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Sequence
 
+import orjson
+
 from prefixroute.core.errors import PrefixRouteError
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import Adapter, CacheIdentity, MediaItem
@@ -270,9 +272,13 @@ class PromptPreparer:
 
 def _digest(identity: CacheIdentity, adapter: Adapter | None, part: list) -> bytes:
     """The preparation cache's key: salt, adapter and what was prepared."""
-    return hashlib.sha256(json.dumps(
-        [identity.cache_salt, adapter and [adapter.name, adapter.path], part],
-        separators=(",", ":"), ensure_ascii=False, default=str).encode()).digest()
+    key = [identity.cache_salt, adapter and [adapter.name, adapter.path], part]
+    try:
+        encoded = orjson.dumps(key, default=str)  # several times faster than json
+    except (TypeError, orjson.JSONEncodeError):  # an integer beyond 64 bits
+        encoded = json.dumps(key, separators=(",", ":"), ensure_ascii=False,
+                             default=str).encode()
+    return hashlib.sha256(encoded).digest()
 
 
 def _render_body(request: CheckedRequest) -> dict | None:

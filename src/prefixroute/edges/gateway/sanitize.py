@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.tenants import Tenant, TenantRegistry
 
@@ -45,10 +47,15 @@ def parse_json_body(raw: bytes) -> dict:
         raise GatewayError(400, "the request body is empty; expected a JSON object",
                            code="invalid_body")
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GatewayError(400, f"the request body is not valid JSON: {exc}",
-                           code="invalid_json") from None
+        body = orjson.loads(raw)  # several times faster than json on request bodies
+    except orjson.JSONDecodeError:
+        # What orjson refuses, the standard library may take (NaN, integers beyond 64
+        # bits), and where it does not, its message names the line and column.
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise GatewayError(400, f"the request body is not valid JSON: {exc}",
+                               code="invalid_json") from None
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_body")
     return body
