@@ -132,6 +132,7 @@ class Backend:
         # Uncached prompt tokens of requests whose prefill is not known to be done, by
         # dispatch ticket: (tokens, dispatch time). See prefill_done and scrape_metrics.
         self._prefills: dict[int, tuple[int, float]] = {}
+        self._prefill_total = 0  # their sum, read at every routing decision
         self._next_ticket = 0
         self._clock = clock
         self._last_scrape = clock.now()
@@ -202,7 +203,7 @@ class Backend:
 
     @property
     def pending_prefill_tokens(self) -> int:
-        return sum(tokens for tokens, _ in self._prefills.values())
+        return self._prefill_total
 
     def dispatch(self, keys: Sequence[Hashable], uncached_tokens: int) -> int:
         """A request is being sent here: count it and note its blocks as (soon) held.
@@ -212,6 +213,7 @@ class Backend:
         ticket = self._next_ticket
         self._next_ticket += 1
         self._prefills[ticket] = (uncached_tokens, self._clock.now())
+        self._prefill_total += uncached_tokens
         self.breaker.on_dispatch()
         if isinstance(self.view, LiveEventView):
             self.view.add_pending(keys)
@@ -223,7 +225,9 @@ class Backend:
     def prefill_done(self, ticket: int) -> None:
         """The request's prefill is over: its first byte arrived (a stream's first token) or
         it ended."""
-        self._prefills.pop(ticket, None)
+        entry = self._prefills.pop(ticket, None)
+        if entry is not None:
+            self._prefill_total -= entry[0]
 
     def finish(self, keys: Sequence[Hashable], *, stored: bool, matched_before: int) -> None:
         """The request left. ``stored``: the engine ran it, so its blocks are cached there;
@@ -316,7 +320,7 @@ class Backend:
             # scheduled and, at one chunk per step, prefilled. A non-streaming answer shows no
             # first byte, so this is how its prefill is seen to end before the whole answer.
             for ticket in [t for t, (_, sent) in self._prefills.items() if sent <= previous]:
-                del self._prefills[ticket]
+                self._prefill_total -= self._prefills.pop(ticket)[0]
         self.queued = int(values.get("vllm:num_requests_waiting", self.queued))
         self.running = int(values.get("vllm:num_requests_running", self.running))
         self.kv_usage = float(values.get("vllm:kv_cache_usage_perc", self.kv_usage))
