@@ -119,3 +119,38 @@ def test_a_shrunk_approximate_view_forgets_the_least_recently_routed_blocks():
     view.resize(3)
     view.record(["e"])
     assert view.match(["c", "d"]) == 2
+
+
+def test_a_character_block_answer_reaches_the_policy_in_estimated_tokens(monkeypatch):
+    from prefixroute.core.routing.base import Decision
+    from prefixroute.edges.gateway.prompts import CHARS, PreparedPrompt
+    from prefixroute.edges.gateway.router import GatewayRouter
+
+    class Recorder:
+        name = "recorder"
+
+        def __init__(self):
+            self.completed = []
+
+        def route(self, request, replicas):
+            return Decision(replicas[0].index, "only")
+
+        def on_routed(self, request, decision):
+            pass
+
+        def on_completed(self, request, replica, cached_tokens):
+            self.completed.append(cached_tokens)
+
+    backend = make_backend(monkeypatch, ManualClock())
+    policy = Recorder()
+    router = GatewayRouter(policy, [backend], GatewayMetrics(), ManualClock())
+    # 6,000 characters: 1,500 estimated tokens in 93 blocks of 16; the engine counts 1,000.
+    prompt = PreparedPrompt(1_500, tuple(range(93)), None, CHARS)
+    attempt = router.route(request_id="a", tenant="t", model="tiny", prompt=prompt,
+                           block_size=16, candidates=[backend], attempt=0)
+    router.succeeded(attempt, {"prompt_tokens": 1_000,
+                               "prompt_tokens_details": {"cached_tokens": 960}})
+    # (960 + 16) x 1.5 = 1,464 estimated tokens, not the 960 real ones.
+    assert policy.completed == [1_464]
+    assert attempt.record.reported_cached_tokens == 960  # /debug/decisions: the engine's
+    assert backend.units_per_token == 1.5
