@@ -46,6 +46,13 @@ every reported setting is then run with every policy.
 Also (``--no-ablation`` skips it) ``prefixroute`` variants at setting (a), one idea switched
 on or off at a time: the evidence for each candidate idea of issue 4.
 
+And (``--no-stability`` skips it) **stability**: ``prefixroute`` and that setting's best peer
+again at time scales 0.5% and 1% either side of the setting's (``STABILITY_FACTORS``), same
+replicas. One run is one draw of where sessions and bursts happen to land; on the agentic
+sessions a 1% change of the arrival times moved our p99 TTFT between 0.74x and 1.71x the best
+peer's (2026-11-30), so each verdict is also given as the count of the five draws that meet
+it, and the ratios' medians.
+
 Writes ``benchmarks/results/policy_comparison.md`` (tables), ``policy_comparison.json``
 (summaries) and PNG plots (TTFT CDFs per workload, ratios). Run from the repository:
 ``python benchmarks/policy_comparison.py`` (about 10 to 15 minutes on two cores;
@@ -96,6 +103,8 @@ ARRIVAL_QUANTILE = 0.95    # busy fraction over the time until 95% of requests a
 # Acceptance (issue 4).
 P99_RATIO_MAX = 0.9
 HIT_GAP_MAX = 0.05
+# Time scales, relative to a setting's, of the stability runs (1.0 is the setting itself).
+STABILITY_FACTORS = (0.99, 0.995, 1.0, 1.005, 1.01)
 BALANCE_MAX = 1.25
 
 ABLATIONS = [
@@ -452,6 +461,47 @@ def summary_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def stability(runner: "Runner", row: dict) -> dict[str, Any]:
+    """Ours and the row's best peer at the row's time scale times each STABILITY_FACTORS."""
+    draws = []
+    for factor in STABILITY_FACTORS:
+        if factor == 1.0:
+            ours, peer = row["ours"], row["peer"]
+        else:
+            res = runner.run(row["workload"], round(row["time_scale"] * factor, 6),
+                             row["replicas"], [OURS, row["best_peer"]])
+            ours, peer = res[OURS], res[row["best_peer"]]
+        verdict = verdicts(ours, peer, row["ideal"])
+        draws.append({"factor": factor, **verdict, "balance_busy": ours["balance_busy"],
+                      "peer_balance_busy": peer["balance_busy"]})
+    return {"draws": draws}
+
+
+def stability_table(rows: list[dict]) -> str:
+    head = " / ".join(f"x{f:g}" for f in STABILITY_FACTORS)
+    out = [f"| workload | setting | best peer | p99 ratio ({head}) | median | mean ratio | "
+           "median | busiest (ours) | median | peer's busiest, median | p99 <= 0.9x | "
+           "mean no worse | busiest <= 1.25x |",
+           "|---|---|---|---|---:|---|---:|---|---:|---:|:-:|:-:|:-:|"]
+    n = len(STABILITY_FACTORS)
+    for r in rows:
+        draws = r["stability"]["draws"]
+
+        def cells(key: str) -> tuple[str, float]:
+            values = [d[key] for d in draws]
+            return " / ".join(f"{v:.2f}" for v in values), percentile(values, 50)
+
+        p99, p99_med = cells("p99_ratio")
+        mean, mean_med = cells("mean_ratio")
+        busiest, busiest_med = cells("balance_busy")
+        _, peer_busiest = cells("peer_balance_busy")
+        met = [sum(d[k] for d in draws) for k in ("p99_ok", "mean_ok", "balance_ok")]
+        out.append(f"| {r['workload']} | {r['setting']} | {r['best_peer']} | {p99} | "
+                   f"{p99_med:.2f} | {mean} | {mean_med:.2f} | {busiest} | {busiest_med:.2f} | "
+                   f"{peer_busiest:.2f} | " + " | ".join(f"{m} of {n}" for m in met) + " |")
+    return "\n".join(out)
+
+
 def run_table(results: dict[str, dict], order: list[str]) -> str:
     out = ["| policy | token hit | TTFT p50 | p99 | mean | e2e p99 | busy | max/mean busy "
            "(window) | max/mean busy (whole run) | max/mean assignments |",
@@ -536,6 +586,8 @@ def main() -> int:
                         help="worker processes (default: the number of cores)")
     parser.add_argument("--no-ablation", action="store_true",
                         help="skip the prefixroute variants")
+    parser.add_argument("--no-stability", action="store_true",
+                        help="skip the runs at time scales 0.5%% and 1%% either side")
     parser.add_argument("--out", default=str(RESULTS), help="output directory")
     args = parser.parse_args()
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
@@ -583,6 +635,8 @@ def main() -> int:
                        "p99_strict_floor_s": strict_floor,
                        "ours": results[OURS], "peer": results[best],
                        "verdict": verdicts(results[OURS], results[best], ideal)}
+                if not args.no_stability:
+                    row["stability"] = stability(runner, row)
                 rows.append(row)
                 settings.append((f"({label}) {replicas} replicas, time scale {scale:g}",
                                  results, best))
@@ -626,6 +680,13 @@ def main() -> int:
           "hit: no router's p99 can be below it, so where 0.9x the best peer's p99 is below "
           "it, the p99 target is out of reach for any router.",
           ""]
+    if all("stability" in r for r in rows):
+        md += ["### Stability: the same verdicts at time scales 0.5% and 1% either side", "",
+               "Ours against the setting's best peer (the one named above) at the setting's "
+               "time scale times each factor, same replicas: each ratio is ours / that peer "
+               "in one draw, and each verdict the number of draws that meet it. The token-hit "
+               "verdict does not move with the draws and is left out.", "",
+               stability_table(rows), ""]
     md.append("| workload | setting | p99 floor (no queueing, fleet-LRU hits) | strict floor "
               "(ideal hits) | 0.9x best peer p99 | reachable | unloaded p99 of the best peer | "
               "search |")
