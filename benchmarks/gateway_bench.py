@@ -562,7 +562,8 @@ def markdown(result: dict) -> str:
     lines = [
         "# Gateway benchmark",
         "",
-        f"`python benchmarks/gateway_bench.py` on {meta['machine']}, {meta['date']}. "
+        f"`{meta.get('command', 'python benchmarks/gateway_bench.py')}` on {meta['machine']}, "
+        f"{meta['date']}. "
         f"Replicas: `prefixroute replica`; peers {', '.join(meta['peers']) or 'skipped'}. "
         f"Load average before the run: {meta.get('load_average_before', '-')} (other work on "
         "the machine moves latencies; the routers' CPU per request it does not).",
@@ -694,7 +695,8 @@ def main(argv: list[str] | None = None) -> int:
         hop = run_part1(workdir, peers, args.seconds, pin, log, args.rounds)
         scenario = {} if args.skip_scenario else run_part2(
             workdir, peers, args.requests, args.time_scale, log)
-    result = {"meta": {"machine": f"{os.cpu_count()} cores, Python "
+    result = {"meta": {"command": " ".join(["python benchmarks/gateway_bench.py", *argv]),
+                       "machine": f"{os.cpu_count()} cores, Python "
                                   f"{sys.version.split()[0]}",
                        "load_average_before": load_before,
                        "date": time.strftime("%Y-%m-%d"), "pinned": pin,
