@@ -85,7 +85,15 @@ kept, since both left setting (a) unchanged and lost at 7 replicas, where sessio
 their KV-full holders recompute and the fleet has no prefill to spare: counting the waiting
 requests' new blocks in what the replica lacks (p99 80.3 -> 143.0 s, mean 11.7 -> 24.6 s),
 and adding the time a KV-full replica's queue has gone without progress to its wait (p99
-132.3 s, mean 22.0 s; on every replica: 162.3 s, 31.9 s).
+132.3 s, mean 22.0 s; on every replica: 162.3 s, 31.9 s). Two more, judged over the
+benchmark's five draws per setting (its stability runs, 2026-11-30): a request that does not
+fit waits for the replica's waiting requests to be admitted first, ``(queued + 1) x
+residence / running`` (agentic (b) mean TTFT, median over the draws, 0.48x -> 1.08x the best
+peer's; (a) 1.05x -> 1.13x), and the same with 5% of the KV kept as headroom (1.57x and
+1.24x). The diagnosis stands: at (a), time scale x0.99, one replica holding three long
+sessions with its KV full preempts (38 preemptions in the run against llmd_weighted's 13)
+and its queue waits about 160 s against 3 to 12 s estimated; but moving sessions off such
+replicas costs more elsewhere than it saves there.
 
 **Cold requests on a quiet fleet** (``cold_cap``, on since 2026-11-30). A request that no
 replica holds much more of than the cheapest one (expected cached tokens within
