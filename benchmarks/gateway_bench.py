@@ -400,11 +400,11 @@ def with_cpu_of(pid: int | None, key: str, run: Callable[[], dict]) -> dict:
 
 
 def measure_overhead(name: str, direct: list[str], router: str, api_key: str, pairs: int,
-                     pin: bool, log: Callable[[str], None]) -> dict:
-    log(f"{name}: open loop, {OPEN_RATE:g} streams/s of {OPEN_TOKENS} tokens, {pairs} x "
+                     pin: bool, log: Callable[[str], None], rate: float = OPEN_RATE) -> dict:
+    log(f"{name}: open loop, {rate:g} streams/s of {OPEN_TOKENS} tokens, {pairs} x "
         f"({BLOCK_S:g} s no router, {BLOCK_S:g} s through {name})")
     spec = {"direct": direct, "router": router, "api_key": api_key, "mode": "interleaved",
-            "rate": OPEN_RATE, "max_tokens": OPEN_TOKENS, "block": BLOCK_S,
+            "rate": rate, "max_tokens": OPEN_TOKENS, "block": BLOCK_S,
             "settle": SETTLE_S, "pairs": pairs}
     return run_loadgen(spec, LOAD_CPU if pin else None, timeout=2 * BLOCK_S * pairs + 180)
 
@@ -436,7 +436,8 @@ def measure_scenario(name: str, url: str, api_key: str, requests: int, time_scal
 
 
 def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
-              log: Callable[[str], None], rounds: int = DEFAULT_BLOCK_PAIRS) -> dict:
+              log: Callable[[str], None], rounds: int = DEFAULT_BLOCK_PAIRS,
+              rate: float = OPEN_RATE) -> dict:
     """Overhead (paced replicas) then throughput (time model off) for every router. Each
     router's overhead run interleaves it with no router, ``rounds`` block pairs (module
     docstring), so both see the same background load on the machine."""
@@ -475,7 +476,7 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
                     pid = router.process.pid if router.process else None
                     if part == "overhead":
                         both = with_cpu_of(pid, "router", lambda: measure_overhead(
-                            name, direct, urls[0], key, rounds, pin, log))
+                            name, direct, urls[0], key, rounds, pin, log, rate))
                         results[name]["overhead"] = both["router"]
                         results[name]["overhead_baseline"] = both["direct"]
                     else:
@@ -559,6 +560,9 @@ def _rounds(overhead: dict, key: str) -> str:
 
 def markdown(result: dict) -> str:
     hop, scenario, meta = result["hop"], result["scenario"], result["meta"]
+    rate = meta.get("rate", OPEN_RATE)
+    # Little's law: a stream stays about 1.15 s (OPEN_RATE's comment), 200 at 175/s.
+    open_streams = f"{rate * 200 / OPEN_RATE:.0f}"
     lines = [
         "# Gateway benchmark",
         "",
@@ -568,14 +572,14 @@ def markdown(result: dict) -> str:
         f"Load average before the run: {meta.get('load_average_before', '-')} (other work on "
         "the machine moves latencies; the routers' CPU per request it does not).",
         "",
-        f"## The hop: overhead with about {STREAMS} open streams, and throughput",
+        f"## The hop: overhead with about {open_streams} open streams, and throughput",
         "",
         f"{HOP_REPLICAS} replicas; "
         + ("replicas and load generator on core 0, the router on core 1. "
            if meta["pinned"] else "no CPU pinning. ")
         + f"**Overhead**: streams of {OPEN_TOKENS} tokens arrive (Poisson) at "
-        f"{OPEN_RATE:g}/s; the replicas pace them with fixed 50 ms engine steps, so about "
-        "200 streams are open at any time; the target alternates every "
+        f"{rate:g}/s; the replicas pace them with fixed 50 ms engine steps, so about "
+        f"{open_streams} streams are open at any time; the target alternates every "
         f"{BLOCK_S:g} s between no router (the client takes turns between the replicas) and "
         f"the router, {meta['rounds']} such pairs, the first {SETTLE_S:g} s of each block "
         "not counted; percentiles over the pooled counted requests of each target. Target "
@@ -669,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="measured seconds per closed-loop run (default 10)")
+    parser.add_argument("--rate", type=float, default=OPEN_RATE,
+                        help=f"streams per second in the overhead run (default {OPEN_RATE:g}: "
+                             "about 200 open at once; 10 gives about 11, the unloaded hop)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_BLOCK_PAIRS,
                         help="interleaved (no router, router) block pairs per router in the "
                              f"overhead run (default {DEFAULT_BLOCK_PAIRS})")
@@ -692,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     peers = {} if args.skip_peers else ensure_peers(args.peer_dir, log)
     with tempfile.TemporaryDirectory(prefix="prefixroute-bench-") as tmp:
         workdir = Path(tmp)
-        hop = run_part1(workdir, peers, args.seconds, pin, log, args.rounds)
+        hop = run_part1(workdir, peers, args.seconds, pin, log, args.rounds, args.rate)
         scenario = {} if args.skip_scenario else run_part2(
             workdir, peers, args.requests, args.time_scale, log)
     result = {"meta": {"command": " ".join(["python benchmarks/gateway_bench.py", *argv]),
@@ -701,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
                        "load_average_before": load_before,
                        "date": time.strftime("%Y-%m-%d"), "pinned": pin,
                        "seconds": args.seconds, "requests": args.requests,
-                       "rounds": args.rounds,
+                       "rounds": args.rounds, "rate": args.rate,
                        "time_scale": args.time_scale,
                        "peers": [PEER_VERSIONS[p] for p in peers]},
               "hop": hop, "scenario": scenario}
