@@ -94,6 +94,7 @@ def test_character_block_units_scale_the_kv_size_and_speed_the_policy_sees(monke
     assert backend.view.capacity_blocks == 800
     backend.observe_units(15_453, 10_302)
     assert backend.units_per_token == 1.5
+    assert backend.status()["chars_units_per_token"] == 1.5
     assert backend.view.capacity_blocks == 1200
     view = backend.replica_view()
     assert view.capacity_blocks == 1201  # num_gpu_blocks 801, as the policy is told

@@ -393,6 +393,9 @@ class Backend:
                 "queued": self.queued, "running": self.running, "kv_usage": self.kv_usage,
                 "models": sorted(self.models), "view": "events" if self.uses_events
                 else "approximate", "view_blocks": len(self.view),
+                # Estimated (characters / 4) per real token, learned from character-block
+                # answers; 1.0 until one arrives.
+                "chars_units_per_token": round(self.units_per_token, 3),
                 "last_health_error": self.last_health_error}
 
 
