@@ -127,6 +127,8 @@ ABLATIONS = [
                                    "10% prefill utilisation"),
     ("prefixroute:drop_ended=false", "ended requests stay in the queue record (the rule "
                                      "before 2026-11-30: a rejected prompt reads as queue)"),
+    ("prefixroute:debias=false", "the utilisation without its start-up bias correction (the "
+                                 "estimate before 2026-11-30)"),
 ]
 
 

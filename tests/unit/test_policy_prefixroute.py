@@ -9,6 +9,8 @@ and the cheapest replica wins; replicas state 1 ms per token
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from prefixroute.core.errors import ConfigError
@@ -378,3 +380,32 @@ def test_cold_balance_slack_bounds_the_extra_cost():
 def test_bad_cold_balance_parameters_are_config_errors(spec):
     with pytest.raises(ConfigError):
         create_policy(spec)
+
+
+def test_the_utilisation_has_no_start_up_bias():
+    from prefixroute.core.routing.policies.prefixroute_default import ReplicaEstimate
+    est = ReplicaEstimate(MS, 8192)
+    est.observe(0, now=100.0, forget=1.0, horizon_s=30.0)  # first sight: the clock starts
+    est.add_work(1000, 1000, 1000)  # 1,000 tokens at 1 ms: busy for the next second
+    est.observe(0, now=101.0, forget=1.0, horizon_s=30.0)
+    # The raw 30 s average shows 1 s of work as 1/30 busy; one second is all there was.
+    assert est.utilisation == pytest.approx(1 / 30)
+    assert est.prefill_busy == 1.0  # (1/30) / (1 - exp(-1/30)) = 1.017, capped
+    est.observe(0, now=131.0, forget=1.0, horizon_s=30.0)  # then 30 s idle
+    decay = math.exp(-1.0)
+    assert est.prefill_busy == pytest.approx(
+        (1 / 30) * decay / ((1 - math.exp(-1 / 30)) * decay + 1 - decay))
+
+
+def test_the_start_up_bias_correction_can_be_switched_off():
+    policy = create_policy(PLAIN + ",debias=false")
+    replicas = fleet()
+    send(policy, req(blocks("a", 4), "r1", now=0.0), 0, replicas)
+    replicas = fleet(pending=[0, 0])
+    decision = policy.route(req(blocks("b", 4), "r2", now=1.0), replicas)
+    assert decision.scores[0]["prefill_busy"] == pytest.approx(64 * MS / 30)
+    on = create_policy(PLAIN)
+    send(on, req(blocks("a", 4), "r1", now=0.0), 0, fleet())
+    decision = on.route(req(blocks("b", 4), "r2", now=1.0), fleet(pending=[0, 0]))
+    assert decision.scores[0]["prefill_busy"] == pytest.approx(
+        64 * MS / 30 / (1 - math.exp(-1 / 30)))
