@@ -45,14 +45,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Sequence
 
-import orjson
-
 from prefixroute.core.errors import PrefixRouteError
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import Adapter, CacheIdentity, MediaItem
 from prefixroute.edges.gateway.config import HashingConfig
 from prefixroute.edges.gateway.render import Rendered, RenderError
-from prefixroute.edges.gateway.sanitize import CHAT, CheckedRequest
+from prefixroute.edges.gateway.sanitize import CHAT, CheckedRequest, encode_json
 
 # "One token is about 4 characters of English text": OpenAI's tokenizer rule of thumb.
 CHARS_PER_TOKEN = 4
@@ -272,13 +270,9 @@ class PromptPreparer:
 
 def _digest(identity: CacheIdentity, adapter: Adapter | None, part: list) -> bytes:
     """The preparation cache's key: salt, adapter and what was prepared."""
-    key = [identity.cache_salt, adapter and [adapter.name, adapter.path], part]
-    try:
-        encoded = orjson.dumps(key, default=str)  # several times faster than json
-    except (TypeError, orjson.JSONEncodeError):  # an integer beyond 64 bits
-        encoded = json.dumps(key, separators=(",", ":"), ensure_ascii=False,
-                             default=str).encode()
-    return hashlib.sha256(encoded).digest()
+    return hashlib.sha256(encode_json(
+        [identity.cache_salt, adapter and [adapter.name, adapter.path], part],
+        default=str)).digest()
 
 
 def _render_body(request: CheckedRequest) -> dict | None:

@@ -32,7 +32,6 @@ and ``broke``):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -46,7 +45,7 @@ from prefixroute.edges.gateway.errors import GatewayError, sse_error
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import PreparedPrompt
 from prefixroute.edges.gateway.router import Attempt, GatewayRouter
-from prefixroute.edges.gateway.sanitize import CHAT, CheckedRequest
+from prefixroute.edges.gateway.sanitize import CHAT, CheckedRequest, encode_json
 from prefixroute.edges.http1 import Client, HttpxClient, RequestTimeout, TransportError
 from prefixroute.edges.http1 import Response as Upstream  # a replica's answer, body pending
 
@@ -175,7 +174,7 @@ class Proxy:
 
     async def _attempts(self, job: Job, on_done: Callable[[Job], None]) -> Response:
         body = job.checked.body
-        payload = _encode(body)
+        payload = encode_json(body)
         path = PATHS[job.checked.endpoint]
         tried: set[int] = set()
         last_5xx: tuple[int, bytes, str] | None = None
@@ -503,7 +502,7 @@ class SSERelay:
                     if not obj.get("choices"):
                         return None
                     obj["usage"] = None
-                    return b"data: " + _encode(obj) + b"\n\n"
+                    return b"data: " + encode_json(obj) + b"\n\n"
         return event
 
 
@@ -665,16 +664,6 @@ async def _read_quietly(upstream: Upstream) -> bytes:
         return b""
     finally:
         await upstream.aclose()
-
-
-def _encode(obj: Any) -> bytes:
-    """JSON of a body parsed from JSON: orjson (several times faster on these documents),
-    or the standard library for what orjson refuses (an integer beyond 64 bits). A NaN or
-    infinity (which strict JSON has not) goes as null."""
-    try:
-        return orjson.dumps(obj)
-    except (TypeError, orjson.JSONEncodeError):
-        return json.dumps(obj, ensure_ascii=False).encode()
 
 
 def _usage_of(content: bytes) -> dict | None:

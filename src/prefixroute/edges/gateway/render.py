@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from prefixroute.core.identity.identity import MediaItem
 from prefixroute.edges.gateway.metrics import LATENCY_BUCKETS
+from prefixroute.edges.gateway.sanitize import encode_json
 from prefixroute.edges.http1 import RequestTimeout, TransportError
 
 log = logging.getLogger("prefixroute.gateway")
@@ -108,7 +109,7 @@ class RenderClient:
         if self.client is None:
             raise RenderError("no_replica", "the gateway has not started")
         headers = {"content-type": "application/json", **backend.headers}
-        payload = orjson.dumps(body)
+        payload = encode_json(body)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
