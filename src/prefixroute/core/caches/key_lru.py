@@ -81,6 +81,17 @@ class KeyLRUCache:
             return []
         self._expiry[key] = now + self.ttl if self.ttl is not None else float("inf")
         self._expiry.move_to_end(key)
+        return self._evict_over_capacity()
+
+    def resize(self, capacity: int) -> list[Hashable]:
+        """Hold at most ``capacity`` entries from now on; returns the least recently used
+        keys evicted to get there."""
+        if not isinstance(capacity, int) or capacity < 0:
+            raise ConfigError(f"capacity must be a non-negative integer, got {capacity!r}")
+        self.capacity = capacity
+        return self._evict_over_capacity()
+
+    def _evict_over_capacity(self) -> list[Hashable]:
         evicted = []
         while len(self._expiry) > self.capacity:
             old, _ = self._expiry.popitem(last=False)

@@ -46,10 +46,7 @@ class ApproximateView:
         """Bound the view at ``capacity_blocks``, forgetting the least recently routed blocks
         beyond it."""
         self.capacity_blocks = capacity_blocks
-        self._lru.capacity = capacity_blocks
-        entries = self._lru._expiry
-        while len(entries) > capacity_blocks:
-            entries.popitem(last=False)
+        self._lru.resize(capacity_blocks)
 
     def __len__(self) -> int:
         return len(self._lru)
