@@ -390,10 +390,10 @@ def test_the_utilisation_has_no_start_up_bias():
     est.observe(0, now=101.0, forget=1.0, horizon_s=30.0)
     # The raw 30 s average shows 1 s of work as 1/30 busy; one second is all there was.
     assert est.utilisation == pytest.approx(1 / 30)
-    assert est.prefill_busy == 1.0  # (1/30) / (1 - exp(-1/30)) = 1.017, capped
+    assert est.prefill_busy(30.0) == 1.0  # (1/30) / (1 - exp(-1/30)) = 1.017, capped
     est.observe(0, now=131.0, forget=1.0, horizon_s=30.0)  # then 30 s idle
     decay = math.exp(-1.0)
-    assert est.prefill_busy == pytest.approx(
+    assert est.prefill_busy(30.0) == pytest.approx(
         (1 / 30) * decay / ((1 - math.exp(-1 / 30)) * decay + 1 - decay))
 
 

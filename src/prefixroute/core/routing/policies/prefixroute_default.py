@@ -256,7 +256,7 @@ class ReplicaEstimate:
     __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity",
                  "configured_capacity", "queue", "queue_units", "queue_work", "pending_work",
                  "observed_at", "progress_at", "utilisation", "routed", "routed_s",
-                 "busy", "elapsed_s", "done_work", "in_flight", "seen")
+                 "busy", "elapsed_s", "done_work", "in_flight", "started_at")
 
     def __init__(self, s_per_token: float, prior_work: float) -> None:
         self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
@@ -274,10 +274,7 @@ class ReplicaEstimate:
         self.observed_at = 0.0
         self.progress_at = 0.0    # when the replica was last seen to make progress
         self.utilisation = 0.0    # prefill seconds per second, recently
-        # The same average of 1 at every instant since the first observation: 1 - exp(-t /
-        # horizon), the share of the average's weight there was time to fill (see
-        # prefill_busy); -1 until the first observation.
-        self.seen = -1.0
+        self.started_at: float | None = None  # the first observation (see prefill_busy)
         self.routed = [0.0, 0.0]  # requests routed here, decayed: [rate, as of time]
         self.routed_s = [0.0, 0.0]  # predicted prefill seconds routed here, decayed (long)
         self.busy = False         # pending prefill at the last observation
@@ -291,15 +288,15 @@ class ReplicaEstimate:
     def s_per_token(self) -> float:
         return self.elapsed_s / self.done_work
 
-    @property
-    def prefill_busy(self) -> float:
+    def prefill_busy(self, horizon_s: float) -> float:
         """The utilisation with its start-up bias removed: an average over ``horizon_s`` that
         began at 0 shows only ``1 - exp(-t / horizon_s)`` of a steady rate after ``t``
         seconds (a gateway's first half-minute, a short replay), so it is divided by that
         share (the bias correction of Adam's moment estimates, Kingma and Ba 2015)."""
-        if self.seen <= 0.0:
+        if self.started_at is None or self.observed_at <= self.started_at:
             return self.utilisation
-        return min(1.0, self.utilisation / self.seen)
+        filled = -math.expm1(-(self.observed_at - self.started_at) / horizon_s)
+        return min(1.0, self.utilisation / filled)
 
     # -- the queue ------------------------------------------------------------------------------
     def wait_s(self) -> float:
@@ -332,8 +329,8 @@ class ReplicaEstimate:
                 pending -= work * (1.0 - remaining)
             # Pending tokens we know nothing of (preempted requests, another router).
             pending += max(0.0, pending_prefill_tokens - self.queue_units)
-        if self.seen < 0.0:  # the first observation: the clock may start anywhere
-            self.seen = 0.0
+        if self.started_at is None:  # the first observation: the clock may start anywhere
+            self.started_at = now
         elif now > self.observed_at:
             elapsed = now - self.observed_at
             # Work shows up done at step ends. A request that hit more than predicted drops
@@ -351,7 +348,6 @@ class ReplicaEstimate:
             weight = math.exp(-elapsed / horizon_s)
             self.utilisation = self.utilisation * weight + min(
                 1.0, done * self.s_per_token / horizon_s)
-            self.seen = self.seen * weight + (1.0 - weight)
         self.pending_work = pending
         if not self.busy:
             self.progress_at = now
@@ -628,7 +624,8 @@ class PrefixRoute(BasePolicy):
         # about rho / (1 - rho) of them in an M/G/1 queue at prefill utilisation rho. Taken
         # over the fleet, so it weighs the work a choice saves, not which replica is busier.
         gamma = 0.0
-        busy = [e.prefill_busy if self.debias else e.utilisation for e in estimates]
+        horizon = self.load_horizon_s
+        busy = [e.prefill_busy(horizon) if self.debias else e.utilisation for e in estimates]
         rho = min(sum(busy) / len(estimates), 0.999)
         self._rho = rho
         if self.externality:
