@@ -14,7 +14,7 @@ from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import CacheIdentity, derive_trust_group_salt
 from prefixroute.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from prefixroute.edges.gateway.app import Gateway
-from prefixroute.edges.gateway.backends import LiveEventView
+from prefixroute.edges.gateway.backends import EVENT_GRACE_S, LiveEventView
 from prefixroute.edges.gateway.config import hash_api_key, parse_config
 from prefixroute.edges.kvevents.zmq import KVEventPublisher, ReceivedBatch
 
@@ -78,6 +78,28 @@ def test_events_feed_the_view_and_removals_and_clears_drain_it(monkeypatch):
     assert r0.view.match(keys) == 0
 
 
+def test_an_ended_request_holds_its_blocks_until_the_events_come_or_the_grace_ends(monkeypatch):
+    # vLLM publishes a step's events after the step; on a loaded machine the answer can reach
+    # the gateway first. The next turn of the conversation must still find the prefix.
+    clock = ManualClock()
+    gateway = Gateway(config(monkeypatch, [free_port()]), transport=httpx.MockTransport(backend),
+                      clock=clock)
+    r0 = gateway.pool.backends[0]
+    keys = event_keys(list(range(64)))
+    r0.dispatch(keys, 64)
+    r0.finish(keys, stored=True, matched_before=0)
+    assert r0.view.match(keys) == 4  # no event yet: held on the answer's word
+    clock.advance(EVENT_GRACE_S)
+    assert r0.view.match(keys) == 4
+    clock.advance(0.001)
+    assert r0.view.match(keys) == 0  # the events never came: forgotten
+
+    r0.dispatch(keys, 64)
+    r0.finish(keys, stored=True, matched_before=0)
+    r0.apply_events(received([BlockRemoved((keys[1],))]))
+    assert r0.view.match(keys) == 1  # the engine evicted block 1: the grace ends for it
+
+
 def test_digest_bytes_and_offloaded_media_are_read_like_vllm(monkeypatch):
     gateway = Gateway(config(monkeypatch, [free_port()]), transport=httpx.MockTransport(backend),
                       clock=ManualClock())
@@ -101,14 +123,14 @@ def test_a_restarted_engine_starts_with_an_empty_view(monkeypatch):
     assert r0.view.match([1, 2]) == 0
 
 
-def test_in_flight_requests_count_as_held_until_their_events_arrive(monkeypatch):
+def test_in_flight_requests_count_as_held_and_failed_ones_leave_nothing(monkeypatch):
     gateway = Gateway(config(monkeypatch, [free_port()]), transport=httpx.MockTransport(backend),
                       clock=ManualClock())
     r0 = gateway.pool.backends[0]
     r0.dispatch([5, 6, 7], uncached_tokens=48)
     assert r0.view.match([5, 6, 7, 8]) == 3
-    r0.finish([5, 6, 7], stored=True, matched_before=0)
-    assert r0.view.match([5, 6, 7]) == 0  # no BlockStored came: not held
+    r0.finish([5, 6, 7], stored=False, matched_before=0)
+    assert r0.view.match([5, 6, 7]) == 0  # refused or failed: never cached, nothing held
 
 
 def test_a_replica_announcing_a_prefix_over_zmq_attracts_the_request(monkeypatch):

@@ -5,7 +5,10 @@ The cache view is what the routing policy matches a request's block keys against
 * with ``kv_events`` configured, an :class:`EventView` fed by the engine's KV events (exact up
   to event delay), plus the keys of requests in flight there, whose ``BlockStored`` events are
   still to come (without them, a burst of requests sharing a new prefix would scatter before
-  the first one's events arrive);
+  the first one's events arrive), and for ``EVENT_GRACE_S`` the keys of requests that ended
+  there (vLLM publishes a step's events after the step, and on a loaded machine they can
+  reach the gateway after the answer: a conversation's next turn, sent at once, found its
+  prefix nowhere and went to another replica; a ``BlockRemoved`` ends the grace early);
 * otherwise an :class:`ApproximateView`: the blocks this gateway sent there, LRU-bounded by the
   replica's KV size when known (``capacity_blocks`` in the config, else ``num_gpu_blocks`` from
   the engine's ``vllm:cache_config_info``).
@@ -26,7 +29,7 @@ import asyncio
 import logging
 import os
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any, Hashable, Sequence
 
 import httpx
@@ -45,6 +48,10 @@ log = logging.getLogger("prefixroute.gateway")
 
 _LOW64 = (1 << 64) - 1
 _UNITS_STEP = 0.05  # see Backend.units_per_token
+# How long an ended request's blocks count as held before its KV events confirm them (see the
+# module docstring). Events normally arrive within milliseconds; BlockRemoved ends it early,
+# so a generous grace costs nothing when the events do come.
+EVENT_GRACE_S = 5.0
 _GPU_MEDIA = (None, "GPU")
 _NUM_GPU_BLOCKS = re.compile(r'num_gpu_blocks="(\d+)"')
 ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
@@ -52,19 +59,24 @@ ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
 
 
 class LiveEventView:
-    """An engine's KV-event view, plus the keys of requests in flight on it."""
+    """An engine's KV-event view, plus the keys of requests in flight on it and, until
+    ``grace_s`` after they ended, of requests it ran (their events may still be on the way)."""
 
-    def __init__(self, events: EventView):
+    def __init__(self, events: EventView, clock: Clock, grace_s: float = EVENT_GRACE_S):
         self.events = events
+        self._clock = clock
+        self._grace_s = grace_s
         self._pending: Counter[Hashable] = Counter()
+        self._ended: OrderedDict[Hashable, float] = OrderedDict()  # key -> held until
 
     def match(self, keys: Sequence[Hashable]) -> int:
         n = self.events.match(keys)
-        if n == len(keys) or not self._pending:
+        if n == len(keys) or not (self._pending or self._ended):
             return n
-        pending, events = self._pending, self.events
+        pending, ended, events = self._pending, self._ended, self.events
+        now = self._clock.now()
         for key in keys[n:]:
-            if key in pending or events.match((key,)):
+            if key in pending or ended.get(key, -1.0) >= now or events.match((key,)):
                 n += 1
             else:
                 break
@@ -73,14 +85,36 @@ class LiveEventView:
     def add_pending(self, keys: Sequence[Hashable]) -> None:
         self._pending.update(keys)
 
-    def remove_pending(self, keys: Sequence[Hashable]) -> None:
-        pending = self._pending
+    def remove_pending(self, keys: Sequence[Hashable], *, ran: bool = False) -> None:
+        """The request left; ``ran``: the engine computed it, so its blocks are cached there
+        and count as held for the grace period."""
+        pending, ended = self._pending, self._ended
+        now = self._clock.now()
+        until = now + self._grace_s
         for key in keys:
             left = pending[key] - 1
             if left > 0:
                 pending[key] = left
             else:
                 pending.pop(key, None)
+            if ran:
+                ended[key] = until
+                ended.move_to_end(key)
+        while ended:  # insertion order is expiry order: drop the expired from the front
+            key, held_until = next(iter(ended.items()))
+            if held_until >= now:
+                break
+            del ended[key]
+
+    def on_removed(self, keys: Sequence[Hashable]) -> None:
+        """The engine evicted ``keys``: they are gone whatever the grace says."""
+        self.events.on_removed(keys)
+        for key in keys:
+            self._ended.pop(key, None)
+
+    def on_cleared(self) -> None:
+        self.events.on_cleared()
+        self._ended.clear()
 
     def __len__(self) -> int:
         return len(self.events)
@@ -151,7 +185,7 @@ class Backend:
         self._units_estimate: float | None = None
         self.view: LiveEventView | ApproximateView
         if config.kv_events is not None:
-            self.view = LiveEventView(EventView())
+            self.view = LiveEventView(EventView(), clock)
         else:
             self.view = ApproximateView(config.capacity_blocks)
         self.subscriber: Any = None  # a KVEventSubscriber, set by the pool
@@ -234,7 +268,7 @@ class Backend:
         otherwise forget what dispatch recorded beyond what was held before."""
         self.in_flight -= 1
         if isinstance(self.view, LiveEventView):
-            self.view.remove_pending(keys)
+            self.view.remove_pending(keys, ran=stored)
         elif not stored:
             self.view.correct(keys, matched_before)
         if not stored:
@@ -365,9 +399,10 @@ class Backend:
         """One batch from the subscriber (called on the loop thread)."""
         if not isinstance(self.view, LiveEventView):
             return
-        events = self.view.events
+        view = self.view
+        events = view.events
         if received.restarted:
-            events.on_cleared()  # vLLM sends no AllBlocksCleared when it restarts
+            view.on_cleared()  # vLLM sends no AllBlocksCleared when it restarts
             self._metrics.kv_events.labels(self.name, "restart").inc()
         if received.missing_before:
             self._metrics.kv_event_gaps.labels(self.name).inc(received.missing_before)
@@ -380,10 +415,10 @@ class Backend:
                     self._metrics.kv_events.labels(self.name, "stored").inc()
             elif isinstance(event, BlockRemoved):
                 if event.medium in _GPU_MEDIA:
-                    events.on_removed([_key(h) for h in event.block_hashes])
+                    view.on_removed([_key(h) for h in event.block_hashes])
                     self._metrics.kv_events.labels(self.name, "removed").inc()
             elif isinstance(event, AllBlocksCleared):
-                events.on_cleared()
+                view.on_cleared()
                 self._metrics.kv_events.labels(self.name, "cleared").inc()
         self._metrics.view_blocks.labels(self.name).set(len(self.view))
 
