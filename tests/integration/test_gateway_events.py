@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import openai
 import pytest
 
 from test_gateway_fleet import KEYS, Fleet, free_port, needs_emulator, stop_process, wait_healthy
@@ -108,3 +109,37 @@ def test_doctor_names_a_wrong_block_size(lone_replica):
     assert code == 1
     failed = [c for c in report["checks"] if c["status"] == "fail"]
     assert failed and any("32" in c["detail"] for c in failed)
+
+
+def test_a_second_gateway_instance_finds_the_prefix_the_first_one_placed(tmp_path,
+                                                                          tiny_tokenizer_dir):
+    # Two gateway instances (for availability) in front of the same replicas: neither sees
+    # the other's routing, but both read every replica's KV events, so the second sends the
+    # prefix to where the first put it instead of computing it again elsewhere.
+    tokenizer = str(tiny_tokenizer_dir)
+    with Fleet(tmp_path, replicas=2, block_size=BLOCK, kv_events=True,
+               replicas_bind_events=True, replica_args=["--tokenizer", tokenizer],
+               gateway={"tokenizer": tokenizer}) as fleet:
+        second = fleet.start_another_gateway()
+        system = "two gateways " + SYSTEM
+        first = fleet.client("a").chat.completions.create(
+            model=fleet.model, max_tokens=2,
+            messages=[{"role": "system", "content": system},
+                      {"role": "user", "content": "When does the first train leave?"}])
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        placed = fleet.decisions(1)[0]["replica"]
+        deadline = time.monotonic() + 10
+        while not any(r["view_blocks"] for r in fleet.debug(1, second)["replicas"]):
+            assert time.monotonic() < deadline, "the replica's events never reached gateway 2"
+            time.sleep(0.05)
+        other = openai.OpenAI(base_url=second + "/v1", api_key=KEYS["a"], max_retries=0,
+                              timeout=60)
+        again = other.chat.completions.create(
+            model=fleet.model, max_tokens=2,
+            messages=[{"role": "system", "content": system},
+                      {"role": "user", "content": "And the last one?"}])
+        decision = fleet.decisions(1, second)[0]
+        assert (decision["replica"], decision["branch"]) == (placed, "cache_affinity"), decision
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        assert cached > 0
+        assert decision["predicted_cached_tokens"] == decision["reported_cached_tokens"] == cached

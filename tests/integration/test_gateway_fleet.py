@@ -87,13 +87,18 @@ class Fleet:
     def __init__(self, directory: Path, replicas: int = 2, *, block_size: int = 16,
                  replica_args: list[str] | None = None,
                  per_replica_args: dict[int, list[str]] | None = None,
-                 gateway: dict[str, Any] | None = None, kv_events: bool = False):
+                 gateway: dict[str, Any] | None = None, kv_events: bool = False,
+                 replicas_bind_events: bool = False):
         self.directory = directory
         self.block_size = block_size
         self.replica_args = replica_args or []
         self.per_replica_args = per_replica_args or {}
         self.gateway_extra = gateway or {}
         self.kv_events = kv_events
+        # vLLM binds its event socket at ``tcp://*:PORT`` and every gateway connects: the way
+        # to feed several gateway instances (the default has the gateway bind, vLLM connect).
+        self.replicas_bind_events = replicas_bind_events
+        self.more_gateways: list[subprocess.Popen] = []
         self.ports = [free_port() for _ in range(replicas)]
         self.kv_ports = [free_port() for _ in range(replicas)]
         self.replicas: list[subprocess.Popen | None] = [None] * replicas
@@ -118,7 +123,8 @@ class Fleet:
                "--port", str(self.ports[i]), "--block-size", str(self.block_size),
                "--seed", str(i)]
         if self.kv_events:
-            cmd += ["--kv-events", f"tcp://127.0.0.1:{self.kv_ports[i]}"]
+            host = "*" if self.replicas_bind_events else "127.0.0.1"
+            cmd += ["--kv-events", f"tcp://{host}:{self.kv_ports[i]}"]
         cmd += self.replica_args + self.per_replica_args.get(i, [])
         log = self.log(f"replica{i}")
         with open(log, "ab") as out:
@@ -137,7 +143,8 @@ class Fleet:
             backend: dict[str, Any] = {"name": f"r{i}", "url": self.replica_url(i),
                                        "models": [self.model]}
             if self.kv_events:
-                backend["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{self.kv_ports[i]}"}
+                host = "*" if self.replicas_bind_events else "127.0.0.1"
+                backend["kv_events"] = {"endpoint": f"tcp://{host}:{self.kv_ports[i]}"}
             backends.append(backend)
         config: dict[str, Any] = {
             "server_secret": {"env": "PR_INTEGRATION_SECRET"},
@@ -154,16 +161,26 @@ class Fleet:
         return config
 
     def start_gateway(self) -> None:
-        path = self.directory / "gateway.yaml"
+        self.gateway = self._serve(self.gateway_port, "gateway")
+
+    def start_another_gateway(self) -> str:
+        """One more gateway instance with the same configuration; returns its URL."""
+        port = free_port()
+        self.more_gateways.append(self._serve(port, f"gateway{len(self.more_gateways) + 2}"))
+        return f"http://127.0.0.1:{port}"
+
+    def _serve(self, port: int, name: str) -> subprocess.Popen:
+        path = self.directory / f"{name}.yaml"
         path.write_text(json.dumps(self.config(), indent=2))
-        log = self.log("gateway")
+        log = self.log(name)
         with open(log, "ab") as out:
-            self.gateway = subprocess.Popen(
+            process = subprocess.Popen(
                 [sys.executable, "-m", "prefixroute", "serve", "--config", str(path),
-                 "--port", str(self.gateway_port)], stdout=out, stderr=subprocess.STDOUT,
+                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, "PR_INTEGRATION_SECRET": SECRET})
-        wait_healthy(self.url, self.gateway, log)
+        wait_healthy(f"http://127.0.0.1:{port}", process, log)
+        return process
 
     def start(self) -> "Fleet":
         try:
@@ -180,6 +197,8 @@ class Fleet:
         return self
 
     def stop(self) -> None:
+        for process in self.more_gateways:
+            stop_process(process)
         stop_process(self.gateway)
         for process in self.replicas:
             stop_process(process)
@@ -199,11 +218,15 @@ class Fleet:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=KEYS[tenant],
                                   max_retries=0, timeout=kwargs.pop("timeout", 60), **kwargs)
 
-    def decisions(self, n: int = 20) -> list[dict]:
-        response = httpx.get(f"{self.url}/debug/decisions?n={n}",
+    def decisions(self, n: int = 20, url: str | None = None) -> list[dict]:
+        return self.debug(n, url)["decisions"]
+
+    def debug(self, n: int = 20, url: str | None = None) -> dict:
+        """A gateway's ``/debug/decisions`` (the first gateway's unless ``url``)."""
+        response = httpx.get(f"{url or self.url}/debug/decisions?n={n}",
                              headers={"authorization": f"Bearer {KEYS['ops']}"}, timeout=10)
         response.raise_for_status()
-        return response.json()["decisions"]
+        return response.json()
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a gateway metric's samples whose labels include ``labels``."""

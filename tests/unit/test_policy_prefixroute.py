@@ -91,6 +91,28 @@ def test_prefers_the_cached_replica_when_the_queue_is_short():
     assert "160 of 192 tokens" in decision.reason
 
 
+class Engine(Holds):
+    """A view of the engine itself (KV events): it shows blocks whoever sent them."""
+
+    observes_engine = True
+
+
+def test_blocks_an_engine_view_shows_count_though_we_never_sent_them():
+    # Another gateway instance put 10 blocks of "A" on replica 1: our mirror has nothing,
+    # the events show them. 160 of 192 tokens cached there, as if we had sent them.
+    policy = create_policy(PLAIN)
+    replicas = [ReplicaView(i, capacity_blocks=1000, prefill_s_per_token=MS,
+                            cache=Engine(10 * i)) for i in (0, 1)]
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), replicas)
+    assert (decision.replica, decision.branch) == (1, "cache_affinity")
+    assert decision.predicted_cached_tokens == 160
+    # A view that knows only what this router sent (approximate) cannot show them.
+    blind = [ReplicaView(i, capacity_blocks=1000, prefill_s_per_token=MS,
+                         cache=Holds(10 * i)) for i in (0, 1)]
+    decision = create_policy(PLAIN).route(req(blocks("A", 10) + blocks("B", 2), "r"), blind)
+    assert decision.scores[1]["expected_cached_tokens"] == 0
+
+
 def test_spills_when_the_holders_queue_costs_more_than_the_prefill_saved():
     policy = create_policy(PLAIN)
     replicas = fleet()

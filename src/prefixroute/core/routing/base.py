@@ -19,7 +19,12 @@ from typing import Hashable, Protocol, Sequence
 
 
 class CacheView(Protocol):
-    """What a router believes one replica holds (approximate, event-driven or oracle)."""
+    """What a router believes one replica holds (approximate, event-driven or oracle).
+
+    A view may set ``observes_engine = True`` when it reflects the engine itself (KV events,
+    the simulated cache) rather than only what this router sent there: such a view can show
+    blocks the replica got from elsewhere (another gateway instance, a direct client), and
+    policies may count them. Absent, it is taken as False."""
 
     def match(self, keys: Sequence[Hashable]) -> int:
         """Leading blocks of ``keys`` believed cached on the replica."""

@@ -20,6 +20,8 @@ from prefixroute.core.caches.key_lru import KeyLRUCache
 class ApproximateView:
     """Blocks this router routed to the replica, LRU-bounded when ``capacity_blocks`` is set."""
 
+    observes_engine = False  # it knows only what this router sent (see CacheView)
+
     def __init__(self, capacity_blocks: int | None = None):
         self.capacity_blocks = capacity_blocks
         self._lru = KeyLRUCache(capacity_blocks if capacity_blocks is not None else 1 << 62)
@@ -56,6 +58,8 @@ class EventView:
     """Keys the replica announced in KV events; implements the cache listener protocol, so a
     simulated cache can feed it directly and the gateway's ZMQ subscriber through a decoder."""
 
+    observes_engine = True
+
     def __init__(self) -> None:
         self._keys: set[Hashable] = set()
 
@@ -84,6 +88,8 @@ class EventView:
 
 class OracleView:
     """The replica's cache itself (simulation only: no real router can see this)."""
+
+    observes_engine = True
 
     def __init__(self, cache) -> None:
         self._cache = cache

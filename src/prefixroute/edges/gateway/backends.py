@@ -62,6 +62,8 @@ class LiveEventView:
     """An engine's KV-event view, plus the keys of requests in flight on it and, until
     ``grace_s`` after they ended, of requests it ran (their events may still be on the way)."""
 
+    observes_engine = True  # see CacheView
+
     def __init__(self, events: EventView, clock: Clock, grace_s: float = EVENT_GRACE_S):
         self.events = events
         self._clock = clock

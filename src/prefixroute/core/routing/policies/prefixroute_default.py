@@ -575,7 +575,12 @@ class PrefixRoute(BasePolicy):
     def _expected_blocks(self, est: ReplicaEstimate, keys: Sequence[Hashable], limit: int,
                          view: CacheView) -> tuple[float, int, list[int]]:
         """(expected cached blocks, blocks the runner's view confirms, stamps of the blocks
-        counted) for the first ``limit`` of ``keys`` on the replica of ``est``."""
+        counted) for the first ``limit`` of ``keys`` on the replica of ``est``.
+
+        Blocks a view of the engine (``observes_engine``: KV events, the simulated cache)
+        confirms past the end of our mirror count too, at the chance of the last block
+        before them and with stamp -1 (age unknown): the replica got them without us, e.g.
+        from another gateway instance or a direct client."""
         blocks = est.blocks
         stamps: list[int] = []
         for key in keys[:limit] if len(keys) > limit else keys:
@@ -583,9 +588,12 @@ class PrefixRoute(BasePolicy):
             if stamp is None:
                 break
             stamps.append(stamp)
-        if not stamps:
+        beyond_mirror = getattr(view, "observes_engine", False)
+        if not stamps and not beyond_mirror:
             return 0.0, 0, stamps
         view_blocks = view.match(keys)
+        if not stamps and not view_blocks:
+            return 0.0, 0, stamps
         width = self.survival_width
         floor = next(iter(est.in_flight.values())) \
             if est.in_flight and self.follow_inflight else None
@@ -604,6 +612,12 @@ class PrefixRoute(BasePolicy):
                     del stamps[i:]
                     break
             expected += running
+        else:
+            # The mirror ended (or was empty) where a view of the engine goes on.
+            beyond = min(view_blocks, limit) - len(stamps) if beyond_mirror else 0
+            if beyond > 0:
+                expected += beyond * running
+                stamps.extend([-1] * beyond)
         return expected, view_blocks, stamps
 
     # -- routing --------------------------------------------------------------------------------
