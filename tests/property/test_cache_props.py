@@ -146,3 +146,19 @@ def test_key_lru_fast_path_matches_the_general_path(requests, capacity):
     for keys in requests:
         assert fast.access(keys) == general.access(keys)
         assert fast.keys() == general.keys()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=8), min_size=1, max_size=40),
+       st.integers(0, 10), st.sampled_from([None, 1e12]))
+def test_key_lru_put_many_ends_as_puts_one_at_a_time_and_match_agrees(requests, capacity, ttl):
+    bulk = KeyLRUCache(capacity, ttl=ttl)
+    single = KeyLRUCache(capacity, ttl=ttl)
+    for keys in requests:
+        gone = bulk.put_many(keys)
+        for key in keys:
+            single.put(key)
+        assert bulk.keys() == single.keys()
+        assert not set(gone) & set(bulk.keys())  # what it reports evicted is really gone
+        for probe in requests[:5]:
+            assert bulk.match(probe) == single.match(probe)

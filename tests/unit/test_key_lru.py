@@ -32,3 +32,19 @@ def test_without_refresh_the_ttl_runs_from_the_write():
     cache.put("p", now=0)
     assert cache.lookup("p", now=200)
     assert not cache.lookup("p", now=300)
+
+
+def test_put_many_writes_in_order_and_trims_once():
+    cache = KeyLRUCache(capacity=3)
+    cache.put_many(["a", "b", "c"])
+    assert cache.put_many(["b", "d"]) == ["a"]  # b touched again, a the oldest goes
+    assert cache.keys() == ["c", "b", "d"]
+    assert cache.match(["c", "b", "x"]) == 2
+
+
+def test_match_with_a_ttl_stops_at_an_expired_key():
+    cache = KeyLRUCache(capacity=10, ttl=10)
+    cache.put("a", now=0)
+    cache.put("b", now=5)
+    assert cache.match(["a", "b"], now=9) == 2
+    assert cache.match(["a", "b"], now=12) == 0  # a expired at 10

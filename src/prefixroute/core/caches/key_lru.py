@@ -83,6 +83,22 @@ class KeyLRUCache:
         self._expiry.move_to_end(key)
         return self._evict_over_capacity()
 
+    def put_many(self, keys: Sequence[Hashable], now: float = 0.0) -> list[Hashable]:
+        """:meth:`put` each of ``keys`` in order, trimming to capacity once at the end.
+
+        The cache ends as after one ``put`` at a time (the ``capacity`` most recently written
+        keys), but a key of ``keys`` is never evicted and written again on the way, so the
+        keys returned as evicted are only ones that are really gone."""
+        if self.capacity == 0:
+            return []
+        entries = self._expiry
+        move = entries.move_to_end
+        expiry = now + self.ttl if self.ttl is not None else float("inf")
+        for key in keys:
+            entries[key] = expiry
+            move(key)
+        return self._evict_over_capacity()
+
     def resize(self, capacity: int) -> list[Hashable]:
         """Hold at most ``capacity`` entries from now on; returns the least recently used
         keys evicted to get there."""
@@ -172,9 +188,17 @@ class KeyLRUCache:
 
     # -- the common PrefixCache interface -------------------------------------------------------
     def match(self, keys: Sequence[Hashable], now: float = 0.0) -> int:
+        entries = self._expiry
         n = 0
+        if self.ttl is None:  # nothing expires: membership is the answer (routers' hot path)
+            for key in keys:
+                if key not in entries:
+                    break
+                n += 1
+            return n
         for key in keys:
-            if not self.peek(key, now):
+            expiry = entries.get(key)
+            if expiry is None or expiry <= now:
                 break
             n += 1
         return n

@@ -31,9 +31,7 @@ class ApproximateView:
 
     def record(self, keys: Sequence[Hashable]) -> None:
         """The request with ``keys`` ran here: its blocks are (believed) cached now."""
-        lru = self._lru
-        for key in keys:
-            lru.put(key)
+        self._lru.put_many(keys)
 
     def correct(self, keys: Sequence[Hashable], reported_blocks: int) -> None:
         """The replica said only ``reported_blocks`` leading blocks hit: forget the blocks we
