@@ -7,6 +7,10 @@ side by side in this one run and reported as a ratio, since this machine is shar
    ``(parent, tuple(tokens), extra)`` objects plus ``hashlib.sha256`` (target: within 1.5x).
 2. ``native`` vs ``vllm`` sha256 (target: at least 3x faster).
 3. match + insert operations per second on each cache holding 100,000 blocks.
+4. One routing decision for a 10,000-token prompt (625 blocks of 16) over 4 replicas with
+   approximate views, per policy: ``route``, ``on_routed``, the view's record of the blocks
+   sent and ``on_completed``, the work the gateway does per request besides HTTP; reported in
+   microseconds and as a ratio to ``round_robin``, which does only the view's bookkeeping.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ from prefixroute.core.caches.key_lru import KeyLRUCache
 from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.caches.radix_tree import RadixCache
 from prefixroute.core.identity.hashing import BlockHasher
+from prefixroute.core.routing.base import ReplicaView, RequestView
+from prefixroute.core.routing.registry import create_policy
+from prefixroute.core.routing.views import ApproximateView
+
+ROUTING_POLICIES = ("round_robin", "sglang_cache_aware", "llmd_weighted", "prefixroute")
 
 
 def best_of(fn, repeat: int) -> float:
@@ -128,15 +137,46 @@ def bench_caches(cached_blocks: int, ops: int, block_size: int) -> dict:
     return out
 
 
+def bench_routing(requests: int, replicas: int = 4, tenants: int = 50,
+                  prefix_blocks: int = 615, own_blocks: int = 10) -> dict:
+    """Microseconds per routed request: ``tenants`` shared prefixes of ``prefix_blocks``
+    blocks, each request its tenant's prefix plus ``own_blocks`` blocks of its own (625 in
+    all: SPEC section 4's 10,000-token prefixes), 10 ms apart, every replica idle."""
+    rng = random.Random(2)
+    prefixes = [[hash(("prefix", t, i)) for i in range(prefix_blocks)] for t in range(tenants)]
+    workload = []
+    for n in range(requests):
+        keys = tuple(prefixes[rng.randrange(tenants)]
+                     + [hash(("own", n, j)) for j in range(own_blocks)])
+        workload.append(RequestView(f"r{n}", len(keys) * 16, 16, keys, now=n * 0.01))
+    out = {}
+    for name in ROUTING_POLICIES:
+        policy = create_policy(name)
+        views = [ApproximateView(200_000) for _ in range(replicas)]
+        start = time.perf_counter()
+        for request in workload:
+            fleet = [ReplicaView(i, capacity_blocks=200_000, prefill_s_per_token=4e-5,
+                                 cache=views[i]) for i in range(replicas)]
+            decision = policy.route(request, fleet)
+            policy.on_routed(request, decision)
+            views[decision.replica].record(request.block_keys)
+            policy.on_completed(request, decision.replica, decision.predicted_cached_tokens)
+        out[name] = 1e6 * (time.perf_counter() - start) / requests
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=300)
     parser.add_argument("--prompt-len", type=int, default=4096)
     parser.add_argument("--ops", type=int, default=5000)
+    parser.add_argument("--routed", type=int, default=2000,
+                        help="requests per policy in the routing benchmark")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = {"hashing": bench_hashing(args.prompts, args.prompt_len, 16, repeat=3),
-              "caches_at_100k_blocks": bench_caches(100_000, args.ops, 16)}
+              "caches_at_100k_blocks": bench_caches(100_000, args.ops, 16),
+              "routing_us_per_request": bench_routing(args.routed)}
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -152,6 +192,11 @@ def main() -> None:
     for name in ("paged_pool", "radix_tree", "key_lru"):
         print(f"  {name:<11} {c[name + '_ops_per_s']:>10,.0f} ops/s  "
               f"({c[name + '_cached_blocks']:,} blocks cached)")
+    r = result["routing_us_per_request"]
+    print("routing a 625-block request over 4 replicas (route, on_routed, view record, "
+          "on_completed):")
+    for name, us in r.items():
+        print(f"  {name:<19} {us:>8,.0f} us/request  {us / r['round_robin']:.1f}x round_robin")
 
 
 if __name__ == "__main__":

@@ -223,6 +223,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from itertools import groupby
 from typing import Hashable, Sequence
 
 from prefixroute.core.errors import ConfigError
@@ -581,43 +582,50 @@ class PrefixRoute(BasePolicy):
         confirms past the end of our mirror count too, at the chance of the last block
         before them and with stamp -1 (age unknown): the replica got them without us, e.g.
         from another gateway instance or a direct client."""
-        blocks = est.blocks
-        stamps: list[int] = []
-        for key in keys[:limit] if len(keys) > limit else keys:
-            stamp = blocks.get(key)
-            if stamp is None:
-                break
-            stamps.append(stamp)
+        get = est.blocks.get
+        first = get(keys[0]) if limit > 0 and keys else None
         beyond_mirror = getattr(view, "observes_engine", False)
-        if not stamps and not beyond_mirror:
-            return 0.0, 0, stamps
+        if first is None and not beyond_mirror:
+            return 0.0, 0, []
         view_blocks = view.match(keys)
-        if not stamps and not view_blocks:
-            return 0.0, 0, stamps
+        if first is None and not view_blocks:
+            return 0.0, 0, []
         width = self.survival_width
         floor = next(iter(est.in_flight.values())) \
             if est.in_flight and self.follow_inflight else None
+        # Past the view's last block nothing counts unless a request in flight is computing
+        # it (``floor``): without one, stop there.
+        end = min(limit, len(keys)) if floor is not None else min(limit, len(keys), view_blocks)
+        stamps: list[int] = list(map(get, keys[:end]))
+        if None in stamps:  # the mirror ends there
+            del stamps[stamps.index(None):]
         expected = 0.0
         running = 1.0
-        last_stamp, last_p = -2, 1.0
-        for i, stamp in enumerate(stamps):
-            if stamp != last_stamp:
-                last_stamp, last_p = stamp, est.survival(stamp, width)
-            p = last_p
-            if i >= view_blocks and (floor is None or stamp < floor):
-                p = 0.0  # the runner's view says it is gone and no request is computing it
+        i = 0
+        # Blocks touched together share a stamp, hence a survival chance: a run at a time.
+        for stamp, run in groupby(stamps):
+            n = len(list(run))
+            p = est.survival(stamp, width)
+            # From the view's last block on, nothing counts unless a request in flight since
+            # before this stamp is computing it.
+            cut = view_blocks if i + n > view_blocks and floor is not None and stamp < floor \
+                else None
+            counted = n if cut is None else max(0, cut - i)
             if p < running:
                 running = p
-                if running <= 0.0:
-                    del stamps[i:]
-                    break
-            expected += running
-        else:
-            # The mirror ended (or was empty) where a view of the engine goes on.
-            beyond = min(view_blocks, limit) - len(stamps) if beyond_mirror else 0
-            if beyond > 0:
-                expected += beyond * running
-                stamps.extend([-1] * beyond)
+            if running <= 0.0 or counted == 0:
+                del stamps[i:]
+                return expected, view_blocks, stamps
+            expected += counted * running
+            if cut is not None:
+                del stamps[cut:]
+                return expected, view_blocks, stamps
+            i += n
+        # The mirror ended (or was empty) where a view of the engine goes on.
+        beyond = min(view_blocks, limit) - len(stamps) if beyond_mirror else 0
+        if beyond > 0:
+            expected += beyond * running
+            stamps.extend([-1] * beyond)
         return expected, view_blocks, stamps
 
     # -- routing --------------------------------------------------------------------------------
@@ -933,7 +941,8 @@ class PrefixRoute(BasePolicy):
                     if depth < est.capacity:
                         est.capacity += rate * (depth - est.capacity)
         elif stamps and est.capacity > 0:
-            known = [s for s in stamps if s >= 0]
+            # Blocks of unknown age (-1, from the view past our mirror) are the tail.
+            known = stamps[:stamps.index(-1)] if stamps[-1] < 0 else stamps
             if known:
                 depth = inserts_then - est.inserts_at[min(known)]
                 if depth > est.capacity:
