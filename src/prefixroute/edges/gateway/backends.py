@@ -29,7 +29,7 @@ import asyncio
 import logging
 import os
 import re
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Any, Hashable, Sequence
 
 import httpx
@@ -69,7 +69,8 @@ class LiveEventView:
         self._clock = clock
         self._grace_s = grace_s
         self._pending: Counter[Hashable] = Counter()
-        self._ended: OrderedDict[Hashable, float] = OrderedDict()  # key -> held until
+        self._ended: dict[Hashable, float] = {}  # key -> held until
+        self._purge_at = 0.0  # when the expired entries of _ended are dropped next
 
     def match(self, keys: Sequence[Hashable]) -> int:
         n = self.events.match(keys)
@@ -90,23 +91,20 @@ class LiveEventView:
     def remove_pending(self, keys: Sequence[Hashable], *, ran: bool = False) -> None:
         """The request left; ``ran``: the engine computed it, so its blocks are cached there
         and count as held for the grace period."""
-        pending, ended = self._pending, self._ended
-        now = self._clock.now()
-        until = now + self._grace_s
+        pending = self._pending
         for key in keys:
             left = pending[key] - 1
             if left > 0:
                 pending[key] = left
             else:
                 pending.pop(key, None)
-            if ran:
-                ended[key] = until
-                ended.move_to_end(key)
-        while ended:  # insertion order is expiry order: drop the expired from the front
-            key, held_until = next(iter(ended.items()))
-            if held_until >= now:
-                break
-            del ended[key]
+        if not ran:
+            return
+        now = self._clock.now()
+        self._ended.update(dict.fromkeys(keys, now + self._grace_s))
+        if now >= self._purge_at:  # once per grace period, so entries live at most two
+            self._ended = {key: until for key, until in self._ended.items() if until >= now}
+            self._purge_at = now + self._grace_s
 
     def on_removed(self, keys: Sequence[Hashable]) -> None:
         """The engine evicted ``keys``: they are gone whatever the grace says."""
