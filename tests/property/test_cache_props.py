@@ -162,3 +162,17 @@ def test_key_lru_put_many_ends_as_puts_one_at_a_time_and_match_agrees(requests, 
         assert not set(gone) & set(bulk.keys())  # what it reports evicted is really gone
         for probe in requests[:5]:
             assert bulk.match(probe) == single.match(probe)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 70), st.sampled_from(["", "s"])),
+                min_size=1, max_size=25), st.integers(1, 6))
+def test_the_hash_memo_never_changes_a_digest(prompts, memo_blocks):
+    # Prompts share stems (the same leading blocks) with tails of any length, salted or not;
+    # a tiny memo churns through its generations.
+    plain = BlockHasher("vllm", "sha256", 8)
+    memo = BlockHasher("vllm", "sha256", 8, memo_blocks=memo_blocks)
+    for stem, tail, salt in prompts:
+        tokens = [stem] * 24 + list(range(tail))
+        identity = CacheIdentity(cache_salt=salt or None)
+        assert memo.block_hashes(tokens, identity) == plain.block_hashes(tokens, identity)

@@ -90,7 +90,8 @@ def test_xxhash_with_a_seed_is_xxh3_128_of_the_pickle():
 
 
 @pytest.mark.parametrize("kwargs", [{"profile": "md5"}, {"profile": "vllm", "algo": "md5"},
-                                    {"block_size": 0}, {"block_size": -3}])
+                                    {"block_size": 0}, {"block_size": -3},
+                                    {"profile": "vllm", "memo_blocks": -1}])
 def test_bad_hasher_settings_are_config_errors(kwargs):
     with pytest.raises(ConfigError):
         BlockHasher(**kwargs)
@@ -129,3 +130,25 @@ def test_trust_group_salt_is_hmac_sha256_of_the_group_under_the_secret():
 def test_short_server_secret_is_refused():
     with pytest.raises(ConfigError, match="256 bits"):
         derive_trust_group_salt(b"short", "acme")
+
+
+def test_the_memo_gives_the_same_digests_and_hashes_only_new_blocks(monkeypatch):
+    plain = BlockHasher("vllm", "sha256", 32)
+    memo = BlockHasher("vllm", "sha256", 32, memo_blocks=4)
+    salted = CacheIdentity(cache_salt="s")
+    calls = []
+    hash_fn = memo._hash_fn
+    monkeypatch.setattr(memo, "_hash_fn", lambda key: calls.append(key) or hash_fn(key))
+    shared = list(range(1000, 1096))  # 3 full blocks
+    assert memo.block_hashes(shared + [1], salted) == plain.block_hashes(shared + [1], salted)
+    assert len(calls) == 3
+    # A new prompt on the same prefix: the three shared blocks come from the memo.
+    longer = shared + list(range(32))
+    assert memo.block_hashes(longer, salted) == plain.block_hashes(longer, salted)
+    assert len(calls) == 4
+    # Another salt is another chain: nothing shared, all hashed.
+    assert memo.block_hashes(shared, CacheIdentity(cache_salt="t")) == \
+        plain.block_hashes(shared, CacheIdentity(cache_salt="t"))
+    assert len(calls) == 7
+    # Bounded: at most two generations of memo_blocks entries.
+    assert len(memo._memo_new) + len(memo._memo_old) <= 8

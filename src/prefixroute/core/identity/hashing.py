@@ -128,17 +128,30 @@ class BlockHasher:
     ``block_hashes(token_ids, identity, media)`` returns one key per full block: ``bytes``
     digests for the ``vllm`` profile, ``int`` for ``native``. Pass ``parent`` and ``start`` to
     extend an existing chain (decode tokens filling new blocks) without rehashing the prefix.
+
+    ``memo_blocks`` (``vllm`` profile, prompts without adapter or media): remember the digest
+    of about that many recent blocks by their exact hash input (parent, tokens, extra keys),
+    so a prompt that shares a long prefix with an earlier one looks its blocks up instead of
+    pickling and hashing them again (what a gateway sees: many requests on one system prompt
+    or document). Two generations of at most ``memo_blocks`` each: a lookup in the older one
+    moves the entry to the newer, and when the newer fills up it becomes the older (an LRU
+    approximation at dictionary speed). About 0.5 kB per block of 16 tokens.
     """
 
     def __init__(self, profile: str = "native", algo: str | None = None, block_size: int = 16,
-                 none_hash_seed: str | None = None):
+                 none_hash_seed: str | None = None, memo_blocks: int = 0):
         if profile not in PROFILES:
             raise ConfigError(f"unknown hashing profile {profile!r}; choose one of "
                               f"{', '.join(PROFILES)}")
         if not isinstance(block_size, int) or block_size < 1:
             raise ConfigError(f"block size must be an integer of at least 1, got {block_size!r}")
+        if not isinstance(memo_blocks, int) or memo_blocks < 0:
+            raise ConfigError(f"memo_blocks must be a non-negative integer, got {memo_blocks!r}")
         self.profile = profile
         self.block_size = block_size
+        self.memo_blocks = memo_blocks
+        self._memo_new: dict[tuple, bytes] = {}
+        self._memo_old: dict[tuple, bytes] = {}
         if profile == "vllm":
             algo = algo or "sha256"
             if algo not in VLLM_ALGOS:
@@ -201,6 +214,8 @@ class BlockHasher:
         # Fast path: no adapter and no media means extra keys are None on every block but
         # (with a salt) the first one; this loop is the cost we benchmark against bare pickling.
         if plain:
+            if self.memo_blocks:
+                hash_fn = self._memo_hash
             pos = first
             if first == 0 and n_full and identity.cache_salt:
                 prev = hash_fn((prev, tuple(token_ids[0:block_size]),
@@ -217,6 +232,19 @@ class BlockHasher:
                             self.extra_keys(b, identity, media)))
             out.append(prev)
         return out
+
+    def _memo_hash(self, key: tuple) -> bytes:
+        """The vLLM hash of ``key``, remembered (see ``memo_blocks``). Safe from several
+        threads: an entry is always the true digest of its key, so a race only loses one."""
+        digest = self._memo_new.get(key)
+        if digest is None:
+            digest = self._memo_old.get(key)
+            if digest is None:
+                digest = self._hash_fn(key)
+            self._memo_new[key] = digest
+            if len(self._memo_new) >= self.memo_blocks:
+                self._memo_old, self._memo_new = self._memo_new, {}
+        return digest
 
     # -- native profile ---------------------------------------------------------------------
     def _native_seed(self, identity: CacheIdentity) -> int:

@@ -56,6 +56,10 @@ from prefixroute.edges.gateway.sanitize import CHAT, CheckedRequest, encode_json
 CHARS_PER_TOKEN = 4
 # Entries hold token ids as 4-byte arrays: 1,024 prompts of 10,000 tokens are 40 MB.
 PREPARED_CACHE_SIZE = 1024
+# Block digests remembered by their hash input (BlockHasher's memo): a new prompt on a known
+# prefix hashes only its own blocks. 65,536 blocks: about 1M tokens of distinct prefixes at
+# block 16, about 32 MB.
+HASH_MEMO_BLOCKS = 65_536
 
 TOKENIZER, TOKEN_IDS, CHARS, BACKEND = "tokenizer", "token_ids", "chars", "backend"
 MODES = (TOKENIZER, BACKEND, CHARS)
@@ -108,7 +112,8 @@ class PromptPreparer:
         self.tokenizer = tokenizer if mode != CHARS else None
         self.render = render
         self._hasher = BlockHasher("vllm", hashing.algo, hashing.block_size,
-                                   none_hash_seed=hashing.none_hash_seed)
+                                   none_hash_seed=hashing.none_hash_seed,
+                                   memo_blocks=HASH_MEMO_BLOCKS)
         self._char_hasher = BlockHasher("native", block_size=hashing.block_size * CHARS_PER_TOKEN)
         self._cache: OrderedDict[bytes, PreparedPrompt] = OrderedDict()
         self._cache_size = cache_size
