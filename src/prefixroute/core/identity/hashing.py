@@ -135,7 +135,7 @@ class BlockHasher:
     pickling and hashing them again (what a gateway sees: many requests on one system prompt
     or document). Two generations of at most ``memo_blocks`` each: a lookup in the older one
     moves the entry to the newer, and when the newer fills up it becomes the older (an LRU
-    approximation at dictionary speed). About 0.5 kB per block of 16 tokens.
+    approximation at dictionary speed). About 0.3 kB per block of 16 tokens.
     """
 
     def __init__(self, profile: str = "native", algo: str | None = None, block_size: int = 16,
@@ -150,7 +150,7 @@ class BlockHasher:
         self.profile = profile
         self.block_size = block_size
         self.memo_blocks = memo_blocks
-        self._memo_new: dict[tuple, bytes] = {}
+        self._memo_new: dict[tuple, bytes] = {}  # (parent, ids as bytes, extra) -> digest
         self._memo_old: dict[tuple, bytes] = {}
         if profile == "vllm":
             algo = algo or "sha256"
@@ -213,9 +213,11 @@ class BlockHasher:
         plain = identity.adapter is None and not media
         # Fast path: no adapter and no media means extra keys are None on every block but
         # (with a salt) the first one; this loop is the cost we benchmark against bare pickling.
+        if plain and self.memo_blocks and n_full > first:
+            memo = self._vllm_memo(token_ids, identity.cache_salt, prev, first, n_full)
+            if memo is not None:
+                return memo
         if plain:
-            if self.memo_blocks:
-                hash_fn = self._memo_hash
             pos = first
             if first == 0 and n_full and identity.cache_salt:
                 prev = hash_fn((prev, tuple(token_ids[0:block_size]),
@@ -233,18 +235,40 @@ class BlockHasher:
             out.append(prev)
         return out
 
-    def _memo_hash(self, key: tuple) -> bytes:
-        """The vLLM hash of ``key``, remembered (see ``memo_blocks``). Safe from several
-        threads: an entry is always the true digest of its key, so a race only loses one."""
-        digest = self._memo_new.get(key)
-        if digest is None:
-            digest = self._memo_old.get(key)
+    def _vllm_memo(self, token_ids, salt: str | None, prev: bytes, first: int,
+                   n_full: int) -> list[bytes] | None:
+        """The plain path through the memo (see ``memo_blocks``); None for token ids that do
+        not fit 32 bits (the engine refuses them; the caller hashes them as they are).
+
+        The memo's key is (parent digest, the block's ids as 4-byte little-endian bytes, extra
+        keys): the same information as the hash input, in about a third of the memory of a
+        tuple of ints. Safe from several threads: an entry is always the true digest of its
+        key, so a race can only lose one."""
+        block_size = self.block_size
+        try:
+            data = array("I", token_ids[first * block_size:n_full * block_size]).tobytes()
+        except OverflowError:
+            return None
+        step = 4 * block_size
+        hash_fn = self._hash_fn
+        salted = (("cache_salt", salt),) if salt else None
+        out: list[bytes] = []
+        for b in range(first, n_full):
+            off = (b - first) * step
+            extra = salted if b == 0 else None
+            key = (prev, data[off:off + step], extra)
+            digest = self._memo_new.get(key)
             if digest is None:
-                digest = self._hash_fn(key)
-            self._memo_new[key] = digest
-            if len(self._memo_new) >= self.memo_blocks:
-                self._memo_old, self._memo_new = self._memo_new, {}
-        return digest
+                digest = self._memo_old.get(key)
+                if digest is None:
+                    s = b * block_size
+                    digest = hash_fn((prev, tuple(token_ids[s:s + block_size]), extra))
+                self._memo_new[key] = digest
+                if len(self._memo_new) >= self.memo_blocks:
+                    self._memo_old, self._memo_new = self._memo_new, {}
+            prev = digest
+            out.append(digest)
+        return out
 
     # -- native profile ---------------------------------------------------------------------
     def _native_seed(self, identity: CacheIdentity) -> int:

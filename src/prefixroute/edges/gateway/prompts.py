@@ -58,7 +58,7 @@ CHARS_PER_TOKEN = 4
 PREPARED_CACHE_SIZE = 1024
 # Block digests remembered by their hash input (BlockHasher's memo): a new prompt on a known
 # prefix hashes only its own blocks. 65,536 blocks: about 1M tokens of distinct prefixes at
-# block 16, about 32 MB.
+# block 16; at most two generations of about 17 MB (block 16) to 20 MB (block 32) each.
 HASH_MEMO_BLOCKS = 65_536
 
 TOKENIZER, TOKEN_IDS, CHARS, BACKEND = "tokenizer", "token_ids", "chars", "backend"
