@@ -210,18 +210,18 @@ class BlockHasher:
         out: list[bytes] = []
         prev = parent if parent else self.none_hash
         first = start // block_size
-        plain = identity.adapter is None and not media
-        # Fast path: no adapter and no media means extra keys are None on every block but
-        # (with a salt) the first one; this loop is the cost we benchmark against bare pickling.
-        if plain and self.memo_blocks and n_full > first:
-            memo = self._vllm_memo(token_ids, identity.cache_salt, prev, first, n_full)
-            if memo is not None:
-                return memo
-        if plain:
+        if identity.adapter is None and not media:
+            # No adapter and no media: extra keys are None on every block but (with a salt)
+            # the first one.
+            salted = self.extra_keys(0, identity)
+            if self.memo_blocks and n_full > first:
+                memo = self._vllm_memo(token_ids, salted, prev, first, n_full)
+                if memo is not None:
+                    return memo
+            # This loop is the cost we benchmark against bare pickling.
             pos = first
-            if first == 0 and n_full and identity.cache_salt:
-                prev = hash_fn((prev, tuple(token_ids[0:block_size]),
-                                (("cache_salt", identity.cache_salt),)))
+            if first == 0 and n_full and salted:
+                prev = hash_fn((prev, tuple(token_ids[0:block_size]), salted))
                 out.append(prev)
                 pos = 1
             for i in range(pos * block_size, n_full * block_size, block_size):
@@ -235,10 +235,11 @@ class BlockHasher:
             out.append(prev)
         return out
 
-    def _vllm_memo(self, token_ids, salt: str | None, prev: bytes, first: int,
+    def _vllm_memo(self, token_ids, salted: tuple | None, prev: bytes, first: int,
                    n_full: int) -> list[bytes] | None:
-        """The plain path through the memo (see ``memo_blocks``); None for token ids that do
-        not fit 32 bits (the engine refuses them; the caller hashes them as they are).
+        """The plain path through the memo (see ``memo_blocks``; ``salted``: block 0's extra
+        keys); None for token ids that do not fit 32 bits (the engine refuses them; the
+        caller hashes them as they are).
 
         The memo's key is (parent digest, the block's ids as 4-byte little-endian bytes, extra
         keys): the same information as the hash input, in about a third of the memory of a
@@ -251,7 +252,6 @@ class BlockHasher:
             return None
         step = 4 * block_size
         hash_fn = self._hash_fn
-        salted = (("cache_salt", salt),) if salt else None
         out: list[bytes] = []
         for b in range(first, n_full):
             off = (b - first) * step
