@@ -84,6 +84,10 @@ class Gateway:
                                       render=self.renderer.render)
         self.admission = AdmissionQueue(config.limits.max_concurrent, config.limits.max_queued,
                                         config.limits.queue_timeout_s)
+        # Read when scraped rather than set on every change (four lock-taking sets per
+        # request): a scrape shows the same values.
+        self.metrics.queue_depth.set_function(lambda: self.admission.waiting)
+        self.metrics.active.set_function(lambda: self.admission.active)
         self._transport = transport
         self.client: httpx.AsyncClient | None = None
         self.upstream: Client | HttpxClient | None = None
@@ -198,11 +202,7 @@ class Gateway:
                 checked, adapter, backends, offload=len(raw) > OFFLOAD_PREPARE_BYTES)
             if prompt.fallback_reason:
                 self.metrics.tokenize_fallbacks.inc()
-            self.metrics.queue_depth.set(self.admission.waiting + 1)
-            try:
-                await self.admission.acquire()
-            finally:
-                self.metrics.queue_depth.set(self.admission.waiting)
+            await self.admission.acquire()
         except GatewayError as error:
             self.open_requests -= 1
             self._account(endpoint, str(error.status), started, request_id, tenant_name,
@@ -220,7 +220,6 @@ class Gateway:
             self.open_requests -= 1
             raise
 
-        self.metrics.active.set(self.admission.active)
         self.metrics.overhead.observe(self.clock.now() - started)
         job = Job(request_id, tenant.name, checked, prompt, backends, started)
         assert self.proxy is not None
@@ -235,7 +234,6 @@ class Gateway:
     def _job_done(self, job: Job) -> None:
         self.admission.release()
         self.open_requests -= 1
-        self.metrics.active.set(self.admission.active)
         endpoint = job.checked.endpoint
         if job.ttft_s is not None:
             self.metrics.ttft.labels(endpoint).observe(job.ttft_s)
@@ -246,6 +244,8 @@ class Gateway:
         latency = self.clock.now() - started
         self.metrics.requests.labels(endpoint, status).inc()
         self.metrics.latency.labels(endpoint).observe(latency)
+        if not log.isEnabledFor(logging.INFO):  # the line would be dropped: skip its fields
+            return
         fields: dict[str, Any] = {"event": "request", "request_id": request_id,
                                   "endpoint": endpoint, "tenant": tenant, "status": status,
                                   "latency_ms": round(latency * 1000, 3)}
@@ -315,7 +315,6 @@ class Gateway:
                              "replicas": len(backends)}, status_code=code)
 
     async def prometheus(self, request: Request) -> Response:
-        self.metrics.queue_depth.set(self.admission.waiting)
         return Response(self.metrics.render(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -190,8 +190,10 @@ class Backend:
             self.view = ApproximateView(config.capacity_blocks)
         self.subscriber: Any = None  # a KVEventSubscriber, set by the pool
         self.loop: asyncio.AbstractEventLoop | None = None  # where event batches are applied
-        for gauge in (metrics.in_flight, metrics.healthy, metrics.breaker):
+        for gauge in (metrics.healthy, metrics.breaker):
             gauge.labels(self.name)
+        # Read when scraped, not set on every dispatch and finish.
+        metrics.in_flight.labels(self.name).set_function(lambda: self.in_flight)
         self._published: tuple[int, int] | None = None  # (healthy, breaker) last set
         self._publish_state()
 
@@ -253,7 +255,6 @@ class Backend:
             self.view.add_pending(keys)
         else:
             self.view.record(keys)
-        self._metrics.in_flight.labels(self.name).set(self.in_flight)
         return ticket
 
     def prefill_done(self, ticket: int) -> None:
@@ -273,7 +274,6 @@ class Backend:
             self.view.correct(keys, matched_before)
         if not stored:
             self.assignments -= 1
-        self._metrics.in_flight.labels(self.name).set(self.in_flight)
         self._metrics.view_blocks.labels(self.name).set(len(self.view))
 
     def record_success(self) -> None:
