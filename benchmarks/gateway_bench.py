@@ -70,6 +70,13 @@ its own CPU time per request (from /proc), which other load on the machine does 
 * **throughput**, time model off (``--time-scale 0``): closed loop, 200 clients streaming 16
   tokens, then 128 clients sending non-streaming requests (1 token): completed per second.
 
+The **floor** (part 1 only, when ``haproxy`` is installed, e.g. ``apt-get install haproxy``;
+``--no-floor`` skips it): HAProxy in HTTP mode, round robin, one thread, on the router's
+core. It parses HTTP and forwards each request and the stream's bytes in C, with no policy,
+tokenization or tenants: what the hop costs a router that does nothing but be an HTTP hop in
+that place on this machine. A target that the floor itself misses is out of reach for any
+router there.
+
 Part 2, the design scenario (SPEC section 4, the simulator's generator, timestamp fixed): four
 replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
 ``--requests`` requests replayed open loop through each router, prompts as text (one word per
@@ -89,6 +96,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -156,6 +164,34 @@ def ensure_peers(peer_dir: Path, log: Callable[[str], None]) -> dict[str, Path]:
                    check=True, timeout=900)
     marker.write_text(wanted)
     return commands
+
+
+FLOOR = "haproxy (floor)"
+
+
+def haproxy_config(port: int, worker_urls: list[str]) -> str:
+    """HAProxy as a bare HTTP hop: HTTP mode (it parses every request and response), round
+    robin, kept-alive connections both ways, one thread, and ``http-no-delay``: without it
+    HAProxy holds small writes back to merge them (MSG_MORE), which added about 130 ms to
+    every stream's first event here."""
+    servers = "\n".join(f"    server r{i} {url.split('://', 1)[1]}"
+                         for i, url in enumerate(worker_urls))
+    return (f"global\n    nbthread 1\n    maxconn 8000\n"
+            f"defaults\n    mode http\n    option http-no-delay\n    timeout connect 5s\n    timeout client 120s\n"
+            f"    timeout server 120s\n    timeout http-keep-alive 75s\n"
+            f"frontend bench\n    bind 127.0.0.1:{port}\n    default_backend replicas\n"
+            f"backend replicas\n    balance roundrobin\n    http-reuse always\n{servers}\n")
+
+
+def floor_process(command: Path, worker_urls: list[str], workdir: Path,
+                  cpu: int | None) -> ServiceProcess:
+    config = workdir / "haproxy.cfg"
+
+    def build(port: int) -> list[str]:
+        config.write_text(haproxy_config(port, worker_urls))
+        return [str(command), "-db", "-f", str(config)]  # -db: foreground, no daemon
+
+    return ServiceProcess(FLOOR, build, cpu=cpu, log_path=workdir / "haproxy.log")
 
 
 def peer_process(name: str, command: Path, worker_urls: list[str], workdir: Path,
@@ -437,15 +473,16 @@ def measure_scenario(name: str, url: str, api_key: str, requests: int, time_scal
 
 def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
               log: Callable[[str], None], rounds: int = DEFAULT_BLOCK_PAIRS,
-              rate: float = OPEN_RATE) -> dict:
-    """Overhead (paced replicas) then throughput (time model off) for every router. Each
-    router's overhead run interleaves it with no router, ``rounds`` block pairs (module
-    docstring), so both see the same background load on the machine."""
+              rate: float = OPEN_RATE, floor: Path | None = None) -> dict:
+    """Overhead (paced replicas) then throughput (time model off) for every router, and the
+    HAProxy floor if ``floor`` is its command. Each router's overhead run interleaves it with
+    no router, ``rounds`` block pairs (module docstring), so both see the same background
+    load on the machine."""
     cpus = [LOAD_CPU] if pin else None
     router_cpu = ROUTER_CPU if pin else None
     profile = workdir / "pacing-profile.json"
     profile.write_text(json.dumps(PACING_PROFILE))
-    names = ("prefixroute", *peers)
+    names = ("prefixroute", *peers, *([FLOOR] if floor else []))
     results: dict[str, Any] = {name: {} for name in ("direct", *names)}
     for part, replica_args in (("overhead", ["--profile", str(profile)]),
                                ("throughput", ["--time-scale", "0"])):
@@ -469,6 +506,9 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
                 try:
                     if name == "prefixroute":
                         router = fleet.start_gateway("prefixroute", cpu=router_cpu)
+                    elif name == FLOOR:
+                        router = floor_process(floor, fleet.replica_urls, workdir / part,
+                                               router_cpu).start()
                     else:
                         router = peer_process(name, peers[name], fleet.replica_urls,
                                               workdir / part, router_cpu).start()
@@ -539,6 +579,11 @@ def run_part2(workdir: Path, peers: dict[str, Path], requests: int, time_scale: 
     return results
 
 
+def haproxy_version(command: str) -> str:
+    out = subprocess.run([command, "-v"], capture_output=True, text=True, timeout=10).stdout
+    return " ".join(out.split()[:3])  # "HAProxy version 2.6.12-1+deb12u3"
+
+
 def _ms_diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round((a - b) * 1000, 2)
 
@@ -568,8 +613,10 @@ def markdown(result: dict) -> str:
         "",
         f"`{meta.get('command', 'python benchmarks/gateway_bench.py')}` on {meta['machine']}, "
         f"{meta['date']}. "
-        f"Replicas: `prefixroute replica`; peers {', '.join(meta['peers']) or 'skipped'}. "
-        f"Load average before the run: {meta.get('load_average_before', '-')} (other work on "
+        f"Replicas: `prefixroute replica`; peers {', '.join(meta['peers']) or 'skipped'}"
+        + (f"; floor: {meta['floor']}, HTTP mode, round robin, one thread (part 1 only). "
+           if meta.get("floor") else ". ")
+        + f"Load average before the run: {meta.get('load_average_before', '-')} (other work on "
         "the machine moves latencies; the routers' CPU per request it does not).",
         "",
         f"## The hop: overhead with about {open_streams} open streams, and throughput",
@@ -687,6 +734,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--skip-scenario", action="store_true")
     parser.add_argument("--no-pin", action="store_true", help="no CPU pinning in part 1")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the HAProxy floor in part 1 (skipped anyway without haproxy)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gateway.md"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -699,7 +748,11 @@ def main(argv: list[str] | None = None) -> int:
     peers = {} if args.skip_peers else ensure_peers(args.peer_dir, log)
     with tempfile.TemporaryDirectory(prefix="prefixroute-bench-") as tmp:
         workdir = Path(tmp)
-        hop = run_part1(workdir, peers, args.seconds, pin, log, args.rounds, args.rate)
+        haproxy = None if args.no_floor else shutil.which("haproxy")
+        if haproxy is None and not args.no_floor:
+            log("haproxy is not installed: no floor row (apt-get install haproxy)")
+        hop = run_part1(workdir, peers, args.seconds, pin, log, args.rounds, args.rate,
+                        Path(haproxy) if haproxy else None)
         scenario = {} if args.skip_scenario else run_part2(
             workdir, peers, args.requests, args.time_scale, log)
     result = {"meta": {"command": " ".join(["python benchmarks/gateway_bench.py", *argv]),
@@ -710,7 +763,8 @@ def main(argv: list[str] | None = None) -> int:
                        "seconds": args.seconds, "requests": args.requests,
                        "rounds": args.rounds, "rate": args.rate,
                        "time_scale": args.time_scale,
-                       "peers": [PEER_VERSIONS[p] for p in peers]},
+                       "peers": [PEER_VERSIONS[p] for p in peers],
+                       "floor": haproxy_version(haproxy) if haproxy else None},
               "hop": hop, "scenario": scenario}
     report = markdown(result)
     if args.out:
