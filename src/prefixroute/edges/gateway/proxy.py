@@ -20,11 +20,11 @@ and ``broke``):
   a sink that frames it as an HTTP/1.1 chunk and writes it straight to the caller's
   transport: no task wake-up, no generator, no ASGI message per event. The first event too:
   the sink starts the response with uvicorn's own ``send`` (run to completion in place) and
-  writes the event inside the engine step's burst of events, not after it; until then the
-  request's task waits, and retries if the stream breaks before its first event. When the
-  caller's write buffer is full, reading the replica pauses until it drains. The response's
-  start and end go through uvicorn's ``send``, so its connection state (keep-alive,
-  completion) stays its own;
+  writes the event, in the same write as the response head, inside the engine step's burst
+  of events, not after it; until then the request's task waits, and retries if the stream
+  breaks before its first event. When the caller's write buffer is full, reading the
+  replica pauses until it drains. The response's start and end go through uvicorn's
+  ``send``, so its connection state (keep-alive, completion) stays its own;
 * *generic* (any other ASGI server, in-process test clients, an httpx transport): an async
   generator under a ``StreamingResponse``.
 """
@@ -544,18 +544,22 @@ class _SpliceSink:
             if not out:
                 return
             if not self.started:
-                if self.pending or not self._start_now():
+                head = None if self.pending else self._start_now()
+                if head is None:
                     self.pending += out
                     self._pause()
                     return
                 self._wake()  # the response is under way: its task can hand it over
+                self.write(out, head)
+                return
             self.write(out)
         except Exception as exc:  # pragma: no cover - a bug of ours
             self._end(failure=exc)
 
-    def write(self, out: bytes) -> None:
+    def write(self, out: bytes, head: bytes = b"") -> None:
+        """``out`` as one chunk, after ``head`` (the response head, with the first event)."""
         if not self.cycle.disconnected and not self.transport.is_closing():
-            self.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+            self.transport.write(b"%b%x\r\n%b\r\n" % (head, len(out), out))
             if self.flow.write_paused:
                 self._pause()
 
@@ -575,21 +579,31 @@ class _SpliceSink:
         except Exception as exc:  # pragma: no cover - a bug of ours
             self._end(failure=exc)
 
-    def _start_now(self) -> bool:
-        """Send the response start through uvicorn now, if that needs no waiting."""
+    def _start_now(self) -> bytes | None:
+        """Send the response start through uvicorn now, if that needs no waiting: the head
+        it writes, held back to go out with the first event in one write (one syscall on
+        the first event's way instead of two); ``None``: the driver starts the response."""
         cycle = self.cycle
         if cycle.disconnected or self.flow.write_paused or cycle.response_started:
-            return False
-        step = cycle.send(self.start)
+            return None
+        held = _HeldWrites()
+        cycle.transport = held
         try:
-            step.send(None)
-        except StopIteration:
-            self.started = True
-            if cycle.chunked_encoding is not True:
+            step = cycle.send(self.start)
+            try:
+                step.send(None)
+            except StopIteration:
+                self.started = True
+                if cycle.chunked_encoding is True:
+                    head, held.data = held.data, b""
+                    return head
                 raise RuntimeError("uvicorn did not choose chunked encoding for the stream")
-            return True
-        step.close()  # it wanted to wait after all: leave it to the driver
-        return False
+            step.close()  # it wanted to wait after all: leave it to the driver
+            return None
+        finally:
+            cycle.transport = self.transport
+            if held.data:  # not merged (an error): written as uvicorn would have
+                self.transport.write(held.data)
 
     def _pause(self) -> None:
         if not self.paused:
@@ -609,6 +623,19 @@ class _SpliceSink:
         wake = self.wake
         if wake is not None and not wake.done():
             wake.set_result(None)
+
+
+class _HeldWrites:
+    """Stands in for the caller's transport while uvicorn writes a response head that is to
+    leave with the first event (:meth:`_SpliceSink._start_now`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
 
 
 def _uvicorn_cycle(cycle: Any) -> Any | None:
