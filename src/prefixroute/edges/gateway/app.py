@@ -42,7 +42,7 @@ from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import CHARS, PromptPreparer
-from prefixroute.edges.gateway.proxy import Job, Proxy
+from prefixroute.edges.gateway.proxy import Job, Proxy, send_response
 from prefixroute.edges.gateway.render import RenderClient
 from prefixroute.edges.gateway.router import GatewayRouter
 from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
@@ -379,7 +379,7 @@ class GenerationFastPath:
             handler = self.handlers.get(scope["path"])
             if handler is not None:
                 response = await handler(Request(scope, receive))
-                await response(scope, receive, send)
+                await send_response(response, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
