@@ -93,7 +93,7 @@ peer's; (a) 1.05x -> 1.13x), and the same with 5% of the KV kept as headroom (1.
 1.24x). The diagnosis stands: at (a), time scale x0.99, one replica holding three long
 sessions with its KV full preempts (38 preemptions in the run against llmd_weighted's 13)
 and its queue waits about 160 s against 3 to 12 s estimated; but moving sessions off such
-replicas costs more elsewhere than it saves there. Four more on 2026-11-30 (agentic mean
+replicas costs more elsewhere than it saves there. Five more on 2026-11-30 (agentic mean
 TTFT over the best peer's, median of the five draws, (a) / (b); the default 1.51x / 0.24x):
 what the request lacks counted as its whole prompt, as vLLM admits it (cached blocks no
 running request holds sit in the free queue and need room too; one draw: 2.26x / 0.63x);
@@ -101,10 +101,12 @@ new sessions spread by a decayed count of cold starts per replica among replicas
 3 or 10 times the request's own prefill of the cheapest (at 10: 1.95x / 0.74x, and Mooncake
 synthetic (a) p99 1.56x at 1); the recompute of the live blocks (touched in the last 30 or
 120 s) that the request's new blocks would push out of a full replica, added to the delay
-to others (2.05x / 0.50x at 30 s); and a KV wait from that live working set instead of the
-running requests' KV (2.03-2.38x / 0.53-0.80x). With the engine's exact cache as the view
-(``view=oracle``) the default gets 1.43x / 0.25x: the miss at (a) is placement, not the
-cache estimate.
+to others (2.05x / 0.50x at 30 s); a KV wait from that live working set instead of the
+running requests' KV (2.03-2.38x / 0.53-0.80x); and the wait read as the queue's length
+over its recent rate of finished entries where that is longer (Little's law, which sees a
+KV-bound queue at once; one draw: 4.45x / 1.71x, hit 87.6%: sessions fled and recomputed).
+With the engine's exact cache as the view (``view=oracle``) the default gets 1.43x /
+0.25x: the miss at (a) is placement, not the cache estimate.
 
 **Cold requests on a quiet fleet** (``cold_cap``, on since 2026-11-30). A request that no
 replica holds much more of than the cheapest one (expected cached tokens within
