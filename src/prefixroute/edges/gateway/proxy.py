@@ -387,8 +387,14 @@ class SSERelay:
             complete, self.buffer = buffer, b""
         else:
             complete, self.buffer = buffer[:cut + 2], buffer[cut + 2:]
-        if b'"usage"' in complete:
-            complete = b"".join(out for out in map(self._filter, _events_of(complete)) if out)
+        at = complete.find(b'"usage"')
+        if at >= 0:
+            # The events before the first that mentions usage pass as they are (as _filter
+            # would pass them): a read that brought a whole short answer is not cut up.
+            cut = complete.rfind(b"\n\n", 0, at)
+            start = cut + 2 if cut >= 0 else 0
+            complete = complete[:start] + b"".join(
+                out for out in map(self._filter, _events_of(complete[start:])) if out)
         if complete:
             if not self.sent_any:
                 self.sent_any = True
