@@ -70,12 +70,13 @@ its own CPU time per request (from /proc), which other load on the machine does 
 * **throughput**, time model off (``--time-scale 0``): closed loop, 200 clients streaming 16
   tokens, then 128 clients sending non-streaming requests (1 token): completed per second.
 
-The **floor** (part 1 only, when ``haproxy`` is installed, e.g. ``apt-get install haproxy``;
-``--no-floor`` skips it): HAProxy in HTTP mode, round robin, one thread, on the router's
-core. It parses HTTP and forwards each request and the stream's bytes in C, with no policy,
-tokenization or tenants: what the hop costs a router that does nothing but be an HTTP hop in
-that place on this machine. A target that the floor itself misses is out of reach for any
-router there.
+The **floors** (part 1 only, when ``haproxy`` is installed, e.g. ``apt-get install
+haproxy``; ``--no-floor`` skips them): HAProxy, round robin, one thread, on the router's core,
+in two modes. ``http``: it parses every request and response and forwards them in C, with no
+policy, tokenization or tenants, what a router that does nothing but be an HTTP hop costs in
+that place on this machine. ``tcp``: it only copies bytes between connections (each client
+connection tied to one replica), the least any proxy in that place can cost. A target that a
+floor itself misses is out of reach for any router there.
 
 Part 2, the design scenario (SPEC section 4, the simulator's generator, timestamp fixed): four
 replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
@@ -166,32 +167,35 @@ def ensure_peers(peer_dir: Path, log: Callable[[str], None]) -> dict[str, Path]:
     return commands
 
 
-FLOOR = "haproxy (floor)"
+FLOORS = {"haproxy http (floor)": "http", "haproxy tcp (floor)": "tcp"}
 
 
-def haproxy_config(port: int, worker_urls: list[str]) -> str:
-    """HAProxy as a bare HTTP hop: HTTP mode (it parses every request and response), round
-    robin, kept-alive connections both ways, one thread, and ``http-no-delay``: without it
-    HAProxy holds small writes back to merge them (MSG_MORE), which added about 130 ms to
-    every stream's first event here."""
+def haproxy_config(port: int, worker_urls: list[str], mode: str) -> str:
+    """HAProxy as a bare hop: round robin, one thread; in ``http`` mode kept-alive connections
+    both ways and ``http-no-delay`` (without it HAProxy holds small writes back to merge them,
+    MSG_MORE, which added about 130 ms to every stream's first event here)."""
     servers = "\n".join(f"    server r{i} {url.split('://', 1)[1]}"
                          for i, url in enumerate(worker_urls))
+    http = ("    option http-no-delay\n    timeout http-keep-alive 75s\n" if mode == "http"
+            else "")
+    reuse = "    http-reuse always\n" if mode == "http" else ""
     return (f"global\n    nbthread 1\n    maxconn 8000\n"
-            f"defaults\n    mode http\n    option http-no-delay\n    timeout connect 5s\n    timeout client 120s\n"
-            f"    timeout server 120s\n    timeout http-keep-alive 75s\n"
+            f"defaults\n    mode {mode}\n{http}    timeout connect 5s\n"
+            f"    timeout client 120s\n    timeout server 120s\n"
             f"frontend bench\n    bind 127.0.0.1:{port}\n    default_backend replicas\n"
-            f"backend replicas\n    balance roundrobin\n    http-reuse always\n{servers}\n")
+            f"backend replicas\n    balance roundrobin\n{reuse}{servers}\n")
 
 
-def floor_process(command: Path, worker_urls: list[str], workdir: Path,
+def floor_process(name: str, command: Path, worker_urls: list[str], workdir: Path,
                   cpu: int | None) -> ServiceProcess:
-    config = workdir / "haproxy.cfg"
+    mode = FLOORS[name]
+    config = workdir / f"haproxy-{mode}.cfg"
 
     def build(port: int) -> list[str]:
-        config.write_text(haproxy_config(port, worker_urls))
+        config.write_text(haproxy_config(port, worker_urls, mode))
         return [str(command), "-db", "-f", str(config)]  # -db: foreground, no daemon
 
-    return ServiceProcess(FLOOR, build, cpu=cpu, log_path=workdir / "haproxy.log")
+    return ServiceProcess(name, build, cpu=cpu, log_path=workdir / f"haproxy-{mode}.log")
 
 
 def peer_process(name: str, command: Path, worker_urls: list[str], workdir: Path,
@@ -475,14 +479,14 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
               log: Callable[[str], None], rounds: int = DEFAULT_BLOCK_PAIRS,
               rate: float = OPEN_RATE, floor: Path | None = None) -> dict:
     """Overhead (paced replicas) then throughput (time model off) for every router, and the
-    HAProxy floor if ``floor`` is its command. Each router's overhead run interleaves it with
+    HAProxy floors if ``floor`` is its command. Each router's overhead run interleaves it with
     no router, ``rounds`` block pairs (module docstring), so both see the same background
     load on the machine."""
     cpus = [LOAD_CPU] if pin else None
     router_cpu = ROUTER_CPU if pin else None
     profile = workdir / "pacing-profile.json"
     profile.write_text(json.dumps(PACING_PROFILE))
-    names = ("prefixroute", *peers, *([FLOOR] if floor else []))
+    names = ("prefixroute", *peers, *(FLOORS if floor else ()))
     results: dict[str, Any] = {name: {} for name in ("direct", *names)}
     for part, replica_args in (("overhead", ["--profile", str(profile)]),
                                ("throughput", ["--time-scale", "0"])):
@@ -506,9 +510,9 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
                 try:
                     if name == "prefixroute":
                         router = fleet.start_gateway("prefixroute", cpu=router_cpu)
-                    elif name == FLOOR:
-                        router = floor_process(floor, fleet.replica_urls, workdir / part,
-                                               router_cpu).start()
+                    elif name in FLOORS:
+                        router = floor_process(name, floor, fleet.replica_urls,
+                                               workdir / part, router_cpu).start()
                     else:
                         router = peer_process(name, peers[name], fleet.replica_urls,
                                               workdir / part, router_cpu).start()
@@ -614,7 +618,8 @@ def markdown(result: dict) -> str:
         f"`{meta.get('command', 'python benchmarks/gateway_bench.py')}` on {meta['machine']}, "
         f"{meta['date']}. "
         f"Replicas: `prefixroute replica`; peers {', '.join(meta['peers']) or 'skipped'}"
-        + (f"; floor: {meta['floor']}, HTTP mode, round robin, one thread (part 1 only). "
+        + (f"; floors: {meta['floor']}, HTTP and TCP modes, round robin, one thread (part 1 "
+           "only). "
            if meta.get("floor") else ". ")
         + f"Load average before the run: {meta.get('load_average_before', '-')} (other work on "
         "the machine moves latencies; the routers' CPU per request it does not).",
@@ -735,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-scenario", action="store_true")
     parser.add_argument("--no-pin", action="store_true", help="no CPU pinning in part 1")
     parser.add_argument("--no-floor", action="store_true",
-                        help="skip the HAProxy floor in part 1 (skipped anyway without haproxy)")
+                        help="skip the HAProxy floors in part 1 (skipped anyway without "
+                             "haproxy)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gateway.md"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -750,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         haproxy = None if args.no_floor else shutil.which("haproxy")
         if haproxy is None and not args.no_floor:
-            log("haproxy is not installed: no floor row (apt-get install haproxy)")
+            log("haproxy is not installed: no floor rows (apt-get install haproxy)")
         hop = run_part1(workdir, peers, args.seconds, pin, log, args.rounds, args.rate,
                         Path(haproxy) if haproxy else None)
         scenario = {} if args.skip_scenario else run_part2(
