@@ -592,8 +592,7 @@ class _SpliceSink:
         cycle = self.cycle
         if cycle.disconnected or self.flow.write_paused or cycle.response_started:
             return None
-        held = _HeldWrites()
-        cycle.transport = held
+        held = cycle.transport = _HeldHead(self.transport)
         try:
             step = cycle.send(self.start)
             try:
@@ -601,15 +600,13 @@ class _SpliceSink:
             except StopIteration:
                 self.started = True
                 if cycle.chunked_encoding is True:
-                    head, held.data = held.data, b""
-                    return head
+                    return held.take()
                 raise RuntimeError("uvicorn did not choose chunked encoding for the stream")
             step.close()  # it wanted to wait after all: leave it to the driver
             return None
         finally:
             cycle.transport = self.transport
-            if held.data:  # not merged (an error): written as uvicorn would have
-                self.transport.write(held.data)
+            held.flush()  # not taken (an error): written as uvicorn would have
 
     def _pause(self) -> None:
         if not self.paused:
@@ -631,24 +628,12 @@ class _SpliceSink:
             wake.set_result(None)
 
 
-class _HeldWrites:
-    """Stands in for the caller's transport while uvicorn writes a response head that is to
-    leave with the first event (:meth:`_SpliceSink._start_now`)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self) -> None:
-        self.data = b""
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-
-class _HeadWithBody:
-    """Stands in for the caller's transport while uvicorn sends a whole (not streamed)
-    answer: the head it writes first waits for the body, and both leave in one write (one
-    syscall and one segment instead of two). Anything else asked of the transport (close,
-    is_closing...) sends a waiting head first and goes to the real one."""
+class _HeldHead:
+    """Stands in for the caller's transport while uvicorn writes a response head, so the
+    head leaves in one write with what follows it (one syscall and one segment instead of
+    two): the next write here (a whole answer's body), or the first event the splice takes
+    the head for (:meth:`take`, :meth:`_SpliceSink._start_now`). Anything else asked of the
+    transport (close, is_closing...) sends a waiting head first and goes to the real one."""
 
     __slots__ = ("transport", "head", "first")
 
@@ -665,9 +650,15 @@ class _HeadWithBody:
         head, self.head = self.head, b""
         self.transport.write(head + data if head else data)
 
-    def flush(self) -> None:
-        self.first = False
+    def take(self) -> bytes:
+        """The held head, now the caller's to write."""
         head, self.head = self.head, b""
+        return head
+
+    def flush(self) -> None:
+        """Write a head still held (nothing followed it, or an error came first)."""
+        self.first = False
+        head = self.take()
         if head:
             self.transport.write(head)
 
@@ -678,13 +669,13 @@ class _HeadWithBody:
 
 async def send_response(response: Response, scope: dict, receive: Any, send: Any) -> None:
     """``response(scope, receive, send)``; under uvicorn's httptools protocol a whole answer
-    (not a stream, which splices) leaves as one write (:class:`_HeadWithBody`)."""
+    (not a stream, which splices) leaves as one write (:class:`_HeldHead`)."""
     cycle = None if isinstance(response, StreamingResponse) \
         else _uvicorn_cycle(getattr(send, "__self__", None))
     if cycle is None:
         await response(scope, receive, send)
         return
-    merged = cycle.transport = _HeadWithBody(cycle.transport)
+    merged = cycle.transport = _HeldHead(cycle.transport)
     try:
         await response(scope, receive, send)
     finally:
