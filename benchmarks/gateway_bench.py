@@ -3,8 +3,9 @@
 Run: ``python benchmarks/gateway_bench.py`` (about 8 minutes; the first run also installs the
 peer routers, see below). ``--json`` prints the results as JSON; ``--out FILE`` writes the
 Markdown report (default ``benchmarks/results/gateway.md``); ``--skip-peers`` measures ours
-alone; ``--skip-scenario`` skips part 2. The exit code is 0 when our hop overhead meets the
-target (p50 at most 1 ms, p99 at most 5 ms), else 1.
+alone; ``--skip-scenario`` skips part 2. The exit code is 0 when our overhead meets the
+target (p50 at most 1 ms, p99 at most 5 ms; inside the router when packets were captured,
+else the hop overhead), else 1.
 
 Routers under test, each in front of the same emulator replicas (``prefixroute replica``):
 
@@ -67,6 +68,17 @@ its own CPU time per request (from /proc), which other load on the machine does 
   odd and the even block pairs separately, two independent halves, as a check of their
   stability.
   A router's overhead run uses the same arrival process (seed) as every other router's.
+* **inside the router** (the primary measure when packets can be captured: ``tcpdump`` on
+  ``lo``, the ``dpkt`` of the ``bench`` extra, root or CAP_NET_RAW; ``--no-capture`` skips
+  it): the same overhead run, read from the routed requests' packets, request by request, on
+  the kernel's clock: the time from the request's last byte arriving from the client to its
+  last byte leaving for the replica, plus the time from the replica's first event arriving to
+  it leaving for the client (``wire_timing.py``). That is what the router adds, its wake-ups
+  and event loop included, and nothing else: the hop above also holds the client's and the
+  replicas' socket and loop waits, which on this machine share one core with the load
+  generator and move by milliseconds from run to run (the no-router hop p50 alone went from
+  4 to 10 ms between runs), so its difference of percentiles cannot resolve a millisecond.
+  The targets are judged on this measure where it exists, on the hop overhead otherwise.
 * **throughput**, time model off (``--time-scale 0``): closed loop, 200 clients streaming 16
   tokens, then 128 clients sending non-streaming requests (1 token): completed per second.
 
@@ -116,6 +128,8 @@ from prefixroute.edges.loadtest.fleet import LocalFleet, ServiceProcess
 from prefixroute.edges.http1 import Client
 from prefixroute.edges.loadtest.replay import closed_loop, replay, send, summarize
 from prefixroute.edges.loadtest.workload import TEXT, TOKEN_IDS, design_requests, to_wire
+
+import wire_timing  # benchmarks/, beside this file
 
 PEER_VERSIONS = {"sglang-router": "sglang-router==0.3.2", "vllm-router": "vllm-router==0.1.17"}
 DEFAULT_PEER_DIR = Path.home() / ".cache" / "prefixroute" / "peer-routers"
@@ -356,6 +370,8 @@ async def _interleaved(spec: dict, headers: dict) -> dict:
         # Streams open through this target, averaged over the time it was the target.
         summary["mean_open_streams"] = round(open_seconds[target] / (block * pairs), 1)
         summary["served"] = served[target]
+        # The counted requests' tags, per half, to find them in a packet capture.
+        summary["tags"] = [[tags[id(o)] for o in half if o.ok] for half in halves]
         out[target] = summary
     return out
 
@@ -475,9 +491,13 @@ def measure_scenario(name: str, url: str, api_key: str, requests: int, time_scal
     return run_loadgen(spec, None, timeout=last * time_scale + 180)
 
 
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
 def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
               log: Callable[[str], None], rounds: int = DEFAULT_BLOCK_PAIRS,
-              rate: float = OPEN_RATE, floor: Path | None = None) -> dict:
+              rate: float = OPEN_RATE, floor: Path | None = None, wire: bool = False) -> dict:
     """Overhead (paced replicas) then throughput (time model off) for every router, and the
     HAProxy floors if ``floor`` is its command. Each router's overhead run interleaves it with
     no router, ``rounds`` block pairs (module docstring), so both see the same background
@@ -519,8 +539,19 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
                     urls = [router.url + "/v1/completions"]
                     pid = router.process.pid if router.process else None
                     if part == "overhead":
-                        both = with_cpu_of(pid, "router", lambda: measure_overhead(
-                            name, direct, urls[0], key, rounds, pin, log, rate))
+                        def overhead() -> dict:
+                            return with_cpu_of(pid, "router", lambda: measure_overhead(
+                                name, direct, urls[0], key, rounds, pin, log, rate))
+                        if wire:
+                            both, inside = wire_timing.measure(
+                                workdir / part / "capture.pcap", _port(router.url),
+                                {_port(u) for u in fleet.replica_urls}, LOAD_CPU if pin
+                                else None, overhead, lambda r: r["router"]["tags"])
+                            results[name]["inside"] = inside
+                        else:
+                            both = overhead()
+                        for target in both.values():
+                            target.pop("tags", None)
                         results[name]["overhead"] = both["router"]
                         results[name]["overhead_baseline"] = both["direct"]
                     else:
@@ -595,8 +626,8 @@ def _ms_diff(a: float | None, b: float | None) -> float | None:
 # -- report ----------------------------------------------------------------------------------
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.1f}"
+def _ms(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x * 1000:.{digits}f}"
 
 
 def _rounds(overhead: dict, key: str) -> str:
@@ -641,7 +672,39 @@ def markdown(result: dict) -> str:
         f"{meta['seconds']:g} s after 2 s: {STREAMS} clients streaming 16 tokens, and "
         f"{RPS_CONCURRENCY} clients sending non-streaming requests (1 token).",
         "",
-        "**Hop** (the primary measure, per request): client TTFT minus the time the replica "
+    ]
+    inside_rows = [(name, row["inside"]) for name, row in hop.items() if row.get("inside")]
+    if inside_rows:
+        lines += [
+            "**Inside the router** (the primary measure, per request, `wire_timing.py`): from "
+            "the routed requests' packets on the loopback interface (tcpdump, kernel "
+            "timestamps, one clock), the time from the request's last byte arriving from the "
+            "client to its last byte leaving for the replica, plus the time from the "
+            "replica's first event arriving to it leaving for the client: what the router "
+            "adds, wake-ups and event loop included, without the client's and the replicas' "
+            "own waits, which the hop below also holds. Target: p50 at most "
+            f"{OVERHEAD_TARGET_P50_MS:g} ms, p99 at most {OVERHEAD_TARGET_P99_MS:g} ms (in "
+            "brackets: over the odd and the even block pairs alone).",
+            "",
+            "| router | p50 ms | p90 ms | p99 ms | mean ms | max ms | request leg p50 / p99 "
+            "ms | first-event leg p50 / p99 ms | joined (not) | packets dropped |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, w in inside_rows:
+            halves = w.get("halves", [])
+
+            def both(key: str) -> str:
+                parts = ", ".join(_ms(h[key], 2) for h in halves)
+                return f"**{_ms(w[key], 2)}** ({parts})" if parts else _ms(w[key], 2)
+            lines.append(
+                f"| {name} | {both('p50_s')} | {_ms(w['p90_s'], 2)} | {both('p99_s')} | "
+                f"{_ms(w['mean_s'], 2)} | {_ms(w['max_s'], 2)} | {_ms(w['request_p50_s'], 2)} / "
+                f"{_ms(w['request_p99_s'], 2)} | {_ms(w['event_p50_s'], 2)} / "
+                f"{_ms(w['event_p99_s'], 2)} | {w['joined']} ({w['unjoined']}) | "
+                f"{w['dropped_packets']} |")
+        lines.append("")
+    lines += [
+        "**Hop** (end to end, per request): client TTFT minus the time the replica "
         "spent between receiving the request and writing its first event (its own clock, "
         "`PREFIXROUTE_EMULATOR_TIMINGS`), which removes the wait for the engine step. "
         "Overhead = the router's hop percentile minus the same percentile with no router "
@@ -742,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-floor", action="store_true",
                         help="skip the HAProxy floors in part 1 (skipped anyway without "
                              "haproxy)")
+    parser.add_argument("--no-capture", action="store_true",
+                        help="do not time the routers from loopback packets (skipped anyway "
+                             "without tcpdump, dpkt or the right to capture)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gateway.md"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -757,8 +823,12 @@ def main(argv: list[str] | None = None) -> int:
         haproxy = None if args.no_floor else shutil.which("haproxy")
         if haproxy is None and not args.no_floor:
             log("haproxy is not installed: no floor rows (apt-get install haproxy)")
+        wire = None if args.no_capture else wire_timing.unavailable(workdir)
+        if wire is not None and not args.no_capture:
+            log(f"no packet timing of the routers: {wire}")
         hop = run_part1(workdir, peers, args.seconds, pin, log, args.rounds, args.rate,
-                        Path(haproxy) if haproxy else None)
+                        Path(haproxy) if haproxy else None,
+                        wire=wire is None and not args.no_capture)
         scenario = {} if args.skip_scenario else run_part2(
             workdir, peers, args.requests, args.time_scale, log)
     result = {"meta": {"command": " ".join(["python benchmarks/gateway_bench.py", *argv]),
@@ -778,10 +848,20 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(report)
         log(f"wrote {args.out}")
     print(json.dumps(result, indent=2) if args.json else report)
-    ours = hop["prefixroute"].get("overhead_ms", {})
-    met = (ours.get("hop_p50") is not None and ours["hop_p50"] <= OVERHEAD_TARGET_P50_MS
-           and ours.get("hop_p99") is not None and ours["hop_p99"] <= OVERHEAD_TARGET_P99_MS)
-    return 0 if met else 1
+    return 0 if overhead_met(hop["prefixroute"]) else 1
+
+
+def overhead_met(row: dict) -> bool:
+    """Our overhead targets, on the time inside the router when packets were captured, else
+    on the hop overhead."""
+    inside = row.get("inside")
+    if inside and inside.get("p50_s") is not None:
+        p50, p99 = 1000 * inside["p50_s"], 1000 * inside["p99_s"]
+    else:
+        p50, p99 = row.get("overhead_ms", {}).get("hop_p50"), row.get(
+            "overhead_ms", {}).get("hop_p99")
+    return (p50 is not None and p50 <= OVERHEAD_TARGET_P50_MS and p99 is not None
+            and p99 <= OVERHEAD_TARGET_P99_MS)
 
 
 if __name__ == "__main__":
