@@ -1,6 +1,6 @@
 """Gateway benchmark (issue 8): our gateway, sglang-router and vllm-router on the same replicas.
 
-Run: ``python benchmarks/gateway_bench.py`` (about 8 minutes; the first run also installs the
+Run: ``python benchmarks/gateway_bench.py`` (about 12 minutes; the first run also installs the
 peer routers, see below). ``--json`` prints the results as JSON; ``--out FILE`` writes the
 Markdown report (default ``benchmarks/results/gateway.md``); ``--skip-peers`` measures ours
 alone; ``--skip-scenario`` skips part 2. The exit code is 0 when our overhead meets the
