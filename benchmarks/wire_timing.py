@@ -34,6 +34,9 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any, Callable
+
+from prefixroute.core.simulator.metrics import percentile
 
 try:
     import dpkt
@@ -181,7 +184,6 @@ def summarize(times: dict[str, tuple[float, float, float, float]], tags: list[li
               dropped: int) -> dict:
     """Percentiles of the time inside the router over the counted requests ``tags`` (one
     list per half of the run), in seconds; both legs separately too."""
-    from prefixroute.core.simulator.metrics import percentile
 
     def stats(names: list[str]) -> dict:
         inside, request, event = [], [], []
@@ -209,7 +211,8 @@ def summarize(times: dict[str, tuple[float, float, float, float]], tags: list[li
 
 
 def measure(path: Path, router_port: int, replica_ports: set[int], cpu: int | None,
-            run, tags_of) -> tuple[dict, dict]:
+            run: Callable[[], Any], tags_of: Callable[[Any], list[list[str]]]
+            ) -> tuple[Any, dict]:
     """``run()`` under a capture; returns (its result, the router-time summary over the
     requests ``tags_of(result)`` names). The capture file is removed afterwards."""
     capture = Capture(path, [router_port, *sorted(replica_ports)], cpu).start()
