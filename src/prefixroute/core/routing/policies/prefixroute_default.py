@@ -223,7 +223,7 @@ Parameters and their defaults (one configuration for every workload):
     on 2026-11-30 over the benchmark's five draws per setting (agentic sessions (a), our
     mean TTFT over the best peer's, median): cap 2: 1.30x, 3: 1.50x, 4: 1.23x, 5: 1.12x,
     6 to 8: 1.03x (p99 0.89-0.91x), 9 and up: 1.51x, the default's; every other setting
-    the same or within a draw's noise (Mooncake synthetic (b) mean 1.09-1.12x from 6 up;
+    the same or within a draw's noise (Mooncake synthetic (b) mean 1.05-1.12x from 6 up;
     agentic (b) busiest replica 1.28 at 6). Not changed: the gain is a few session moves
     in the first minute of overload that a cap between 5 and 8 lets through and 9 does
     not, a knife edge of this trace rather than a trend, and it meets no further target.
