@@ -665,9 +665,9 @@ def markdown(result: dict) -> str:
         f"{open_streams} streams are open at any time; the target alternates every "
         f"{BLOCK_S:g} s between no router (the client takes turns between the replicas) and "
         f"the router, {meta['rounds']} such pairs, the first {SETTLE_S:g} s of each block "
-        "not counted; percentiles over the pooled counted requests of each target. Target "
-        "(on the hop overhead): p50 at most "
-        f"{OVERHEAD_TARGET_P50_MS:g} ms, p99 at most {OVERHEAD_TARGET_P99_MS:g} ms. "
+        "not counted; percentiles over the pooled counted requests of each target. Target: "
+        f"p50 at most {OVERHEAD_TARGET_P50_MS:g} ms, p99 at most {OVERHEAD_TARGET_P99_MS:g} "
+        "ms, inside the router where its packets were captured, else on the hop overhead. "
         f"**Throughput**: time model off (`--time-scale 0`), closed loop for "
         f"{meta['seconds']:g} s after 2 s: {STREAMS} clients streaming 16 tokens, and "
         f"{RPS_CONCURRENCY} clients sending non-streaming requests (1 token).",
