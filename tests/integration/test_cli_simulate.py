@@ -62,6 +62,12 @@ def test_unknown_policy_parameter_exits_2():
     assert "max_skw" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_zero_replicas_exits_2_rather_than_taking_the_default():
+    result = prefixroute("simulate", "--workload", "seed-fleet:requests=5", "--replicas", "0")
+    assert result.returncode == 2
+    assert "--replicas: must be at least 1, got 0" in result.stderr
+
+
 def test_sweep_runs_a_grid_across_processes(tmp_path):
     out = tmp_path / "sweep.json"
     result = prefixroute("sweep", "--workload", "seed-fleet:requests=40", "--replicas", "2,4",

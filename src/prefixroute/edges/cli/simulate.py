@@ -208,7 +208,8 @@ def resolve_fleet(args: argparse.Namespace, workload: PreparedWorkload,
     service = load_profile(args.engine_profile)
     if replicas is None and isinstance(args.replicas, int):
         replicas = args.replicas
-    replicas = replicas or defaults.get("replicas") or DEFAULT_TRACE_REPLICAS
+    if replicas is None:  # (0 is an error below, not "unset")
+        replicas = defaults.get("replicas") or DEFAULT_TRACE_REPLICAS
     _positive(replicas, "--replicas")
     block_size = workload.block_size
     if cache_blocks is None and isinstance(args.cache_blocks, int):
