@@ -151,6 +151,8 @@ def test_economics_trace_with_breakpoints(small_trace):
     (["--breakpoints", "end"], "--breakpoints needs --trace"),
     (["--breakpoints", "1,2,3,4,5"], "at most 4"),
     (["--min-cacheable-tokens", "lots"], "--min-cacheable-tokens"),
+    # A trace does not say where its static region ends: 'static' would place nothing.
+    (["--breakpoints", "static,end"], "give the token position instead"),
 ])
 def test_economics_trace_bad_flags_exit_2(small_trace, args, message):
     extra = [] if args[0] == "--breakpoints" and args[1] == "end" else ["--trace",

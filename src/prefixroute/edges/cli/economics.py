@@ -102,8 +102,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trace.add_argument("--requests", metavar="N", help="replay only the first N requests")
     trace.add_argument("--breakpoints", metavar="SPEC",
                        help="'auto' (automatic prefix caching, the default) or up to 4 "
-                            "cache_control breakpoints: end, end-N, static, or a token position "
-                            "N, comma-separated (e.g. static,end or 10000,end)")
+                            "cache_control breakpoints: end, end-N or a token position N, "
+                            "comma-separated (e.g. 10000,end: the end of a 10,000-token static "
+                            "region, and the end)")
     trace.add_argument("--lookback-blocks", metavar="N",
                        help=f"blocks each breakpoint looks back for an earlier write (default "
                             f"{DEFAULT_LOOKBACK_BLOCKS}, Anthropic's)")
@@ -233,6 +234,12 @@ def _trace_options(args: argparse.Namespace) -> dict | None:
         require_non_negative("lookback (blocks)", lookback)
     with _flag("--breakpoints"):
         breakpoints = parse_breakpoints(args.breakpoints or "auto")
+    if breakpoints and any(b.kind == "static" for b in breakpoints):
+        # Only generated workloads know where their static region ends; on a trace the
+        # breakpoint would silently place nothing.
+        raise ConfigError("--breakpoints: 'static' needs a generated workload, and a trace "
+                          "does not say where its static region ends; give the token "
+                          "position instead (e.g. --breakpoints 2048,end)")
     with _flag("--min-cacheable-tokens"):
         minimum = min_cacheable_tokens(DEFAULT_MIN_CACHEABLE_TOKENS if args.min_cacheable_tokens
                                        is None else args.min_cacheable_tokens)
