@@ -155,3 +155,18 @@ def test_a_character_block_answer_reaches_the_policy_in_estimated_tokens(monkeyp
     assert policy.completed == [1_464]
     assert attempt.record.reported_cached_tokens == 960  # /debug/decisions: the engine's
     assert backend.units_per_token == 1.5
+
+
+def test_configured_models_the_replica_does_not_list_are_reported(monkeypatch, caplog):
+    # The replica was started without --served-model-name: it serves "emulated", the config
+    # says "tiny", and every request for "tiny" would come back 404.
+    backend = make_backend(monkeypatch, ManualClock())
+    listing = '{"object": "list", "data": [{"id": "emulated", "object": "model"}]}'
+    with caplog.at_level("WARNING", logger="prefixroute.gateway"):
+        missing = asyncio.run(backend.check_configured_models(client_answering(listing), 1.0))
+    assert missing == ["tiny"]
+    assert [r.fields["missing"] for r in caplog.records] == [["tiny"]]
+    served = '{"object": "list", "data": [{"id": "tiny", "object": "model"}]}'
+    assert asyncio.run(backend.check_configured_models(client_answering(served), 1.0)) == []
+    # No usable answer says nothing either way.
+    assert asyncio.run(backend.check_configured_models(client_answering("", 500), 1.0)) == []

@@ -327,16 +327,41 @@ class Backend:
         return ok
 
     async def _discover_models(self, client: httpx.AsyncClient, timeout: float) -> None:
+        found = await self._served_models(client, timeout)
+        if found is not None:
+            self.models = found | set(self.adapters)
+
+    async def _served_models(self, client: httpx.AsyncClient,
+                             timeout: float) -> set[str] | None:
+        """The model ids the replica lists at ``GET /v1/models`` (None: no usable answer)."""
         try:
             response = await client.get(f"{self.url}/v1/models", headers=self.headers,
                                         timeout=timeout)
             data = response.json().get("data") if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
-            return
-        if isinstance(data, list):
-            found = {m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"),
-                                                                                 str)}
-            self.models = found | set(self.adapters)
+            return None
+        if not isinstance(data, list):
+            return None
+        return {m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)}
+
+    async def check_configured_models(self, client: httpx.AsyncClient,
+                                      timeout: float) -> list[str]:
+        """Configured ``models`` the replica does not list (logged as a warning): every
+        request for them would come back 404 from the replica, so say so at start-up
+        rather than leave it to the first caller."""
+        configured = set(self.config.models)
+        if not configured:
+            return []
+        served = await self._served_models(client, timeout)
+        if served is None:
+            return []
+        missing = sorted(configured - served - set(self.adapters))
+        if missing:
+            log.warning("replica does not serve configured models", extra={"fields": {
+                "event": "models_missing", "replica": self.name, "missing": missing,
+                "served": sorted(served),
+                "hint": "start the replica with --served-model-name, or fix backends[].models"}})
+        return missing
 
     async def scrape_metrics(self, client: httpx.AsyncClient, timeout: float) -> None:
         try:
@@ -489,6 +514,7 @@ class BackendPool:
     async def _probe(self, backend: Backend, client: httpx.AsyncClient, timeout: float) -> None:
         await backend.check_health(client, timeout)
         if backend.healthy:
+            await backend.check_configured_models(client, timeout)
             await backend.scrape_metrics(client, timeout)
 
     async def _health_loop(self, backend: Backend, client: httpx.AsyncClient) -> None:
