@@ -121,6 +121,35 @@ def test_moving_the_timestamp_behind_the_static_region_raises_the_hit_rate():
     assert report.token_hit_rate_after > 0.5 > report.token_hit_rate_now
 
 
+SUPPORT = "You are the support bot of Acme: answer briefly and politely, and cite the policy."
+
+
+def one_line_system_prompts(n: int) -> list[PromptRequest]:
+    return chats([{"messages": [
+        {"role": "system", "content": f"Current time: 2026-10-05T09:{m:02d}:00Z. {SUPPORT}"},
+        {"role": "user", "content": f"Question {q}?"}]} for m, q in zip(range(n), "qrstuvwxyz")])
+
+
+def test_a_timestamp_opening_a_one_line_system_prompt_is_found():
+    # The line goes on with 84 characters of static text after the time (". " and SUPPORT):
+    # not a value that ends the static region but one that breaks it.
+    report = lint_requests(one_line_system_prompts(6), CharEncoder(), block_size=4)
+    finding, = report.tenants[0].findings
+    assert finding.kind == TIMESTAMP
+    assert finding.token == len("<system>Current time: ")
+    # now: "<system>Current time: 2026-10-05T09:0" (37 characters) is common, then the
+    # minutes differ: 9 full blocks = 36 tokens reused by each of the five later requests.
+    assert report.reused_tokens_now == 5 * 36
+
+
+def test_only_the_timestamps_sentence_moves_and_the_rest_of_the_line_stays_on_top():
+    report = lint_requests(one_line_system_prompts(6), CharEncoder(), block_size=4)
+    # after: "<system>" + SUPPORT + "\n" + "<user>Question " is common to all six, 8 + 82 + 1
+    # + 15 = 106 characters: 26 full blocks = 104 tokens reused by each of the five later
+    # requests (the time went to the end of the user's message).
+    assert report.reused_tokens_after == 5 * 104
+
+
 def test_a_date_that_never_changes_is_static():
     requests = completions(*(f"Knowledge cutoff: 2024-06-01\nAnswer well.\n\nQ{n}" for n in range(4)))
     assert lint_requests(requests, CharEncoder()).tenants[0].findings == []

@@ -59,6 +59,11 @@ MAX_SHUFFLE_SEGMENTS = 64  # how far a reordered run of messages is followed
 CONVERSATION_ROLES = ("user", "assistant", "tool", "function")
 MIN_DERIVED_CHARS = 12  # shorter messages are too short to call one rewritten from the other
 MAX_COMPARED_CHARS = 2000  # characters of a message compared when looking for a rewrite
+# Static text after a line's last changing value that keeps the line in the static region: about
+# one 16-token block at ~4 characters a token. "Current time: X. You are a support bot..." on one
+# line loses every block after X; "Current time: X" alone at the end loses nothing.
+MIN_STATIC_TAIL_CHARS = 64
+_SENTENCE_END = re.compile(r"[.!?;](?:\s+|$)")
 
 REORDERED_TOOLS = "reordered tool list"
 TOOL_KEY_ORDER = "tool schema key order"
@@ -283,6 +288,7 @@ class _TenantAnalysis:
     pair_causes: dict[int, str] = field(default_factory=dict)  # request -> why it differs from
     # the one before, when a structural rule explains it (the tokens alone only say "changed")
     volatile_units: set[int] = field(default_factory=set)
+    volatile_slots: dict[int, set[int]] = field(default_factory=dict)  # unit -> changing values
     shuffles: list[tuple[int, int, Counter]] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
 
@@ -298,9 +304,12 @@ def _analyse_static(analysis: _TenantAnalysis, parsed: list[_Parsed], shapes: _S
     sharing = [i for i in members if parsed[i].unit_ids[:length] == head]
     # The region ends with the last unit whose text all those requests share: a value that
     # changes with nothing static after it costs no cached block (the new turn, a timestamp at
-    # the very end), so it is not part of the static region.
+    # the very end), so it is not part of the static region. A line that goes on with static
+    # text after its values (a system prompt on one line that opens with the time) stays in.
     while length and shapes.unit_has_values[head[length - 1]] and len(
-            {parsed[i].unit_lines[length - 1] for i in sharing}) > 1:
+            {parsed[i].unit_lines[length - 1] for i in sharing}) > 1 \
+            and not _static_after_values(reference.unit_lines[length - 1],
+                                         shapes.spans(reference.unit_lines[length - 1])):
         length -= 1
     if length == 0:
         return
@@ -326,6 +335,7 @@ def _analyse_static(analysis: _TenantAnalysis, parsed: list[_Parsed], shapes: _S
                         entry = by_kind.setdefault(span.kind, {
                             "changes": 0, "values": set(), "example": (i, previous_request, slot)})
                         entry["changes"] += 1
+                        analysis.volatile_slots.setdefault(unit, set()).add(slot)
             for span in spans:
                 if span.kind in by_kind:
                     by_kind[span.kind]["values"].add(span.text)
@@ -576,9 +586,14 @@ def _rewrite(p: _Parsed, analysis: _TenantAnalysis, shapes: _Shapes) -> PromptRe
             by_segment[p.unit_segment[unit]].add(unit - first_unit[p.unit_segment[unit]])
         for segment, lines in by_segment.items():
             kept = []
+            first = first_unit[segment]
             for n, line in enumerate(texts[segment].splitlines(keepends=True)):
                 if n in lines:
-                    moved.append(line if line.endswith("\n") else line + "\n")
+                    stays, goes = _split_volatile(line, shapes.spans(line),
+                                                  analysis.volatile_slots.get(first + n, ()))
+                    moved.append(goes if goes.endswith("\n") else goes + "\n")
+                    if stays:
+                        kept.append(stays)
                 else:
                     kept.append(line)
             texts[segment] = "".join(kept)
@@ -618,6 +633,35 @@ def _rewrite(p: _Parsed, analysis: _TenantAnalysis, shapes: _Shapes) -> PromptRe
         prompt = prompt + ("" if prompt.endswith("\n") or not prompt else "\n") + tail
     return PromptRequest(request.kind, request.tenant, prompt=prompt, model=request.model,
                          cache_salt=request.cache_salt, where=request.where)
+
+
+def _static_after_values(line: str, spans: Sequence[Span]) -> bool:
+    """Does ``line`` go on with static text (:data:`MIN_STATIC_TAIL_CHARS`) after its values?"""
+    return bool(spans) and len(line[spans[-1].end:].strip()) >= MIN_STATIC_TAIL_CHARS
+
+
+def _split_volatile(line: str, spans: Sequence[Span], slots) -> tuple[str, str]:
+    """(what stays, what moves to the end) for a static-region line whose values at ``slots``
+    change: the sentences holding them move, so static text around them keeps its place; a
+    line that is all volatile sentence moves whole ("" stays)."""
+    changing = [spans[slot] for slot in sorted(slots) if slot < len(spans)] or list(spans)
+    if not changing:
+        return "", line
+    start, end = changing[0].start, changing[-1].end
+    # The sentence around the values: from the end of the sentence before the first value
+    # (or the line's start) to the end of the sentence after the last one (or the line's end).
+    begin = 0
+    for match in _SENTENCE_END.finditer(line, 0, start):
+        begin = match.end()
+    after = _SENTENCE_END.search(line, end)
+    stop = after.end() if after else len(line)
+    stays = line[:begin] + line[stop:]
+    if not stays.strip():
+        return "", line
+    goes = line[begin:stop].strip()
+    if line.endswith("\n") and not stays.endswith("\n"):
+        stays += "\n"
+    return stays, goes
 
 
 def _canonical_order(p: _Parsed, start: int, run: int) -> list[int]:
