@@ -59,3 +59,17 @@ def non_negative_float(text: str) -> float:
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+# Where stdout is a pipe or a file, rich would wrap tables at 80 columns and cut cells short
+# ("reques…"); a wide fixed width keeps whole rows for whoever reads the file.
+PIPE_WIDTH = 220
+
+
+def stdout_console(**kwargs: Any):
+    """A rich console on stdout: the terminal's width, or :data:`PIPE_WIDTH` columns when
+    stdout is not a terminal."""
+    from rich.console import Console
+
+    kwargs.setdefault("highlight", False)
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH, **kwargs)

@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 import tempfile
 from typing import Any
 
 from prefixroute.core.errors import ConfigError
-from prefixroute.edges.cli.common import non_negative_float, positive_int, print_json
+from prefixroute.edges.cli.common import (non_negative_float, positive_int, print_json,
+                                           stdout_console)
 
 # The comparison the README shows: ours, the load-only baseline, and the most used peer.
 DEFAULT_POLICIES = ("prefixroute", "round_robin", "sglang_cache_aware")
@@ -103,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        print_table(result, Console(highlight=False, width=None if sys.stdout.isatty()
-                                    else 160))
+        print_table(result, stdout_console())
     return 0
 
 

@@ -21,7 +21,7 @@ from prefixroute.core.diagnostics.lint import DEFAULT_BLOCK_SIZE
 from prefixroute.core.diagnostics.prompts import parse_body
 from prefixroute.core.diagnostics.volatile import CHANGED_CONTENT, classify_change
 from prefixroute.core.errors import InputError
-from prefixroute.edges.cli.common import positive_int, print_json
+from prefixroute.edges.cli.common import positive_int, print_json, stdout_console
 
 FORMATS = ("auto", "text", "chat", "ids")
 CONTEXT_TOKENS = 12  # decoded tokens shown either side of the divergence
@@ -153,11 +153,10 @@ def block_bar(diff: PromptDiff, width: int = BAR_WIDTH) -> str:
 
 def _print_human(args: argparse.Namespace, diff: PromptDiff, sentence: str,
                  context: dict | None, fmt_a: str, fmt_b: str) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(highlight=False)
+    console = stdout_console()
     console.print(Text(sentence, style="bold red" if diff.invalidated_blocks else "bold green"))
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="dim")

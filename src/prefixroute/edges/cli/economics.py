@@ -46,7 +46,7 @@ from prefixroute.core.economics.presets import (
 )
 from prefixroute.core.economics.repro import DEFAULT_RATES_PER_HOUR, WorkedExample, economics_report
 from prefixroute.core.errors import ConfigError
-from prefixroute.edges.cli.common import print_json
+from prefixroute.edges.cli.common import print_json, stdout_console
 
 _EXAMPLE = WorkedExample()
 _TRACE_FORMATS = ("jsonl", "mooncake", "kvtester", "azure")
@@ -285,7 +285,7 @@ def _percent(fraction: float | None, digits: int) -> str:
 
 def _print_report(report: dict, policies: tuple[CachePolicy, ...], example: WorkedExample,
                   advice: list[TTLAdvice]) -> None:
-    console = Console(highlight=False, markup=False, emoji=False)
+    console = stdout_console(markup=False, emoji=False)
 
     def line(text: str = "") -> None:
         console.print(text, soft_wrap=True)
@@ -346,11 +346,7 @@ def _times(value: float | None) -> str:
 
 
 def _print_trace(trace: dict, policies: tuple[CachePolicy, ...], group_limit: int) -> None:
-    import sys
-
-    # Wide tables: let a pipe or a file keep whole rows rather than rich's 80 columns.
-    console = Console(highlight=False, markup=False, emoji=False,
-                      width=None if sys.stdout.isatty() else 220)
+    console = stdout_console(markup=False, emoji=False)
     first = trace["policies"][policies[0].name]
     model = trace["model"]
     hours = first["duration_s"] / 3600

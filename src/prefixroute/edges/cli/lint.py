@@ -15,7 +15,7 @@ import argparse
 from prefixroute.core.diagnostics.lint import DEFAULT_BLOCK_SIZE, LintReport, lint_requests
 from prefixroute.core.diagnostics.prompts import parse_log
 from prefixroute.core.errors import InputError
-from prefixroute.edges.cli.common import positive_int, print_json
+from prefixroute.edges.cli.common import positive_int, print_json, stdout_console
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,11 +88,10 @@ def _rate(value: float) -> str:
 
 
 def print_report(report: LintReport, source: str) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(highlight=False)
+    console = stdout_console()
     console.print(Text(f"{source}: {report.requests} requests, {len(report.tenants)} tenants, "
                        f"{report.total_tokens:,} tokens, block size {report.block_size}",
                        style="bold"))
@@ -105,7 +104,8 @@ def print_report(report: LintReport, source: str) -> None:
     for tenant in report.tenants:
         static = "-"
         if tenant.static_region_units:
-            static = f"{tenant.static_region_units} lines"
+            units = tenant.static_region_units
+            static = f"{units} line{'' if units == 1 else 's'}"
             if tenant.static_region_tokens is not None:
                 static += f", ~{tenant.static_region_tokens} tok"
         divergence = tenant.first_divergence

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
 from prefixroute.core.reproduce import reproduce_all
-from prefixroute.edges.cli.common import print_json
+from prefixroute.edges.cli.common import print_json, stdout_console
 
 
 def register(subparsers) -> None:
@@ -27,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
         return 0
-    console = Console()
+    console = stdout_console(highlight=True)
     conv = result["conversation"]
     table = Table(title="1. Five-turn conversation (token-level ideal vs 16-token blocks)")
     for col in ("turn", "prompt", "reused (ideal)", "fresh (ideal)", "reused (blocks)",

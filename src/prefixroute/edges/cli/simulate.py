@@ -34,7 +34,7 @@ from prefixroute.core.simulator.generators import WORKLOADS, make_workload, work
 from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, VIEWS, FleetConfig, PolicyRun,
                                                    PreparedWorkload, prepare_workload, report,
                                                    simulate_policy)
-from prefixroute.edges.cli.common import print_json, write_atomic
+from prefixroute.edges.cli.common import print_json, stdout_console, write_atomic
 
 DEFAULT_TRACE_REPLICAS = 8  # the benchmark fleet
 GIB = 1 << 30
@@ -363,8 +363,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         print_json(result)
     else:
-        print_table(result, Console(highlight=False,
-                                    width=None if sys.stdout.isatty() else 220))
+        print_table(result, stdout_console())
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0

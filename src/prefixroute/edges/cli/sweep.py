@@ -22,7 +22,7 @@ from typing import Any
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.registry import create_policy, expand_specs, parse_spec
 from prefixroute.core.simulator.simulation import simulate_policy, split_view
-from prefixroute.edges.cli.common import print_json
+from prefixroute.edges.cli.common import print_json, stdout_console
 from prefixroute.edges.cli.simulate import (_pct, _png, _secs, add_workload_arguments,
                                             check_output_paths, describe, load_workload,
                                             resolve_fleet, workloads_epilog, write_outputs)
@@ -152,8 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         print_json(result)
     else:
-        print_sweep_table(result, Console(highlight=False,
-                                          width=None if sys.stdout.isatty() else 200))
+        print_sweep_table(result, stdout_console())
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0
