@@ -83,6 +83,13 @@ def test_unknown_key_is_a_typo_not_ignored(tmp_path):
     assert "gateway.yaml:8:" in message and "unknown key 'retrys'" in message
 
 
+def test_a_misspelt_required_key_is_named_as_the_typo(tmp_path):
+    message = error_of(tmp_path, MINIMAL.replace("  - url:", "  - ulr:"))
+    assert "gateway.yaml:3:" in message
+    assert "unknown key 'ulr': did you mean 'url'?" in message
+    assert "backends[0].ulr" in message
+
+
 def test_plain_text_api_key_is_refused(tmp_path):
     message = error_of(tmp_path, MINIMAL.replace(KEY_A, "key-a"))
     assert "64 hex characters" in message and "tenants[0].api_key_sha256" in message

@@ -7,6 +7,7 @@ setting is an error, not a silently ignored line.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,16 @@ class ConfigReader:
             line = self.lines.get(key, self.line) if key is not None else self.line
         raise InputError(message, where=f"{self.source}:{line}", field=field_path)
 
+    def missing(self, key: str, message: str = "is required") -> None:
+        """``key`` is required and absent: name a key here that looks like a typo of it
+        (``ulr`` for ``url``) rather than only the absence, which would hide the cause."""
+        others = [str(k) for k in self.data if k not in self.used and k != key]
+        typo = difflib.get_close_matches(key, others, n=1, cutoff=0.6)
+        if typo:
+            self.fail(f"unknown key {typo[0]!r}: did you mean {key!r}? ({key!r} {message})",
+                      typo[0], self.lines.get(typo[0], self.line))
+        self.fail(message, key)
+
     def has(self, key: str) -> bool:
         return key in self.data and self.data[key] is not None
 
@@ -93,7 +104,7 @@ class ConfigReader:
         value = self.raw(key)
         if value is None:
             if required:
-                self.fail("is required", key)
+                self.missing(key)
             return default
         if not isinstance(value, str) or not value:
             self.fail(f"expected a non-empty string, got {kind(value)}", key)
@@ -137,7 +148,7 @@ class ConfigReader:
         value = self.raw(key)
         if value is None:
             if required:
-                self.fail("is required (a list)", key)
+                self.missing(key, "is required (a list)")
             return []
         if not isinstance(value, list):
             self.fail(f"expected a list, got {kind(value)}", key)

@@ -266,7 +266,7 @@ def _tenant(reader: _Reader) -> TenantConfig:
         rl = reader.section("rate_limit")
         rps = rl.number("requests_per_second", 0.0)
         if not rl.has("requests_per_second"):
-            rl.fail("is required", "requests_per_second")
+            rl.missing("requests_per_second")
         burst = rl.integer("burst", max(1, int(rps)), minimum=1)
         rl.finish()
         rate_limit = RateLimit(rps, burst)
@@ -339,8 +339,8 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
         top.fail("tenant names must be unique", "tenants")
 
     if not top.has("server_secret"):
-        top.fail("is required: {env: VARIABLE} or {file: PATH} holding at least "
-                 f"{MIN_SECRET_BYTES} bytes", "server_secret")
+        top.missing("server_secret", "is required: {env: VARIABLE} or {file: PATH} holding "
+                    f"at least {MIN_SECRET_BYTES} bytes")
     secret = _server_secret(top.section("server_secret"), base)
 
     hashing_reader = top.section("hashing")
