@@ -84,3 +84,15 @@ def test_repro_human_output_names_every_section():
     for heading in ("Five-turn conversation", "Universal prefix", "Skewed routing trace",
                     "Fleet hit rates", "Economics", "Isolation"):
         assert heading in out
+
+
+def test_a_replica_on_a_taken_port_exits_2_with_one_line():
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("replica", "--port", str(port))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"prefixroute replica: error: cannot listen on "
+                                     f"127.0.0.1:{port}: Address already in use")

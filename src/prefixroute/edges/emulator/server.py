@@ -41,6 +41,7 @@ import itertools
 import logging
 import os
 import secrets
+import sys
 import time
 from typing import Any, AsyncIterator
 
@@ -77,6 +78,7 @@ from prefixroute.edges.emulator.protocol import (
 from prefixroute.edges.emulator.replica import EmulatedReplica, SequenceMeta
 from prefixroute.edges.emulator.timings import TimingMiddleware, TimingRecords, capacity_from_env
 from prefixroute.edges.emulator.tokens import DummyOutput, PromptEncoder
+from prefixroute.edges.listen import bind_socket
 
 log = logging.getLogger(__name__)
 
@@ -592,17 +594,22 @@ def serve(config: EmulatorConfig, *, log_level: str = "warning") -> int:
                 log.info("shutdown: aborted %d sequence(s) in flight", aborted)
             await super().shutdown(sockets)
 
-    uv_config = uvicorn.Config(server.app(), host=config.host, port=config.port,
-                               loop="uvloop", http="httptools", log_level=log_level,
+    uv_config = uvicorn.Config(server.app(), loop="uvloop", http="httptools", log_level=log_level,
                                access_log=False, lifespan="on", timeout_keep_alive=30,
                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     uvicorn_server = _Server(uv_config)
-    server.start_kv_events()  # before serving, so a bad endpoint is a clean ConfigError
-    log.info("emulator on %s:%d: %d blocks of %d tokens (%s), profile %s, tokenizer %s",
-             config.host, config.port, server.num_blocks, config.block_size,
-             server.capacity_source, server.service.name, server.encoder.description)
+    sock = bind_socket(config.host, config.port)  # a taken port: ConfigError, exit 2
     try:
-        uvicorn_server.run()
+        server.start_kv_events()  # before serving, so a bad endpoint is a clean ConfigError
+        # One line whatever the log level: where it listens and what it serves.
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        print(f"prefixroute replica: model {config.served_model_name!r} on "
+              f"http://{host}:{config.port}: {server.num_blocks} blocks of "
+              f"{config.block_size} tokens ({server.capacity_source}), time model "
+              f"{server.service.name}, tokenizer {server.encoder.description}",
+              file=sys.stderr, flush=True)
+        uvicorn_server.run(sockets=[sock])
     finally:
+        sock.close()
         server.close()
     return 0

@@ -10,14 +10,13 @@ KV event subscribers.
 from __future__ import annotations
 
 import gc
-import socket
 
 import uvicorn
 
-from prefixroute.core.errors import ConfigError
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.logs import setup_json_logging
+from prefixroute.edges.listen import bind_socket
 
 KEEP_ALIVE_S = 75  # longer than common client idle pools, so clients close first (nginx: 75 s)
 # Young-generation collections after this many net allocations instead of CPython's 700: a
@@ -26,19 +25,6 @@ KEEP_ALIVE_S = 75  # longer than common client idle pools, so clients close firs
 # latency (benchmarks/gateway_bench.py, measured with gc.callbacks). Objects that live through
 # start-up are frozen out of every collection (gc.freeze, as the gc docs advise for servers).
 GC_THRESHOLDS = (20_000, 20, 50)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.set_inheritable(True)
-    return sock
 
 
 class _Server(uvicorn.Server):
