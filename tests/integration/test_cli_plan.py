@@ -62,6 +62,9 @@ def test_plan_out_writes_the_report_and_plots(tmp_path):
                     "## 7. Provider traffic", "## 8. Cost per day"):
         assert heading in report
     assert "![routing](routing.png)" in report
+    # The summary on stdout reads as the report's does: no Python dicts.
+    ttl_line, = [line for line in result.stdout.splitlines() if line.startswith("ttl: ")]
+    assert "{" not in ttl_line and "hot: " in ttl_line
 
 
 def test_a_malformed_plan_file_names_the_file_line_and_field_and_writes_nothing(tmp_path):

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.out:
         for name in outputs:
             print(f"wrote {Path(args.out) / name}")
-        for key, text in plan["summary"].items():
+        for key, text in _summary_items(plan):
             print(f"{key}: {text}")
     else:
         sys.stdout.write(render_markdown(plan, plots=[]))
@@ -364,6 +364,16 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _summary_items(plan: dict) -> list[tuple[str, str]]:
+    """The plan's summary as (key, text) lines; a per-class choice reads "hot: 5m_1.25x, ..."."""
+    out = []
+    for key, text in plan["summary"].items():
+        if isinstance(text, dict):
+            text = ", ".join(f"{k}: {v}" for k, v in text.items())
+        out.append((key, str(text)))
+    return out
+
+
 def render_markdown(plan: dict, plots: list[str]) -> str:
     inputs = plan["inputs"]
     lines: list[str] = []
@@ -379,9 +389,7 @@ def render_markdown(plan: dict, plots: list[str]) -> str:
     add("")
     add("## Summary")
     add("")
-    for key, text in plan["summary"].items():
-        if isinstance(text, dict):
-            text = ", ".join(f"{k}: {v}" for k, v in text.items())
+    for key, text in _summary_items(plan):
         add(f"- **{key.replace('_', ' ')}**: {text}")
     add("")
 
