@@ -266,7 +266,9 @@ def load_tokenizer(directory: str | Path) -> LoadedTokenizer:
 
     path = Path(directory)
     if not path.is_dir():
-        raise InputError("tokenizer directory not found", where=str(path))
+        # The absolute path: "tokenizer: tokenizer directory not found" for ./tokenizer
+        # reads as if the word were the problem.
+        raise InputError("tokenizer directory not found", where=str(path.absolute()))
     tokenizer_file = path / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise InputError("no tokenizer.json in the tokenizer directory (only fast, "
