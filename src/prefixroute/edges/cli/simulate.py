@@ -3,9 +3,10 @@
 A workload is generated (``--workload NAME[:key=value,...]``) or read from a trace
 (``--trace FILE --trace-format {mooncake,kvtester,jsonl,azure}``). Every policy (repeat
 ``--policy``; ``all`` is every registered one) gets fresh replicas over the same requests; the
-table and ``--json`` report token and request hit rates, reused and recomputed prefill, TTFT
-and end-to-end percentiles, assignments and skew, utilisation and evictions, next to the
-workload's ideal token hit rate (one infinite cache). ``--plot DIR`` draws a TTFT CDF per
+table and ``--json`` report token and request hit rates, reused prefill and what one infinite
+cache would also have reused (lost to routing and finite caches), TTFT and end-to-end
+percentiles, assignments and skew, utilisation and evictions, next to the workload's ideal
+token hit rate (one infinite cache). ``--plot DIR`` draws a TTFT CDF per
 policy, the hit rates, and each replica's load over time.
 
 This module only parses, reads files and formats; the simulation is
@@ -430,7 +431,7 @@ def print_table(result: dict, console) -> None:
                   f"{f['engine_profile']}")
     table = Table()
     for column, justify in (("policy", "left"), ("token hit", "right"), ("req hit", "right"),
-                            ("reused tok", "right"), ("recomputed", "right"),
+                            ("reused tok", "right"), ("lost vs ideal", "right"),
                             ("TTFT p50", "right"), ("p90", "right"), ("p99", "right"),
                             ("e2e p50", "right"), ("assignments", "left"), ("skew", "right"),
                             ("evictions", "right"), ("util max", "right")):
