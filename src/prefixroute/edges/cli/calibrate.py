@@ -94,6 +94,12 @@ def run(args) -> int:
                                        for s in probe["decode"]]})
     elif not args.out:
         sys.stdout.write(text)
+    # Only timings are measured: the KV size fields stay the base profile's, which say nothing
+    # about the engine probed (a tiny CPU model would read as 50 GiB of llama-3-8b KV).
+    print(f"note: only timings are measured; the profile's KV size is the base profile's "
+          f"({profile.kv_memory_gib:g} GiB of {profile.model} KV): give the replica "
+          f"--num-blocks, or --kv-memory-gib with --model-config, for the engine's own",
+          file=sys.stderr)
     fit = summary["prefill"]
     print(f"prefill: a={fit['step_overhead_s']:.3g} s, b={fit['prefill_s_per_token']:.3g} s/token"
           f", c={fit['attention_s_per_token_context']:.3g} s/token^2 (R^2 {fit['r_squared']:.3f},"
