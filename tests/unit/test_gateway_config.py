@@ -90,6 +90,13 @@ def test_a_misspelt_required_key_is_named_as_the_typo(tmp_path):
     assert "backends[0].ulr" in message
 
 
+def test_a_valid_key_beside_a_missing_one_is_not_called_its_typo(tmp_path):
+    events = MINIMAL.replace("    models: [tiny]\n", "    models: [tiny]\n    kv_events:\n"
+                             "      replay_endpoint: tcp://127.0.0.1:5560\n      topic: kv\n")
+    message = error_of(tmp_path, events)
+    assert "backends[0].kv_events.endpoint" in message and "did you mean" not in message
+
+
 def test_plain_text_api_key_is_refused(tmp_path):
     message = error_of(tmp_path, MINIMAL.replace(KEY_A, "key-a"))
     assert "64 hex characters" in message and "tenants[0].api_key_sha256" in message

@@ -150,6 +150,30 @@ def test_only_the_timestamps_sentence_moves_and_the_rest_of_the_line_stays_on_to
     assert report.reused_tokens_after == 5 * 104
 
 
+def test_a_fixed_value_after_the_timestamp_is_static_text_like_the_rest():
+    requests = chats([{"messages": [
+        {"role": "system", "content": f"Current time: 2026-10-05T09:{m:02d}:00Z. {SUPPORT} "
+                                      f"Refunds take up to 3 days."},
+        {"role": "user", "content": f"Question {q}?"}]} for m, q in zip(range(6), "qrstuv")])
+    report = lint_requests(requests, CharEncoder(), block_size=4)
+    assert [f.kind for f in report.tenants[0].findings] == [TIMESTAMP]
+    # after: "<system>" + SUPPORT + " Refunds take up to 3 days." + "\n" + "<user>Question "
+    # = 8 + 82 + 27 + 1 + 15 = 133 characters: 33 full blocks = 132 tokens, five times.
+    assert report.reused_tokens_after == 5 * 132
+
+
+def test_changing_values_in_two_sentences_move_without_the_static_one_between():
+    requests = chats([{"messages": [
+        {"role": "system", "content": f"Ticket #{100 + m}. {SUPPORT} Current time: "
+                                      f"2026-10-05T09:{m:02d}:00Z."},
+        {"role": "user", "content": f"Question {q}?"}]} for m, q in zip(range(6), "qrstuv")])
+    report = lint_requests(requests, CharEncoder(), block_size=4)
+    assert {f.kind for f in report.tenants[0].findings} == {COUNTER, TIMESTAMP}
+    # after: both sentences went to the end of the user's message; "<system>" + SUPPORT +
+    # "\n" + "<user>Question " = 106 characters stay common: 26 blocks = 104 tokens, five times.
+    assert report.reused_tokens_after == 5 * 104
+
+
 def test_a_date_that_never_changes_is_static():
     requests = completions(*(f"Knowledge cutoff: 2024-06-01\nAnswer well.\n\nQ{n}" for n in range(4)))
     assert lint_requests(requests, CharEncoder()).tenants[0].findings == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -75,16 +75,19 @@ class ConfigReader:
     def child_path(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
 
-    def fail(self, message: str, key: str | None = None, line: int | None = None) -> None:
+    def fail(self, message: str, key: str | None = None, line: int | None = None) -> NoReturn:
         field_path = self.child_path(key) if key is not None else (self.path or None)
         if line is None:
             line = self.lines.get(key, self.line) if key is not None else self.line
         raise InputError(message, where=f"{self.source}:{line}", field=field_path)
 
-    def missing(self, key: str, message: str = "is required") -> None:
+    def missing(self, key: str, message: str = "is required") -> NoReturn:
         """``key`` is required and absent: name a key here that looks like a typo of it
-        (``ulr`` for ``url``) rather than only the absence, which would hide the cause."""
-        others = [str(k) for k in self.data if k not in self.used and k != key]
+        (``ulr`` for ``url``) rather than only the absence, which would hide the cause. Only
+        near-equal lengths count: the keys not read yet include valid ones read later
+        (``replay_endpoint`` beside a missing ``endpoint`` is not a typo of it)."""
+        others = [str(k) for k in self.data if k not in self.used and k != key
+                  and abs(len(str(k)) - len(key)) <= 2]
         typo = difflib.get_close_matches(key, others, n=1, cutoff=0.6)
         if typo:
             self.fail(f"unknown key {typo[0]!r}: did you mean {key!r}? ({key!r} {message})",

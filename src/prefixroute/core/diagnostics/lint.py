@@ -10,8 +10,10 @@ per tenant:
    *shape*: the line with candidate volatile values (:mod:`.volatile`) replaced by placeholders,
    and the tool list in canonical form (:mod:`.serialize`). The static region is the longest run
    of leading units that at least half of the tenant's requests share ("most requests"), ending
-   with a unit whose text they all share; it is what the prompt author meant to be constant.
-   Values that change after its end (the new turn) cost nothing and are not reported.
+   with a unit whose text they all share, or whose line goes on with static text after a value
+   that changes (a one-line system prompt that opens with the time); it is what the prompt
+   author meant to be constant. Values that change after its end (the new turn) cost nothing
+   and are not reported.
 2. **Findings.** Inside the static region, a value that differs between requests at the same
    place is volatile (a timestamp, UUID, request id, counter, user name or e-mail address).
    Between consecutive requests of a tenant: the same tools in another order, the same schemas
@@ -23,9 +25,10 @@ per tenant:
    cache salt). The cache is infinite: no capacity, eviction or TTL, as if one replica held
    everything, or a fleet routed with perfect affinity. It is the upper bound layout decides; a
    real fleet gets less. As in vLLM the last prompt token is always recomputed.
-4. **Token hit rate after** the fix, recomputed the same way on rewritten requests: lines with
-   volatile values moved from the static region to the end of the prompt (the last message),
-   tools serialised canonically, shuffled few-shot examples put in one order. Rewritten turns and
+4. **Token hit rate after** the fix, recomputed the same way on rewritten requests: the
+   sentences with volatile values moved from the static region to the end of the prompt (the
+   last message; a line with no other sentence moves whole), tools serialised canonically,
+   shuffled few-shot examples put in one order. Rewritten turns and
    changed templates stay as they are: no layout change repairs them.
 
 Consecutive requests are also compared token by token: where they first diverge and what sits
@@ -40,7 +43,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from prefixroute.core.diagnostics.diff import common_prefix_length
 from prefixroute.core.diagnostics.prompts import (CHAT, Prompt, PromptEncoder, PromptRequest)
@@ -288,7 +291,8 @@ class _TenantAnalysis:
     pair_causes: dict[int, str] = field(default_factory=dict)  # request -> why it differs from
     # the one before, when a structural rule explains it (the tokens alone only say "changed")
     volatile_units: set[int] = field(default_factory=set)
-    volatile_slots: dict[int, set[int]] = field(default_factory=dict)  # unit -> changing values
+    volatile_slots: dict[int, set[int]] = field(default_factory=dict)  # unit -> positions of
+    # its values that change (indices into the line's spans)
     shuffles: list[tuple[int, int, Counter]] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
 
@@ -308,8 +312,8 @@ def _analyse_static(analysis: _TenantAnalysis, parsed: list[_Parsed], shapes: _S
     # text after its values (a system prompt on one line that opens with the time) stays in.
     while length and shapes.unit_has_values[head[length - 1]] and len(
             {parsed[i].unit_lines[length - 1] for i in sharing}) > 1 \
-            and not _static_after_values(reference.unit_lines[length - 1],
-                                         shapes.spans(reference.unit_lines[length - 1])):
+            and not _static_after_values([parsed[i].unit_lines[length - 1] for i in sharing],
+                                         shapes):
         length -= 1
     if length == 0:
         return
@@ -635,33 +639,58 @@ def _rewrite(p: _Parsed, analysis: _TenantAnalysis, shapes: _Shapes) -> PromptRe
                          cache_salt=request.cache_salt, where=request.where)
 
 
-def _static_after_values(line: str, spans: Sequence[Span]) -> bool:
-    """Does ``line`` go on with static text (:data:`MIN_STATIC_TAIL_CHARS`) after its values?"""
-    return bool(spans) and len(line[spans[-1].end:].strip()) >= MIN_STATIC_TAIL_CHARS
+def _changing_slots(lines: Sequence[str], shapes: _Shapes) -> set[int]:
+    """Positions of the values that differ between ``lines`` (one unit's line in several
+    requests, all of one shape)."""
+    values = [tuple(span.text for span in shapes.spans(line)) for line in lines]
+    width = min(map(len, values), default=0)
+    return {slot for slot in range(width) if len({v[slot] for v in values}) > 1}
 
 
-def _split_volatile(line: str, spans: Sequence[Span], slots) -> tuple[str, str]:
+def _static_after_values(lines: Sequence[str], shapes: _Shapes) -> bool:
+    """Do these lines (one unit in several requests) hold static text, at least
+    :data:`MIN_STATIC_TAIL_CHARS`, after their first value that changes? Every block after
+    that value is lost, so that text is the cost; later changing values are not static text,
+    a fixed value ("refunds take 3 days") is."""
+    slots = _changing_slots(lines, shapes)
+    if not slots:
+        return False
+    line = lines[0]
+    spans = shapes.spans(line)
+    first = min(slots)
+    static = len(line) - spans[first].end - sum(len(spans[s].text) for s in slots if s != first)
+    return static - (len(line) - len(line.rstrip())) >= MIN_STATIC_TAIL_CHARS
+
+
+def _split_volatile(line: str, spans: Sequence[Span], slots: Iterable[int]) -> tuple[str, str]:
     """(what stays, what moves to the end) for a static-region line whose values at ``slots``
-    change: the sentences holding them move, so static text around them keeps its place; a
-    line that is all volatile sentence moves whole ("" stays)."""
+    change: each such value's sentence moves (from the end of the sentence before it to the
+    end of its own), so the static sentences around and between them keep their place; a line
+    without any static sentence left moves whole ("" stays)."""
     changing = [spans[slot] for slot in sorted(slots) if slot < len(spans)] or list(spans)
     if not changing:
         return "", line
-    start, end = changing[0].start, changing[-1].end
-    # The sentence around the values: from the end of the sentence before the first value
-    # (or the line's start) to the end of the sentence after the last one (or the line's end).
-    begin = 0
-    for match in _SENTENCE_END.finditer(line, 0, start):
-        begin = match.end()
-    after = _SENTENCE_END.search(line, end)
-    stop = after.end() if after else len(line)
-    stays = line[:begin] + line[stop:]
+    ranges: list[list[int]] = []
+    for span in changing:
+        begin = 0
+        for match in _SENTENCE_END.finditer(line, 0, span.start):
+            begin = match.end()
+        after = _SENTENCE_END.search(line, span.end)
+        stop = after.end() if after else len(line)
+        if ranges and begin <= ranges[-1][1]:  # the same sentence, or overlapping ones
+            ranges[-1][1] = max(ranges[-1][1], stop)
+        else:
+            ranges.append([begin, stop])
+    kept, last = [], 0
+    for begin, stop in ranges:
+        kept.append(line[last:begin])
+        last = stop
+    kept.append(line[last:])
+    stays = "".join(kept).rstrip()
     if not stays.strip():
         return "", line
-    goes = line[begin:stop].strip()
-    if line.endswith("\n") and not stays.endswith("\n"):
-        stays += "\n"
-    return stays, goes
+    goes = " ".join(line[begin:stop].strip() for begin, stop in ranges)
+    return stays + ("\n" if line.endswith("\n") else ""), goes
 
 
 def _canonical_order(p: _Parsed, start: int, run: int) -> list[int]:
