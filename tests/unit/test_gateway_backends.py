@@ -170,3 +170,16 @@ def test_configured_models_the_replica_does_not_list_are_reported(monkeypatch, c
     assert asyncio.run(backend.check_configured_models(client_answering(served), 1.0)) == []
     # No usable answer says nothing either way.
     assert asyncio.run(backend.check_configured_models(client_answering("", 500), 1.0)) == []
+
+
+def test_the_models_check_runs_once_when_the_replica_first_answers(monkeypatch, caplog):
+    # A LoRA adapter the gateway serves through this replica is not in its base listing.
+    backend = make_backend(monkeypatch, ManualClock(), adapters={"sql": "/lora/sql"},
+                           models=["tiny", "sql"])
+    listing = client_answering('{"data": [{"id": "emulated"}]}')
+    with caplog.at_level("WARNING", logger="prefixroute.gateway"):
+        asyncio.run(backend.check_health(client_answering("", 503), 1.0))  # not up yet
+        asyncio.run(backend.check_health(listing, 1.0))
+        asyncio.run(backend.check_health(listing, 1.0))
+    assert [r.fields["missing"] for r in caplog.records
+            if getattr(r, "fields", {}).get("event") == "models_missing"] == [["tiny"]]

@@ -594,8 +594,10 @@ def serve(config: EmulatorConfig, *, log_level: str = "warning") -> int:
                 log.info("shutdown: aborted %d sequence(s) in flight", aborted)
             await super().shutdown(sockets)
 
-    uv_config = uvicorn.Config(server.app(), loop="uvloop", http="httptools", log_level=log_level,
-                               access_log=False, lifespan="on", timeout_keep_alive=30,
+    # host and port only name the address in uvicorn's own log lines: it serves on ``sock``.
+    uv_config = uvicorn.Config(server.app(), host=config.host, port=config.port, loop="uvloop",
+                               http="httptools", log_level=log_level, access_log=False,
+                               lifespan="on", timeout_keep_alive=30,
                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     uvicorn_server = _Server(uv_config)
     sock = bind_socket(config.host, config.port)  # a taken port: ConfigError, exit 2
@@ -603,8 +605,9 @@ def serve(config: EmulatorConfig, *, log_level: str = "warning") -> int:
         server.start_kv_events()  # before serving, so a bad endpoint is a clean ConfigError
         # One line whatever the log level: where it listens and what it serves.
         host = f"[{config.host}]" if ":" in config.host else config.host
+        port = sock.getsockname()[1]  # the one the system chose for --port 0
         print(f"prefixroute replica: model {config.served_model_name!r} on "
-              f"http://{host}:{config.port}: {server.num_blocks} blocks of "
+              f"http://{host}:{port}: {server.num_blocks} blocks of "
               f"{config.block_size} tokens ({server.capacity_source}), time model "
               f"{server.service.name}, tokenizer {server.encoder.description}",
               file=sys.stderr, flush=True)
@@ -612,4 +615,4 @@ def serve(config: EmulatorConfig, *, log_level: str = "warning") -> int:
     finally:
         sock.close()
         server.close()
-    return 0
+    return 0 if uvicorn_server.started else 1

@@ -160,6 +160,7 @@ class Backend:
         self._unhealthy_after = gateway.health.unhealthy_after
         self.healthy = True  # until a check says otherwise; the first probe runs at start
         self.health_failures = 0
+        self._models_checked = False  # configured models compared with GET /v1/models
         self.last_health_error: str | None = None
         self.in_flight = 0
         self.assignments = 0
@@ -312,9 +313,12 @@ class Backend:
             if not self.healthy:
                 log.info("replica healthy again", extra={"fields": {
                     "event": "replica_healthy", "replica": self.name}})
+                self._models_checked = False  # it may have restarted with other flags
             self.healthy, self.health_failures, self.last_health_error = True, 0, None
             if not self.config.models:
                 await self._discover_models(client, timeout)
+            elif not self._models_checked:
+                await self.check_configured_models(client, timeout)
         else:
             self.health_failures += 1
             self.last_health_error = error
@@ -347,14 +351,16 @@ class Backend:
     async def check_configured_models(self, client: httpx.AsyncClient,
                                       timeout: float) -> list[str]:
         """Configured ``models`` the replica does not list (logged as a warning): every
-        request for them would come back 404 from the replica, so say so at start-up
-        rather than leave it to the first caller."""
+        request for them would come back 404 from the replica, so say so when it first
+        answers (at start-up, or when it comes up later or back) rather than leave it to the
+        first caller."""
         configured = set(self.config.models)
         if not configured:
             return []
         served = await self._served_models(client, timeout)
         if served is None:
             return []
+        self._models_checked = True
         missing = sorted(configured - served - set(self.adapters))
         if missing:
             log.warning("replica does not serve configured models", extra={"fields": {
@@ -514,7 +520,6 @@ class BackendPool:
     async def _probe(self, backend: Backend, client: httpx.AsyncClient, timeout: float) -> None:
         await backend.check_health(client, timeout)
         if backend.healthy:
-            await backend.check_configured_models(client, timeout)
             await backend.scrape_metrics(client, timeout)
 
     async def _health_loop(self, backend: Backend, client: httpx.AsyncClient) -> None:
