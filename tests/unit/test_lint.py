@@ -124,10 +124,16 @@ def test_moving_the_timestamp_behind_the_static_region_raises_the_hit_rate():
 SUPPORT = "You are the support bot of Acme: answer briefly and politely, and cite the policy."
 
 
+def system_prompts(system, n: int = 6) -> list[PromptRequest]:
+    """n chats whose one-line system prompt is ``system(m)`` (m = 0, 1, ...; the minute) and
+    whose user asks "Question q?", "Question r?", ..."""
+    return chats([{"messages": [{"role": "system", "content": system(m)},
+                                {"role": "user", "content": f"Question {q}?"}]}
+                  for m, q in zip(range(n), "qrstuvwxyz")])
+
+
 def one_line_system_prompts(n: int) -> list[PromptRequest]:
-    return chats([{"messages": [
-        {"role": "system", "content": f"Current time: 2026-10-05T09:{m:02d}:00Z. {SUPPORT}"},
-        {"role": "user", "content": f"Question {q}?"}]} for m, q in zip(range(n), "qrstuvwxyz")])
+    return system_prompts(lambda m: f"Current time: 2026-10-05T09:{m:02d}:00Z. {SUPPORT}", n)
 
 
 def test_a_timestamp_opening_a_one_line_system_prompt_is_found():
@@ -151,10 +157,8 @@ def test_only_the_timestamps_sentence_moves_and_the_rest_of_the_line_stays_on_to
 
 
 def test_a_fixed_value_after_the_timestamp_is_static_text_like_the_rest():
-    requests = chats([{"messages": [
-        {"role": "system", "content": f"Current time: 2026-10-05T09:{m:02d}:00Z. {SUPPORT} "
-                                      f"Refunds take up to 3 days."},
-        {"role": "user", "content": f"Question {q}?"}]} for m, q in zip(range(6), "qrstuv")])
+    requests = system_prompts(lambda m: f"Current time: 2026-10-05T09:{m:02d}:00Z. {SUPPORT} "
+                                        f"Refunds take up to 3 days.")
     report = lint_requests(requests, CharEncoder(), block_size=4)
     assert [f.kind for f in report.tenants[0].findings] == [TIMESTAMP]
     # after: "<system>" + SUPPORT + " Refunds take up to 3 days." + "\n" + "<user>Question "
@@ -163,10 +167,8 @@ def test_a_fixed_value_after_the_timestamp_is_static_text_like_the_rest():
 
 
 def test_changing_values_in_two_sentences_move_without_the_static_one_between():
-    requests = chats([{"messages": [
-        {"role": "system", "content": f"Ticket #{100 + m}. {SUPPORT} Current time: "
-                                      f"2026-10-05T09:{m:02d}:00Z."},
-        {"role": "user", "content": f"Question {q}?"}]} for m, q in zip(range(6), "qrstuv")])
+    requests = system_prompts(lambda m: f"Ticket #{100 + m}. {SUPPORT} Current time: "
+                                        f"2026-10-05T09:{m:02d}:00Z.")
     report = lint_requests(requests, CharEncoder(), block_size=4)
     assert {f.kind for f in report.tenants[0].findings} == {COUNTER, TIMESTAMP}
     # after: both sentences went to the end of the user's message; "<system>" + SUPPORT +

@@ -243,8 +243,8 @@ def _preset(name: str, flag: str):
 
 
 def _model(text: str):
-    from prefixroute.edges.cli.simulate import load_model_config
-    return load_model_config(text)
+    from prefixroute.edges.profiles import load_model_config
+    return load_model_config(text, "model")
 
 
 def load_config(path: str) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
@@ -291,10 +291,10 @@ def _read_value(section, key: str, name: str) -> Any:
     if name == "kv_dtype":
         return section.string(key, choices=tuple(sorted(DTYPE_BYTES)))
     if name == "engine_profile":
-        from prefixroute.edges.cli.simulate import load_profile
+        from prefixroute.edges.profiles import load_profile
         text = section.string(key)
         try:
-            return load_profile(text)
+            return load_profile(text, "engine_profile")
         except (ConfigError, InputError) as exc:
             section.fail(str(exc), key)
     if name == "model":

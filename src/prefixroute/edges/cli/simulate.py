@@ -26,15 +26,15 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from prefixroute.core.errors import ConfigError, InputError
+from prefixroute.core.errors import ConfigError
 from prefixroute.core.identity.model_config import MODEL_PRESETS, ModelConfig
-from prefixroute.core.replica.service_time import (DEFAULT_PROFILE, PRESETS, ServiceTimeModel,
-                                                   get_profile, profile_from_dict)
+from prefixroute.core.replica.service_time import DEFAULT_PROFILE, PRESETS, ServiceTimeModel
 from prefixroute.core.routing.registry import expand_specs, parse_spec
 from prefixroute.core.simulator.generators import WORKLOADS, make_workload, workload_parameters
 from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, VIEWS, FleetConfig, PolicyRun,
                                                    PreparedWorkload, prepare_workload, report,
                                                    simulate_policy)
+from prefixroute.edges import profiles
 from prefixroute.edges.cli.common import print_json, stdout_console, write_atomic
 
 DEFAULT_TRACE_REPLICAS = 8  # the benchmark fleet
@@ -100,42 +100,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
                             "view=... in its spec); default %(default)s")
 
 
-def _load_mapping(path: str, what: str) -> dict:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"no such {what} file", where=path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what} file: {exc.strerror}", where=path) from None
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        raise InputError(f"not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: "
-                         f"{exc}", where=path) from None
-    if not isinstance(data, dict):
-        raise InputError(f"a {what} file holds a mapping", where=path)
-    return data
-
-
 def load_profile(text: str) -> ServiceTimeModel:
-    if text in PRESETS:
-        return PRESETS[text]
-    if os.path.exists(text) or text.endswith((".json", ".yaml", ".yml")):
-        return profile_from_dict(_load_mapping(text, "engine profile"), where=text)
-    return get_profile(text)
+    return profiles.load_profile(text, "--engine-profile")
 
 
 def load_model_config(text: str) -> ModelConfig:
-    if text in MODEL_PRESETS:
-        return MODEL_PRESETS[text]
-    if not os.path.exists(text) and not text.endswith((".json", ".yaml", ".yml")):
-        raise ConfigError(f"--model-config: no file {text!r} and no preset of that name; "
-                          f"presets: {', '.join(MODEL_PRESETS)}")
-    return ModelConfig.from_dict(_load_mapping(text, "model config"), where=text)
+    return profiles.load_model_config(text, "--model-config")
 
 
 def _key_values(text: str, flag: str) -> dict[str, str]:

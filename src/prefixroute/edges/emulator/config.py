@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import yaml
 
 from prefixroute.core.errors import ConfigError
-from prefixroute.core.identity.model_config import MODEL_PRESETS, ModelConfig
+from prefixroute.core.identity.model_config import ModelConfig
 from prefixroute.core.replica.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from prefixroute.core.replica.service_time import (
-    DEFAULT_PROFILE,
-    PRESETS,
-    ServiceTimeModel,
-    get_profile,
-    profile_from_dict,
-)
+from prefixroute.core.replica.service_time import DEFAULT_PROFILE, ServiceTimeModel
+from prefixroute.edges import profiles
 from prefixroute.edges.emulator.tokens import DEFAULT_MM_ITEM_TOKENS
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default --block-size on GPUs
@@ -54,38 +45,11 @@ class EmulatorConfig:
 
 def load_profile(spec: str) -> ServiceTimeModel:
     """A preset name, or a profile file (JSON or YAML) as ``prefixroute calibrate`` writes."""
-    if spec in PRESETS:
-        return get_profile(spec)
-    path = Path(spec)
-    if not path.is_file():
-        raise ConfigError(f"--profile {spec!r}: neither a preset ({', '.join(PRESETS)}) nor "
-                          "a profile file")
-    return profile_from_dict(_read_mapping(path), where=str(path))
+    return profiles.load_profile(spec, "--profile")
 
 
 def load_model_config(spec: str) -> ModelConfig:
-    if spec in MODEL_PRESETS:
-        return MODEL_PRESETS[spec]
-    path = Path(spec)
-    if not path.is_file():
-        raise ConfigError(f"--model-config {spec!r}: neither a preset "
-                          f"({', '.join(MODEL_PRESETS)}) nor a file")
-    return ModelConfig.from_dict(_read_mapping(path), where=str(path))
-
-
-def _read_mapping(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}:"
-                          f" {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of fields")
-    return data
+    return profiles.load_model_config(spec, "--model-config")
 
 
 def resolve_num_blocks(config: EmulatorConfig, profile: ServiceTimeModel) -> tuple[int, str]:
