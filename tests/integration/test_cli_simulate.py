@@ -31,6 +31,8 @@ def test_simulate_seed_fleet_writes_the_json_report(tmp_path):
     assert sorted(p.name for p in plots.iterdir()) == ["hit_rates.png", "load_over_time.png",
                                                        "ttft_cdf.png"]
     assert "round_robin" in result.stdout and "token hit" in result.stdout
+    # Piped, the table keeps whole cells rather than rich's 80 columns.
+    assert "lost vs ideal" in result.stdout and "…" not in result.stdout
 
 
 def test_simulate_json_to_stdout():

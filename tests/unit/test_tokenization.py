@@ -68,9 +68,11 @@ def test_a_chat_template_jinja_file_is_read_when_the_config_has_none(tiny_tokeni
     assert load_tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "[x]"
 
 
-def test_a_missing_directory_is_an_input_error(tmp_path):
-    with pytest.raises(InputError, match="tokenizer directory not found"):
-        load_tokenizer(tmp_path / "nope")
+def test_a_missing_directory_is_an_input_error_naming_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="tokenizer directory not found") as info:
+        load_tokenizer("./tokenizer")
+    assert info.value.where == str(tmp_path / "tokenizer")
 
 
 def test_a_directory_without_tokenizer_json_is_an_input_error(tmp_path):
