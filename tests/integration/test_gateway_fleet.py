@@ -247,6 +247,11 @@ def test_a_fleet_starts_answers_and_stops(tmp_path):
         result = fleet.client().completions.create(model=fleet.model, prompt="hello",
                                                    max_tokens=2)
         assert result.choices
+        # Each says where it listens: the replica on stderr, the gateway in its JSON log.
+        assert f"on {fleet.replica_url(0)}:" in fleet.log("replica0").read_text()
+        listening = [json.loads(line) for line in fleet.log("gateway").read_text().splitlines()
+                     if '"listening"' in line]
+        assert [e["url"] for e in listening] == [f"http://127.0.0.1:{fleet.gateway_port}"]
         pids = [p.pid for p in fleet.replicas] + [fleet.gateway.pid]
     for pid in pids:  # every process we started is gone
         with pytest.raises(ProcessLookupError):

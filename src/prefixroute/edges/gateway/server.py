@@ -10,6 +10,7 @@ KV event subscribers.
 from __future__ import annotations
 
 import gc
+import logging
 
 import uvicorn
 
@@ -17,6 +18,8 @@ from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.logs import setup_json_logging
 from prefixroute.edges.listen import bind_socket
+
+log = logging.getLogger("prefixroute.gateway")
 
 KEEP_ALIVE_S = 75  # longer than common client idle pools, so clients close first (nginx: 75 s)
 # Young-generation collections after this many net allocations instead of CPython's 700: a
@@ -62,6 +65,10 @@ def serve(config: GatewayConfig, host: str, port: int, *, log_level: str = "info
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
+        # uvicorn names no address when it is handed a socket: say where callers connect.
+        address = f"[{host}]" if ":" in host else host
+        log.info("listening", extra={"fields": {
+            "event": "listening", "url": f"http://{address}:{sock.getsockname()[1]}"}})
         server.run(sockets=[sock])
     finally:
         gateway.pool.close_event_streams()
