@@ -22,3 +22,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def listen_url(sock: socket.socket) -> str:
+    """``http://host:port`` of a bound socket: the port the system chose for port 0, an IPv6
+    host in brackets."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

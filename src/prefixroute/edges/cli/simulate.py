@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prefixroute.core.errors import ConfigError
-from prefixroute.core.identity.model_config import MODEL_PRESETS, ModelConfig
-from prefixroute.core.replica.service_time import DEFAULT_PROFILE, PRESETS, ServiceTimeModel
+from prefixroute.core.identity.model_config import MODEL_PRESETS
+from prefixroute.core.replica.service_time import DEFAULT_PROFILE, PRESETS
 from prefixroute.core.routing.registry import expand_specs, parse_spec
 from prefixroute.core.simulator.generators import WORKLOADS, make_workload, workload_parameters
 from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, VIEWS, FleetConfig, PolicyRun,
                                                    PreparedWorkload, prepare_workload, report,
                                                    simulate_policy)
-from prefixroute.edges import profiles
+from prefixroute.edges.profiles import load_model_config, load_profile
 from prefixroute.edges.cli.common import print_json, stdout_console, write_atomic
 
 DEFAULT_TRACE_REPLICAS = 8  # the benchmark fleet
@@ -98,14 +98,6 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
     fleet.add_argument("--view", choices=VIEWS, default=DEFAULT_VIEW,
                        help="router's view of replica caches for every policy (per policy: "
                             "view=... in its spec); default %(default)s")
-
-
-def load_profile(text: str) -> ServiceTimeModel:
-    return profiles.load_profile(text, "--engine-profile")
-
-
-def load_model_config(text: str) -> ModelConfig:
-    return profiles.load_model_config(text, "--model-config")
 
 
 def _key_values(text: str, flag: str) -> dict[str, str]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixroute.core.errors import ConfigError
-from prefixroute.core.identity.model_config import ModelConfig
 from prefixroute.core.replica.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from prefixroute.core.replica.service_time import DEFAULT_PROFILE, ServiceTimeModel
-from prefixroute.edges import profiles
+from prefixroute.edges.profiles import load_model_config
 from prefixroute.edges.emulator.tokens import DEFAULT_MM_ITEM_TOKENS
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default --block-size on GPUs
@@ -41,15 +40,6 @@ class EmulatorConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     hash_algo: str = "sha256"           # vLLM's default --prefix-caching-hash-algo
-
-
-def load_profile(spec: str) -> ServiceTimeModel:
-    """A preset name, or a profile file (JSON or YAML) as ``prefixroute calibrate`` writes."""
-    return profiles.load_profile(spec, "--profile")
-
-
-def load_model_config(spec: str) -> ModelConfig:
-    return profiles.load_model_config(spec, "--model-config")
 
 
 def resolve_num_blocks(config: EmulatorConfig, profile: ServiceTimeModel) -> tuple[int, str]:

@@ -60,7 +60,6 @@ from prefixroute.edges.emulator import protocol
 from prefixroute.edges.emulator.config import (
     GIB,
     EmulatorConfig,
-    load_profile,
     resolve_max_model_len,
     resolve_num_blocks,
 )
@@ -78,7 +77,8 @@ from prefixroute.edges.emulator.protocol import (
 from prefixroute.edges.emulator.replica import EmulatedReplica, SequenceMeta
 from prefixroute.edges.emulator.timings import TimingMiddleware, TimingRecords, capacity_from_env
 from prefixroute.edges.emulator.tokens import DummyOutput, PromptEncoder
-from prefixroute.edges.listen import bind_socket
+from prefixroute.edges.listen import bind_socket, listen_url
+from prefixroute.edges.profiles import load_profile
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class EmulatorServer:
 
     def __init__(self, config: EmulatorConfig):
         self.config = config
-        profile = load_profile(config.profile)
+        profile = load_profile(config.profile, "--profile")
         if config.time_scale < 0:
             raise ConfigError(f"--time-scale must be >= 0, got {config.time_scale}")
         self.profile = profile
@@ -604,10 +604,8 @@ def serve(config: EmulatorConfig, *, log_level: str = "warning") -> int:
     try:
         server.start_kv_events()  # before serving, so a bad endpoint is a clean ConfigError
         # One line whatever the log level: where it listens and what it serves.
-        host = f"[{config.host}]" if ":" in config.host else config.host
-        port = sock.getsockname()[1]  # the one the system chose for --port 0
         print(f"prefixroute replica: model {config.served_model_name!r} on "
-              f"http://{host}:{port}: {server.num_blocks} blocks of "
+              f"{listen_url(sock)}: {server.num_blocks} blocks of "
               f"{config.block_size} tokens ({server.capacity_source}), time model "
               f"{server.service.name}, tokenizer {server.encoder.description}",
               file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ import uvicorn
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.logs import setup_json_logging
-from prefixroute.edges.listen import bind_socket
+from prefixroute.edges.listen import bind_socket, listen_url
 
 log = logging.getLogger("prefixroute.gateway")
 
@@ -66,9 +66,8 @@ def serve(config: GatewayConfig, host: str, port: int, *, log_level: str = "info
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         # uvicorn names no address when it is handed a socket: say where callers connect.
-        address = f"[{host}]" if ":" in host else host
-        log.info("listening", extra={"fields": {
-            "event": "listening", "url": f"http://{address}:{sock.getsockname()[1]}"}})
+        log.info("listening", extra={"fields": {"event": "listening",
+                                                "url": listen_url(sock)}})
         server.run(sockets=[sock])
     finally:
         gateway.pool.close_event_streams()
