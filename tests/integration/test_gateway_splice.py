@@ -117,7 +117,7 @@ def free_socket() -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def running(monkeypatch, script: list, *, read_s: float = 30.0):
+async def running(monkeypatch, script: list, *, read_s: float = 30.0, **extra):
     """A scripted replica and a gateway in front of it, served by uvicorn on a real socket;
     yields (gateway URL, the gateway, the replica, the splices made)."""
     replica = ScriptedReplica(script)
@@ -131,6 +131,7 @@ async def running(monkeypatch, script: list, *, read_s: float = 30.0):
         "health": {"interval_s": 60, "metrics_interval_s": 60},
         "timeouts": {"read_s": read_s},
         "retries": 0,
+        **extra,
     }, "test.yaml")
     splices: list = []
 
@@ -318,3 +319,27 @@ def test_a_replica_cut_before_the_first_event_is_a_clear_error_not_a_started_str
     assert response.status_code == 503  # nothing had reached the caller: no stream began
     assert response.json()["error"]["code"] == "replicas_unavailable"
     assert "before its first event" in response.json()["error"]["message"]
+
+
+def test_busy_polling_runs_while_a_stream_is_open_and_stops_after_the_linger(monkeypatch):
+    script = [chunk(0), 0.5, chunk(1), DONE]
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "stream": True}
+
+    async def main():
+        async with running(monkeypatch, script, busy_poll_s=0.2) as (url, gateway, _, _s):
+            poller = gateway.busy_poller
+            assert poller is not None and not poller.running  # nothing open yet
+            stream = asyncio.create_task(raw_stream(url, body))
+            while not gateway.open_requests:  # the replica pauses 0.5 s mid-stream
+                await asyncio.sleep(0.01)
+            assert poller.running
+            ticks = poller.ticks
+            await asyncio.sleep(0.02)
+            assert poller.ticks > ticks + 20  # the loop goes round instead of sleeping
+            received = await stream
+            assert b"tok1" in received and received.endswith(DONE)
+            assert poller.running  # lingers after the last request
+            await asyncio.sleep(0.4)
+            assert not poller.running
+
+    run(main())

@@ -51,6 +51,7 @@ def test_minimal_config_fills_documented_defaults(tmp_path):
     assert config.caller_cache_salt == "reject"
     assert config.limits.max_body_bytes == 4 * 1024 * 1024
     assert config.policy == default_policy_spec()
+    assert config.busy_poll_s == 0.0  # off: the loop sleeps when idle
 
 
 def test_default_policy_is_decided_in_one_place():
@@ -173,3 +174,10 @@ def test_a_measured_prefill_speed_reaches_the_replica_view(tmp_path):
     text = MINIMAL.replace("    models: [tiny]\n", "    models: [tiny]\n"
                            "    prefill_s_per_token: 2.5e-5\n")
     assert load_config(write(tmp_path, text)).backends[0].prefill_s_per_token == 2.5e-5
+
+
+def test_busy_poll_takes_seconds_and_refuses_negative_ones(tmp_path):
+    assert load_config(write(tmp_path, MINIMAL + "busy_poll_s: 0.1\n")).busy_poll_s == 0.1
+    message = error_of(tmp_path, MINIMAL + "busy_poll_s: -1\n")
+    assert message.endswith("gateway.yaml:8: must be 0 (off) or more seconds, got -1 "
+                            "(field 'busy_poll_s')")

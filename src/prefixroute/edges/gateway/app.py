@@ -38,6 +38,7 @@ from prefixroute.core.clock import Clock, MonotonicClock
 from prefixroute.core.routing.registry import create_policy
 from prefixroute.edges.gateway.admission import AdmissionQueue
 from prefixroute.edges.gateway.backends import BackendPool
+from prefixroute.edges.gateway.busypoll import BusyPoller
 from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.metrics import GatewayMetrics
@@ -94,6 +95,7 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.open_requests = 0
         self.draining = False
+        self.busy_poller: BusyPoller | None = None  # config.busy_poll_s > 0, from start()
         self.starlette = Starlette(
             routes=[
                 Route("/v1/completions", self.completions, methods=["POST"]),
@@ -143,6 +145,9 @@ class Gateway:
         self.proxy = Proxy(self.upstream, self.router, self.metrics, self.clock,
                            retries=self.config.retries, block_size=self.config.hashing.block_size)
         await self.pool.start(self.client)
+        if self.config.busy_poll_s > 0:
+            self.busy_poller = BusyPoller(asyncio.get_running_loop(), self.config.busy_poll_s,
+                                          lambda: self.open_requests > 0, self.clock.now)
         log.info("gateway started", extra={"fields": {
             "event": "started", "policy": self.config.policy,
             "tokenization": self.prompts.mode,
@@ -155,6 +160,8 @@ class Gateway:
         deadline = self.clock.now() + self.config.shutdown_grace_s
         while self.open_requests and self.clock.now() < deadline:
             await asyncio.sleep(0.05)
+        if self.busy_poller is not None:
+            self.busy_poller.close()
         await self.pool.stop()
         if self.upstream is not None:
             await self.upstream.aclose()
@@ -176,6 +183,8 @@ class Gateway:
         request_id = f"pr-{os.urandom(16).hex()}"  # uuid4's hex, without building a UUID
         tenant_name = "-"
         self.open_requests += 1
+        if self.busy_poller is not None:
+            self.busy_poller.kick()
         try:
             tenant = self.tenants.authenticate(request.headers.get("authorization"))
             tenant_name = tenant.name

@@ -163,6 +163,9 @@ class GatewayConfig:
     retries: int = DEFAULT_RETRIES
     caller_cache_salt: str = "reject"
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    # 0: off. Else the event loop polls without sleeping while requests are open and for this
+    # long after the last one ends (edges/gateway/busypoll.py says when that pays).
+    busy_poll_s: float = 0.0
     decisions_kept: int = DEFAULT_DECISIONS_KEPT
     seed: int = 0
 
@@ -409,10 +412,18 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
         retries=top.integer("retries", DEFAULT_RETRIES, minimum=0),
         caller_cache_salt=top.string("caller_cache_salt", "reject", choices=SALT_POLICIES),
         shutdown_grace_s=top.number("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S),
+        busy_poll_s=_busy_poll_s(top),
         decisions_kept=top.integer("decisions_kept", DEFAULT_DECISIONS_KEPT, minimum=1),
         seed=top.integer("seed", 0, minimum=0))
     top.finish()
     return config
+
+
+def _busy_poll_s(top: _Reader) -> float:
+    seconds = top.number("busy_poll_s", 0.0, positive=False)
+    if seconds < 0:
+        top.fail(f"must be 0 (off) or more seconds, got {seconds:g}", "busy_poll_s")
+    return seconds
 
 
 def load_config(path: str | os.PathLike) -> GatewayConfig:
