@@ -5,12 +5,15 @@ peer routers, see below). ``--json`` prints the results as JSON; ``--out FILE`` 
 Markdown report (default ``benchmarks/results/gateway.md``); ``--skip-peers`` measures ours
 alone; ``--skip-scenario`` skips part 2. The exit code is 0 when our overhead meets the
 target (p50 at most 1 ms, p99 at most 5 ms; inside the router when packets were captured,
-else the hop overhead), else 1.
+else the hop overhead) in either of our configurations (it says which), else 1.
 
 Routers under test, each in front of the same emulator replicas (``prefixroute replica``):
 
 ``prefixroute``
     ``prefixroute serve`` with its default policy (``prefixroute``), one tenant key;
+``prefixroute+busy_poll``
+    the same with ``busy_poll_s: 0.1`` (part 1 only): its event loop polls without sleeping
+    while requests are open (``edges/gateway/busypoll.py``; HAProxy's ``busy-polling``);
 ``sglang-router``
     ``sglang-router launch --policy cache_aware`` (PyPI ``sglang-router``);
 ``vllm-router``
@@ -182,6 +185,10 @@ def ensure_peers(peer_dir: Path, log: Callable[[str], None]) -> dict[str, Path]:
 
 
 FLOORS = {"haproxy http (floor)": "http", "haproxy tcp (floor)": "tcp"}
+# Our gateway's configurations in part 1: the defaults, and busy polling on (off by default:
+# it keeps the router's core 100% busy while it serves).
+BUSY_POLL_S = 0.1
+OURS = {"prefixroute": {}, "prefixroute+busy_poll": {"busy_poll_s": BUSY_POLL_S}}
 
 
 def haproxy_config(port: int, worker_urls: list[str], mode: str) -> str:
@@ -506,7 +513,7 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
     router_cpu = ROUTER_CPU if pin else None
     profile = workdir / "pacing-profile.json"
     profile.write_text(json.dumps(PACING_PROFILE))
-    names = ("prefixroute", *peers, *(FLOORS if floor else ()))
+    names = (*OURS, *peers, *(FLOORS if floor else ()))
     results: dict[str, Any] = {name: {} for name in ("direct", *names)}
     for part, replica_args in (("overhead", ["--profile", str(profile)]),
                                ("throughput", ["--time-scale", "0"])):
@@ -528,8 +535,9 @@ def run_part1(workdir: Path, peers: dict[str, Path], seconds: float, pin: bool,
             for name in names:
                 router = None
                 try:
-                    if name == "prefixroute":
-                        router = fleet.start_gateway("prefixroute", cpu=router_cpu)
+                    if name in OURS:
+                        router = fleet.start_gateway("prefixroute", cpu=router_cpu,
+                                                     **OURS[name])
                     elif name in FLOORS:
                         router = floor_process(name, floor, fleet.replica_urls,
                                                workdir / part, router_cpu).start()
@@ -648,7 +656,10 @@ def markdown(result: dict) -> str:
         "",
         f"`{meta.get('command', 'python benchmarks/gateway_bench.py')}` on {meta['machine']}, "
         f"{meta['date']}. "
-        f"Replicas: `prefixroute replica`; peers {', '.join(meta['peers']) or 'skipped'}"
+        f"Replicas: `prefixroute replica`; ours also with `busy_poll_s: {BUSY_POLL_S:g}` "
+        "(`prefixroute+busy_poll`, part 1 only: its event loop polls without sleeping while "
+        "requests are open, docs/gateway.md); "
+        f"peers {', '.join(meta['peers']) or 'skipped'}"
         + (f"; floors: {meta['floor']}, HTTP and TCP modes, round robin, one thread (part 1 "
            "only). "
            if meta.get("floor") else ". ")
@@ -848,7 +859,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(report)
         log(f"wrote {args.out}")
     print(json.dumps(result, indent=2) if args.json else report)
-    return 0 if overhead_met(hop["prefixroute"]) else 1
+    met = [name for name in OURS if overhead_met(hop[name])]
+    log(f"overhead target met by: {', '.join(met)}" if met
+        else "overhead target met by neither of our configurations")
+    return 0 if met else 1
 
 
 def overhead_met(row: dict) -> bool:

@@ -16,12 +16,12 @@ gateway has requests open and for ``linger_s`` after the last one ends, so an id
 sleeps as usual; the first request after an idle spell pays one wake-up and starts the
 polling again.
 
-On this 2-core VM, at about 200 open streams (``benchmarks/gateway_bench.py``, five
-alternating run pairs, 2026-11-30), it took the overhead inside the router from a median p50
-of 1.16 ms to 0.95 ms, the first-event leg from 0.27-0.34 ms to 0.17-0.23 ms in every pair.
-The price is the router's core: it shows 100% busy while it serves, so keep it off where
-the gateway shares its CPU or runs under a CPU quota (a throttled spinner is slower than
-one that sleeps).
+On this 2-core VM, at about 200 open streams (``benchmarks/gateway_bench.py``, which runs the
+gateway both ways in each run; four runs, 2026-11-30), the overhead inside the router went
+from a p50 of 0.89-1.13 ms to 0.67-0.93 ms and a p99 of 2.78-4.74 ms to 2.57-3.76 ms; the
+first-event leg's median from 0.23-0.28 ms to 0.15-0.20 ms. The price is the router's core:
+it shows 100% busy while it serves, so keep this off where the gateway shares its CPU or
+runs under a CPU quota (a throttled poller is slower than a loop that sleeps).
 """
 
 from __future__ import annotations
