@@ -150,7 +150,7 @@ class Gateway:
                                           lambda: self.open_requests > 0, self.clock.now)
         log.info("gateway started", extra={"fields": {
             "event": "started", "policy": self.config.policy,
-            "tokenization": self.prompts.mode,
+            "tokenization": self.prompts.mode, "busy_poll_s": self.config.busy_poll_s,
             "replicas": [b.status() for b in self.pool.backends]}})
 
     async def stop(self) -> None:

@@ -17,8 +17,8 @@ sleeps as usual; the first request after an idle spell pays one wake-up and star
 polling again.
 
 On this 2-core VM, at about 200 open streams (``benchmarks/gateway_bench.py``, which runs the
-gateway both ways in each run; four runs, 2026-11-30), the overhead inside the router went
-from a p50 of 0.89-1.13 ms to 0.67-0.93 ms and a p99 of 2.78-4.74 ms to 2.57-3.76 ms; the
+gateway both ways in each run; six runs, 2026-11-30), the overhead inside the router went
+from a p50 of 0.89-1.13 ms to 0.67-0.93 ms and a p99 of 2.78-5.28 ms to 2.56-3.76 ms; the
 first-event leg's median from 0.23-0.28 ms to 0.15-0.20 ms. The price is the router's core:
 it shows 100% busy while it serves, so keep this off where the gateway shares its CPU or
 runs under a CPU quota (a throttled poller is slower than a loop that sleeps).
