@@ -684,6 +684,10 @@ def markdown(result: dict) -> str:
         f"{RPS_CONCURRENCY} clients sending non-streaming requests (1 token).",
         "",
     ]
+    ours = [name for name in OURS if name in hop]
+    met = ", ".join(f"`{name}`" for name in ours if overhead_met(hop[name]))
+    lines += [f"**Overhead target met by:** {met or 'neither of our configurations'} (of "
+              + ", ".join(f"`{name}`" for name in ours) + ").", ""]
     inside_rows = [(name, row["inside"]) for name, row in hop.items() if row.get("inside")]
     if inside_rows:
         lines += [

@@ -322,24 +322,32 @@ def test_a_replica_cut_before_the_first_event_is_a_clear_error_not_a_started_str
 
 
 def test_busy_polling_runs_while_a_stream_is_open_and_stops_after_the_linger(monkeypatch):
-    script = [chunk(0), 0.5, chunk(1), DONE]
+    script = [chunk(0), 1.0, chunk(1), DONE]
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "stream": True}
 
     async def main():
-        async with running(monkeypatch, script, busy_poll_s=0.2) as (url, gateway, _, _s):
+        loop = asyncio.get_running_loop()
+        async with running(monkeypatch, script, busy_poll_s=0.3) as (url, gateway, _, _s):
             poller = gateway.busy_poller
             assert poller is not None and not poller.running  # nothing open yet
             stream = asyncio.create_task(raw_stream(url, body))
-            while not gateway.open_requests:  # the replica pauses 0.5 s mid-stream
+            while not gateway.open_requests:  # the replica then pauses 1 s mid-stream
                 await asyncio.sleep(0.01)
             assert poller.running
             ticks = poller.ticks
-            await asyncio.sleep(0.02)
-            assert poller.ticks > ticks + 20  # the loop goes round instead of sleeping
+            await asyncio.sleep(0.2)
+            # The loop goes round instead of sleeping (a sleeping loop: a few iterations).
+            assert poller.ticks > ticks + 100
             received = await stream
             assert b"tok1" in received and received.endswith(DONE)
-            assert poller.running  # lingers after the last request
-            await asyncio.sleep(0.4)
-            assert not poller.running
+            deadline = loop.time() + 10
+            while gateway.open_requests:
+                assert loop.time() < deadline
+                await asyncio.sleep(0.01)
+            ended = loop.time()
+            while poller.running:  # the linger, then the loop may sleep again
+                assert loop.time() < deadline
+                await asyncio.sleep(0.02)
+            assert loop.time() - ended >= 0.25  # it lingered about busy_poll_s first
 
     run(main())

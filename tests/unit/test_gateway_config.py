@@ -179,5 +179,7 @@ def test_a_measured_prefill_speed_reaches_the_replica_view(tmp_path):
 def test_busy_poll_takes_seconds_and_refuses_negative_ones(tmp_path):
     assert load_config(write(tmp_path, MINIMAL + "busy_poll_s: 0.1\n")).busy_poll_s == 0.1
     message = error_of(tmp_path, MINIMAL + "busy_poll_s: -1\n")
-    assert message.endswith("gateway.yaml:8: must be 0 (off) or more seconds, got -1 "
+    assert message.endswith("gateway.yaml:8: must be non-negative and finite, got -1 "
                             "(field 'busy_poll_s')")
+    # .inf would poll for ever after the first request: refused too
+    assert "got inf" in error_of(tmp_path, MINIMAL + "busy_poll_s: .inf\n")

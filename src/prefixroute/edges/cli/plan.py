@@ -280,9 +280,7 @@ def _read_value(section, key: str, name: str) -> Any:
     if name in _POSITIVE:
         return section.number(key, None, positive=True)
     if name in _NON_NEGATIVE:
-        value = section.number(key, None, positive=False)
-        if value < 0:
-            section.fail(f"must be non-negative, got {value:g}", key)
+        value = section.number(key, None, non_negative=True)
         if name in ("hot_tenant_share", "provider_share") and value > 1:
             section.fail(f"a share is at most 1, got {value:g}", key)
         return value

@@ -16,12 +16,9 @@ gateway has requests open and for ``linger_s`` after the last one ends, so an id
 sleeps as usual; the first request after an idle spell pays one wake-up and starts the
 polling again.
 
-On this 2-core VM, at about 200 open streams (``benchmarks/gateway_bench.py``, which runs the
-gateway both ways in each run; six runs, 2026-11-30), the overhead inside the router went
-from a p50 of 0.89-1.13 ms to 0.67-0.93 ms and a p99 of 2.78-5.28 ms to 2.56-3.76 ms; the
-first-event leg's median from 0.23-0.28 ms to 0.15-0.20 ms. The price is the router's core:
-it shows 100% busy while it serves, so keep this off where the gateway shares its CPU or
-runs under a CPU quota (a throttled poller is slower than a loop that sleeps).
+The price is the router's core: it shows 100% busy while it serves, so keep this off where
+the gateway shares its CPU or runs under a CPU quota (a throttled poller is slower than a
+loop that sleeps). What it bought on this 2-core VM: docs/gateway.md, Performance.
 """
 
 from __future__ import annotations
@@ -34,7 +31,9 @@ class BusyPoller:
     """Keeps ``loop`` polling while ``busy()`` is true and for ``linger_s`` after.
 
     Call :meth:`kick` when work arrives (a request starts): it starts the polling if it had
-    stopped. ``now`` is the clock (injected; the loop's by default)."""
+    stopped, and restarts the linger if it had not (a request answered at once, a 401, never
+    shows as busy). ``now`` is the clock (injected, the gateway's; the loop's by default): a
+    clock that does not move (a test's ManualClock) never ends the linger."""
 
     __slots__ = ("loop", "linger_s", "busy", "now", "running", "ticks", "_idle_since",
                  "_closed")
@@ -53,9 +52,11 @@ class BusyPoller:
         self._closed = False
 
     def kick(self) -> None:
-        if not self.running and not self._closed:
+        if self._closed:
+            return
+        self._idle_since = None  # work arrived: the linger counts from after it
+        if not self.running:
             self.running = True
-            self._idle_since = None
             self.loop.call_soon(self._tick)
 
     def close(self) -> None:
@@ -64,8 +65,8 @@ class BusyPoller:
 
     def _tick(self) -> None:
         self.ticks += 1
+        self.running = False  # until this tick decides to go on (an exception stops it)
         if self._closed:
-            self.running = False
             return
         if self.busy():
             self._idle_since = None
@@ -74,6 +75,6 @@ class BusyPoller:
             if self._idle_since is None:
                 self._idle_since = now
             elif now - self._idle_since >= self.linger_s:
-                self.running = False
                 return
+        self.running = True
         self.loop.call_soon(self._tick)

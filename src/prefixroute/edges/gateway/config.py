@@ -412,18 +412,11 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
         retries=top.integer("retries", DEFAULT_RETRIES, minimum=0),
         caller_cache_salt=top.string("caller_cache_salt", "reject", choices=SALT_POLICIES),
         shutdown_grace_s=top.number("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S),
-        busy_poll_s=_busy_poll_s(top),
+        busy_poll_s=top.number("busy_poll_s", 0.0, non_negative=True),
         decisions_kept=top.integer("decisions_kept", DEFAULT_DECISIONS_KEPT, minimum=1),
         seed=top.integer("seed", 0, minimum=0))
     top.finish()
     return config
-
-
-def _busy_poll_s(top: _Reader) -> float:
-    seconds = top.number("busy_poll_s", 0.0, positive=False)
-    if seconds < 0:
-        top.fail(f"must be 0 (off) or more seconds, got {seconds:g}", "busy_poll_s")
-    return seconds
 
 
 def load_config(path: str | os.PathLike) -> GatewayConfig:
