@@ -37,22 +37,27 @@ def test_polls_while_busy_then_lingers_then_stops():
     asyncio.run(main())
 
 
-def test_a_request_during_the_linger_resets_it():
+@pytest.mark.parametrize("work", ["busy at a tick", "a kick"])
+def test_work_during_the_linger_restarts_it(work):
+    """Work at t = 0.08 moves the linger's start from 0 to 0.08, whether a tick saw the
+    gateway busy or a request came and went between ticks (a 401) and only kicked."""
     async def main():
         clock, busy = ManualClock(), [False]
         poller = BusyPoller(asyncio.get_running_loop(), 0.1, lambda: busy[0], clock.now)
         poller.kick()
-        await turns(2)        # idle since t = 0
+        await turns(2)        # idle since 0
         clock.advance_to(0.08)
-        busy[0] = True
-        await turns(2)
-        clock.advance_to(0.15)
-        busy[0] = False       # idle again since 0.15, not 0
-        await turns(2)
-        clock.advance_to(0.2)
+        if work == "a kick":
+            poller.kick()
+        else:
+            busy[0] = True
+            await turns(2)
+            busy[0] = False
+        await turns(2)        # idle since 0.08
+        clock.advance_to(0.15)  # idle 0.07 s: lingering
         await turns(2)
         assert poller.running
-        clock.advance_to(0.25)
+        clock.advance_to(0.19)  # idle 0.11 s: over
         await turns(2)
         assert not poller.running
 
@@ -99,27 +104,6 @@ def test_the_loop_does_not_sleep_while_polling(loop_kind):
         assert loop.run_until_complete(main()) > 1000
     finally:
         loop.close()
-
-
-def test_a_kick_during_the_linger_restarts_it():
-    """A request answered at once (a 401) never shows as busy at a tick: its kick alone
-    moves the linger."""
-    async def main():
-        clock = ManualClock()
-        poller = BusyPoller(asyncio.get_running_loop(), 0.1, lambda: False, clock.now)
-        poller.kick()
-        await turns(2)        # idle since 0
-        clock.advance_to(0.09)
-        poller.kick()         # the 401
-        await turns(2)        # idle since 0.09
-        clock.advance_to(0.15)
-        await turns(2)
-        assert poller.running
-        clock.advance_to(0.19)
-        await turns(2)
-        assert not poller.running
-
-    asyncio.run(main())
 
 
 def test_an_error_in_a_tick_stops_the_polling_and_a_kick_restarts_it():
