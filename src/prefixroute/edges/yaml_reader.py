@@ -125,18 +125,18 @@ class ConfigReader:
             self.fail(f"must be at least {minimum}, got {value}", key)
         return value
 
-    def number(self, key: str, default: float, *, positive: bool = True,
-               non_negative: bool = False) -> float:
-        """A number; ``positive`` (the default): above 0; ``non_negative``: 0 or above, and
-        finite (a switch-like value where 0 means off)."""
+    def number(self, key: str, default: float, *, non_negative: bool = False) -> float:
+        """A number above 0; with ``non_negative``, 0 or above and finite (a switch-like
+        value where 0 means off)."""
         value = self.raw(key)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             self.fail(f"expected a number, got {kind(value)}", key)
-        if non_negative and not 0 <= value < float("inf"):
-            self.fail(f"must be non-negative and finite, got {value:g}", key)
-        if positive and not non_negative and value <= 0:
+        if non_negative:
+            if not 0 <= value < float("inf"):
+                self.fail(f"must be non-negative and finite, got {value:g}", key)
+        elif value <= 0:
             self.fail(f"must be greater than 0, got {value}", key)
         return float(value)
 

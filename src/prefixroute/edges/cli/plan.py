@@ -278,7 +278,7 @@ def _read_value(section, key: str, name: str) -> Any:
     if name == "seed":
         return section.integer(key, None, minimum=0)
     if name in _POSITIVE:
-        return section.number(key, None, positive=True)
+        return section.number(key, None)
     if name in _NON_NEGATIVE:
         value = section.number(key, None, non_negative=True)
         if name in ("hot_tenant_share", "provider_share") and value > 1:
