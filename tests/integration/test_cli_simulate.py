@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def prefixroute(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "prefixroute", *args], capture_output=True,
@@ -68,6 +70,58 @@ def test_zero_replicas_exits_2_rather_than_taking_the_default():
     result = prefixroute("simulate", "--workload", "seed-fleet:requests=5", "--replicas", "0")
     assert result.returncode == 2
     assert "--replicas: must be at least 1, got 0" in result.stderr
+
+
+def write_session(path, turns):
+    path.write_text(json.dumps({"block_size": 64, "hash_id_scope": "local", "requests": [
+        {"t": t, "in": n, "out": 5, "hash_ids": list(range(1, n // 64 + 1))}
+        for t, n in turns]}))
+
+
+def test_simulate_replays_kvtester_sessions_as_more_users(tmp_path):
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    write_session(sessions / "a.json", [(0.0, 640), (30.0, 1280)])
+    write_session(sessions / "b.json", [(10.0, 640)])
+    reports = {}
+    for copies in ("1", "3"):
+        out = tmp_path / f"copies{copies}.json"
+        result = prefixroute("simulate", "--trace", str(sessions), "--trace-format",
+                             "kvtester", "--session-copies", copies, "--copy-interval", "100",
+                             "--replicas", "2", "--policy", "prefixroute", "--json", str(out))
+        assert result.returncode == 0, result.stderr
+        reports[copies] = json.loads(out.read_text())
+    one, three = reports["1"], reports["3"]
+    assert (one["workload"]["requests"], three["workload"]["requests"]) == (3, 9)
+    # Each user's session is its own: the ideal hit rate is the one session's (a's second
+    # turn reuses its first 640 tokens: 640 / (640 + 1280 + 640)), not more.
+    assert one["ideal_token_hit_rate"] == three["ideal_token_hit_rate"] == 0.25
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--session-copies", "0"], "--session-copies: must be at least 1, got 0"),
+    (["--copy-interval", "-5"], "--copy-interval: must be a non-negative number"),
+    (["--trace-format", "mooncake", "--session-copies", "2"], "kvtester only"),
+])
+def test_bad_session_copies_exit_2(tmp_path, args, message):
+    write_session(tmp_path / "a.json", [(0.0, 640)])
+    if "mooncake" in args:
+        trace = tmp_path / "m.jsonl"
+        trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, '
+                         '"hash_ids": [1, 2]}\n')
+        args = ["--trace", str(trace), *args]
+    else:
+        args = ["--trace", str(tmp_path), "--trace-format", "kvtester", *args]
+    result = prefixroute("simulate", *args, "--policy", "round_robin")
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_session_copies_need_a_trace():
+    result = prefixroute("simulate", "--workload", "seed-fleet:requests=5", "--session-copies",
+                         "2")
+    assert result.returncode == 2
+    assert "--session-copies needs --trace" in result.stderr
 
 
 def test_sweep_runs_a_grid_across_processes(tmp_path):

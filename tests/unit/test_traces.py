@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from prefixroute.core.errors import InputError
+from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.simulator.generators import seed_fleet
 from prefixroute.core.simulator.keys import BlockKeyer
 from prefixroute.edges.traces import read_trace
@@ -138,6 +138,43 @@ def test_kvtester_files_are_concurrent_sessions_with_their_own_id_namespaces(tmp
     s1_first, s2_first, s1_second = (keyer.keys(r) for r in requests)
     assert s1_second[:2] == s1_first            # same file, same ids: shared prefix
     assert s2_first[0] != s1_first[0]           # equal local ids in another file: not shared
+
+
+def test_kvtester_copies_are_further_users_with_their_own_blocks_and_pacing(tmp_path):
+    (tmp_path / "s1.json").write_text(json.dumps(session(64, [
+        kv_request(0.0, 130, 5, [1, 2]), kv_request(10.0, 200, 5, [1, 2, 3])])))
+    (tmp_path / "s2.json").write_text(json.dumps(session(64, [
+        kv_request(4.0, 130, 0, [1, 2])])))
+    requests = list(read_trace(tmp_path, "kvtester", copies=3, copy_interval_s=5.0))
+    # Copy c starts c x 5 s later; equal times keep file order, then copy order.
+    assert [(r.request_id, r.arrival_s) for r in requests] == [
+        ("s1:0", 0.0), ("s2:0", 4.0), ("s1#1:0", 5.0), ("s2#1:0", 9.0), ("s1:1", 10.0),
+        ("s1#2:0", 10.0), ("s2#2:0", 14.0), ("s1#1:1", 15.0), ("s1#2:1", 20.0)]
+    assert {r.session for r in requests} == {"s1", "s2", "s1#1", "s2#1", "s1#2", "s2#2"}
+    keyer = BlockKeyer()
+    keys = {r.request_id: keyer.keys(r) for r in requests}
+    assert keys["s1#1:1"][:2] == keys["s1#1:0"]   # a copy's turns share their prefix
+    assert keys["s1#1:0"][0] != keys["s1:0"][0]   # but not with the other users' sessions
+    # One copy is the file as it is.
+    assert [r.request_id for r in read_trace(tmp_path, "kvtester", copies=1)] == [
+        "s1:0", "s2:0", "s1:1"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"copies": 0}, "copies must be an integer of at least 1"),
+    ({"copy_interval_s": -1.0}, "non-negative"),
+    ({"copy_interval_s": float("nan")}, "non-negative"),
+])
+def test_kvtester_copies_refuse_bad_values(tmp_path, options, message):
+    (tmp_path / "s1.json").write_text(json.dumps(session(64, [kv_request(0.0, 130, 5, [1])])))
+    with pytest.raises(ConfigError, match=message):
+        list(read_trace(tmp_path, "kvtester", **options))
+
+
+def test_only_kvtester_traces_have_sessions_to_copy(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [mooncake_line(0, 1200, 10, [0, 1, 2])])
+    with pytest.raises(ConfigError, match="kvtester traces only"):
+        read_trace(path, "mooncake", copies=2)
 
 
 def test_kvtester_errors_name_the_request(tmp_path):

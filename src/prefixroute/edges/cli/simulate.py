@@ -58,6 +58,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
     source.add_argument("--azure-prefixes", metavar="k=v,...", default="",
                         help="prefix families given to an azure trace: prefixes, prefix_tokens, "
                              "max_prefix_fraction, zipf_exponent (defaults 20, 1000, 0.8, 1.0)")
+    source.add_argument("--session-copies", type=int, default=1, metavar="N",
+                        help="kvtester: replay every session N times as different users' "
+                             "sessions, each keeping its own pacing (default 1)")
+    source.add_argument("--copy-interval", type=float, default=0.0, metavar="S",
+                        help="kvtester: copy c of each session starts c x S seconds later "
+                             "(default 0)")
     source.add_argument("--requests", type=int, metavar="N",
                         help="replay only the first N requests")
     source.add_argument("--time-scale", type=float, default=1.0, metavar="F",
@@ -140,14 +146,29 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
             except ValueError:
                 raise ConfigError(f"--azure-prefixes: {key} expects a number, got "
                                   f"{value!r}") from None
+        copies = getattr(args, "session_copies", 1)
+        interval = getattr(args, "copy_interval", 0.0)
+        _positive(copies, "--session-copies")
+        if not math.isfinite(interval) or interval < 0:
+            raise ConfigError(f"--copy-interval: must be a non-negative number of seconds, "
+                              f"got {interval}")
+        if (copies != 1 or interval) and args.trace_format != "kvtester":
+            raise ConfigError("--session-copies and --copy-interval apply to --trace-format "
+                              "kvtester only")
         requests = read_trace(args.trace, args.trace_format, args.trace_block_size,
-                              prefixes=typed, seed=args.seed or 0)
+                              prefixes=typed, seed=args.seed or 0, copies=copies,
+                              copy_interval_s=interval)
         info = {"source": "trace", "trace": str(args.trace), "format": args.trace_format}
+        if copies != 1:
+            info.update(session_copies=copies, copy_interval_s=interval)
         defaults["replicas"] = DEFAULT_TRACE_REPLICAS
     else:
         for flag, value in (("--trace-format", args.trace_format),
                             ("--trace-block-size", args.trace_block_size),
-                            ("--azure-prefixes", args.azure_prefixes)):
+                            ("--azure-prefixes", args.azure_prefixes),
+                            ("--session-copies",
+                             getattr(args, "session_copies", 1) != 1),
+                            ("--copy-interval", getattr(args, "copy_interval", 0.0))):
             if value:
                 raise ConfigError(f"{flag} needs --trace")
         spec = args.workload or "seed-fleet"

@@ -24,17 +24,22 @@ FORMATS = ("mooncake", "kvtester", "jsonl", "azure")
 
 
 def read_trace(path: str | os.PathLike, fmt: str, block_size: int | None = None,
-               prefixes: dict[str, Any] | None = None, seed: int = 0) -> Iterable[Request]:
+               prefixes: dict[str, Any] | None = None, seed: int = 0, copies: int = 1,
+               copy_interval_s: float = 0.0) -> Iterable[Request]:
     """Requests of a trace file (or, for ``kvtester``, a directory of sessions).
 
     ``block_size`` overrides the format's (Mooncake 512, kvtester from the file, jsonl from
     the file or 16) and must agree with the ids. ``prefixes`` are
     :func:`~prefixroute.core.simulator.generators.with_prefixes` parameters for ``azure``.
+    ``copies`` and ``copy_interval_s`` replay ``kvtester`` sessions as more users
+    (:mod:`~prefixroute.edges.traces.kvtester`); other formats have no sessions to copy.
     """
+    if fmt != "kvtester" and (copies != 1 or copy_interval_s):
+        raise ConfigError(f"session copies apply to kvtester traces only, not {fmt}")
     if fmt == "mooncake":
         return read_mooncake(path, block_size)
     if fmt == "kvtester":
-        return read_kvtester(path, block_size)
+        return read_kvtester(path, block_size, copies=copies, copy_interval_s=copy_interval_s)
     if fmt == "jsonl":
         return read_jsonl(path, block_size)
     if fmt == "azure":

@@ -8,6 +8,16 @@ need. Files are replayed as concurrent sessions, every one starting at 0 (plus
 ids in two files stay different blocks. An ``out`` of 0 is replayed as 1 token (an engine
 always samples one).
 
+``copies`` replays every file that many times as different users' sessions (copy ``c`` of
+``s1`` is session ``s1#c``, its ids its own, starting ``c x copy_interval_s`` later; copy 0 is
+the file as it is). That raises the load and keeps each session's recorded pacing (a turn
+``t`` seconds into its session). Compressing time (``--time-scale``) raises the load too,
+but sends turns long before the replies they follow: at a tenth of the recorded times, 91%
+of this data set's turns arrived while an earlier turn of their session was still running
+(mean 8.8 of them, up to 38), against 2% as recorded and 34% with 5 copies 600 s apart, all
+on 8 replicas (``benchmarks/agentic_pacing.py``, 2026-11-30). Either way the replay is
+open-loop: turns keep their times however late the replies come.
+
 A document is one JSON line, so errors name ``file:requests[i]`` rather than a line.
 """
 
@@ -15,11 +25,12 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from prefixroute.core.errors import InputError
+from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.simulator.request import Request
 from prefixroute.edges.traces.common import (check_block_ids, check_time_order, id_list, integer,
                                              number, open_text, require)
@@ -41,8 +52,10 @@ def session_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return out
 
 
-def _read_session(path: Path, index: int, block_size: int | None,
-                  stagger_s: float) -> tuple[int, list[Request]]:
+def _read_session(path: Path, index: int, block_size: int | None, stagger_s: float,
+                  copies: int = 1,
+                  copy_interval_s: float = 0.0) -> tuple[int, list[list[Request]]]:
+    """The file's block size and its requests, one list per copy (each in time order)."""
     with open_text(path) as fh:
         try:
             document = json.load(fh)
@@ -61,7 +74,8 @@ def _read_session(path: Path, index: int, block_size: int | None,
     namespace = str(document.get("id") or path.stem)
     offset = index * stagger_s
     previous = 0.0
-    out = []
+    out: list[list[Request]] = []
+    records = []
     for i, record in enumerate(requests):
         at = f"{path}:requests[{i}]"
         if not isinstance(record, dict):
@@ -73,24 +87,35 @@ def _read_session(path: Path, index: int, block_size: int | None,
         output_tokens = integer(record, "out", at, minimum=0)
         hash_ids = id_list(record, "hash_ids", at)
         check_block_ids(hash_ids, input_tokens, file_block_size, at)
-        out.append(Request(f"{namespace}:{i}", offset + t, input_tokens, max(1, output_tokens),
-                           file_block_size, hash_ids=hash_ids, session=namespace, turn=i,
-                           tenant=namespace, namespace=namespace))
+        records.append((t, input_tokens, max(1, output_tokens), hash_ids))
+    for copy in range(copies):
+        name = namespace if copy == 0 else f"{namespace}#{copy}"
+        start = offset + copy * copy_interval_s
+        out.append([Request(f"{name}:{i}", start + t, n, out_tokens, file_block_size,
+                            hash_ids=ids, session=name, turn=i, tenant=name, namespace=name)
+                    for i, (t, n, out_tokens, ids) in enumerate(records)])
     return file_block_size, out
 
 
 def read_kvtester(paths: str | os.PathLike | Sequence[str | os.PathLike],
-                  block_size: int | None = None, stagger_s: float = 0.0) -> Iterator[Request]:
-    """Merge every session file's requests by time (ties: file order, then request order)."""
+                  block_size: int | None = None, stagger_s: float = 0.0, copies: int = 1,
+                  copy_interval_s: float = 0.0) -> Iterator[Request]:
+    """Merge every session file's requests by time (ties: file order, then copy, then
+    request order); ``copies`` and ``copy_interval_s`` as in the module docstring."""
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ConfigError(f"copies must be an integer of at least 1, got {copies!r}")
+    if not math.isfinite(copy_interval_s) or copy_interval_s < 0:
+        raise ConfigError(f"the copy interval must be a non-negative number of seconds, got "
+                          f"{copy_interval_s!r}")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    sessions = []
+    streams = []
     for index, path in enumerate(session_files(paths)):
-        file_block_size, requests = _read_session(path, index, block_size, stagger_s)
+        file_block_size, copied = _read_session(path, index, block_size, stagger_s, copies,
+                                                copy_interval_s)
         if block_size is None:
             block_size = file_block_size
-        sessions.append(requests)
-    streams = [[((r.arrival_s, s, i), r) for i, r in enumerate(requests)]
-               for s, requests in enumerate(sessions)]
+        streams.extend([((r.arrival_s, index, c, i), r) for i, r in enumerate(requests)]
+                       for c, requests in enumerate(copied))
     for _, request in heapq.merge(*streams, key=lambda item: item[0]):
         yield request
