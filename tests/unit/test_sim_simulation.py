@@ -32,6 +32,18 @@ def test_universal_prefix_round_robin_pays_warm_up_on_every_replica():
             - round_robin.summary["reused_prefix_tokens"]) == 4 * 192
 
 
+def test_finish_times_are_per_request_and_minus_one_for_a_rejected_prompt():
+    # Instant engine: a request ends when it arrives.
+    workload = prepare_workload(five_turn_conversation())
+    run = simulate_policy(workload, FleetConfig(1, 1000, 16, INSTANT), "round_robin")
+    assert run.finish_s == [0.0, 60.0, 120.0, 180.0, 240.0]
+    # 400 tokens need 25 blocks; a 10-block replica rejects the prompt at once.
+    workload = prepare_workload([Request("a", 0.0, 32, 2, 16, hash_ids=[1, 2]),
+                                 Request("b", 1.0, 400, 2, 16, hash_ids=list(range(3, 28)))])
+    run = simulate_policy(workload, FleetConfig(1, 10, 16, INSTANT), "round_robin")
+    assert run.finish_s == [0.0, -1.0]
+
+
 def test_report_has_the_issue_keys_and_the_ideal_hit_rate():
     workload = prepare_workload(seed_fleet(requests=60))
     result = simulate(workload, FleetConfig(4, 400, 16, LLAMA3_8B_H100),

@@ -207,6 +207,8 @@ class PolicyRun:
     # ``busy_until`` time (``None`` unless asked for; ``ReplicaEngine.busy_seconds_until``).
     busy_s: list[float] = field(default_factory=list)
     busy_until_s: list[float] | None = None
+    # Per request, when its last token came (-1 if it did not complete).
+    finish_s: list[float] = field(default_factory=list)
 
 
 def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
@@ -374,7 +376,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     ttfts = [first_token[j] - requests[j].arrival_s for j in range(total) if first_token[j] >= 0]
     cached_list = [cached[j] if finish[j] >= 0 else -1 for j in range(total)]
     return PolicyRun(spec, summary, ttfts, timeline_t, timeline_rows, cached_list,
-                     [e.busy_s for e in engines], busy_until_s)
+                     [e.busy_s for e in engines], busy_until_s, finish.tolist())
 
 
 def _summarize(workload: PreparedWorkload, fleet: FleetConfig, spec: str, view: str,
