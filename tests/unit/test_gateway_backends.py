@@ -122,6 +122,18 @@ def test_a_shrunk_approximate_view_forgets_the_least_recently_routed_blocks():
     assert view.match(["c", "d"]) == 2
 
 
+def test_a_prompt_longer_than_the_replica_is_not_recorded():
+    # The replica rejects it and caches nothing; recorded, its 5 blocks would push every
+    # block out of a 4-block view.
+    from prefixroute.core.routing.views import ApproximateView
+    view = ApproximateView(4)
+    view.record(["a", "b"])
+    view.record(["h1", "h2", "h3", "h4", "h5"])
+    assert (len(view), view.match(["a", "b"]), view.match(["h1"])) == (2, 2, 0)
+    view.record(["c", "d", "e", "f"])  # exactly the capacity is a prompt that fits
+    assert (view.match(["c", "d", "e", "f"]), view.match(["a"])) == (4, 0)
+
+
 def test_a_character_block_answer_reaches_the_policy_in_estimated_tokens(monkeypatch):
     from prefixroute.core.routing.base import Decision
     from prefixroute.edges.gateway.prompts import CHARS, PreparedPrompt

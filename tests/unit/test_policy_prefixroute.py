@@ -163,6 +163,19 @@ def test_a_rejected_request_leaves_no_phantom_queue():
     assert kept.scores[1]["wait_s"] == pytest.approx(3.5)
 
 
+def test_a_prompt_longer_than_the_kv_leaves_the_mirror_as_it_was():
+    policy = create_policy(PLAIN)
+    replicas = fleet()  # 1,000 blocks each
+    send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
+    # 1,001 blocks (16,016 tokens) cannot fit replica 1's 1,000: it is rejected at once and
+    # reports 0 cached tokens. Neither the blocks it would have inserted (enough to push out
+    # all of "A") nor its 0 (no eviction happened) change what replica 1 holds.
+    send(policy, req(blocks("H", 1001), "huge"), 1, replicas, cached_tokens=0)
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), replicas)
+    assert decision.scores[1]["expected_cached_tokens"] == 160
+    assert decision.replica == 1
+
+
 def test_an_ended_head_of_the_queue_is_left_to_the_reconciliation():
     # The oldest entry ran; when it ends the pending tokens decide what is left, as before.
     policy = create_policy(PLAIN)

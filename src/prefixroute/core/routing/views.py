@@ -30,7 +30,11 @@ class ApproximateView:
         return self._lru.match(keys)
 
     def record(self, keys: Sequence[Hashable]) -> None:
-        """The request with ``keys`` ran here: its blocks are (believed) cached now."""
+        """The request with ``keys`` ran here: its blocks are (believed) cached now. A prompt
+        of more blocks than the replica holds is rejected, not cached: it changes nothing
+        (recorded, it would push every other block out of the view)."""
+        if self.capacity_blocks is not None and len(keys) > self.capacity_blocks:
+            return
         self._lru.put_many(keys)
 
     def correct(self, keys: Sequence[Hashable], reported_blocks: int) -> None:
