@@ -79,7 +79,7 @@ finish before an older, longer prefill and now leave the queue too.
 once, so it neither enters the mirror nor corrects it with its 0 cached tokens, and it adds
 no load; the runner's approximate view does not record it either
 (:meth:`ApproximateView.record`). Before, its blocks (an 807,523-token agentic prompt is
-12,618 blocks against a replica's 6,400) pushed every other block out of the mirror and the
+12,617 full blocks against a replica's 6,400) pushed every other block out of the mirror and the
 view, so the sessions held there looked cold everywhere and moved, recomputing their
 contexts. On the agentic sessions (five draws, ours over the best peer, medians): (a) mean
 TTFT 1.51x -> 1.14x, p99 1.08x -> 1.02x; (b) mean 0.24x -> 0.19x, p99 0.42x -> 0.41x,
