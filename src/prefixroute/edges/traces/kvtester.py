@@ -12,9 +12,9 @@ always samples one).
 ``s1`` is session ``s1#c``, its ids its own, starting ``c x copy_interval_s`` later; copy 0 is
 the file as it is). That raises the load and keeps each session's recorded pacing (a turn
 ``t`` seconds into its session). Compressing time (``--time-scale``) raises the load too,
-but sends turns long before the replies they follow: at a tenth of the recorded times, 91%
+but sends turns long before the replies they follow: at a tenth of the recorded times, 90%
 of this data set's turns arrived while an earlier turn of their session was still running
-(mean 8.8 of them, up to 38), against 2% as recorded and 34% with 5 copies 600 s apart, all
+(mean 8.5 of them, up to 38), against 2% as recorded and 37% with 5 copies 600 s apart, all
 on 8 replicas (``benchmarks/agentic_pacing.py``, 2026-11-30). Either way the replay is
 open-loop: turns keep their times however late the replies come.
 
