@@ -101,7 +101,7 @@ def test_simulate_replays_kvtester_sessions_as_more_users(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--session-copies", "0"], "--session-copies: must be at least 1, got 0"),
     (["--copy-interval", "-5"], "--copy-interval: must be a non-negative number"),
-    (["--trace-format", "mooncake", "--session-copies", "2"], "kvtester only"),
+    (["--trace-format", "mooncake", "--session-copies", "2"], "kvtester traces only"),
 ])
 def test_bad_session_copies_exit_2(tmp_path, args, message):
     write_session(tmp_path / "a.json", [(0.0, 640)])

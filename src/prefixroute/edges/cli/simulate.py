@@ -152,9 +152,6 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         if not math.isfinite(interval) or interval < 0:
             raise ConfigError(f"--copy-interval: must be a non-negative number of seconds, "
                               f"got {interval}")
-        if (copies != 1 or interval) and args.trace_format != "kvtester":
-            raise ConfigError("--session-copies and --copy-interval apply to --trace-format "
-                              "kvtester only")
         requests = read_trace(args.trace, args.trace_format, args.trace_block_size,
                               prefixes=typed, seed=args.seed or 0, copies=copies,
                               copy_interval_s=interval)

@@ -35,7 +35,8 @@ def read_trace(path: str | os.PathLike, fmt: str, block_size: int | None = None,
     (:mod:`~prefixroute.edges.traces.kvtester`); other formats have no sessions to copy.
     """
     if fmt != "kvtester" and (copies != 1 or copy_interval_s):
-        raise ConfigError(f"session copies apply to kvtester traces only, not {fmt}")
+        raise ConfigError(f"session copies (--session-copies, --copy-interval) apply to "
+                          f"kvtester traces only, not {fmt}")
     if fmt == "mooncake":
         return read_mooncake(path, block_size)
     if fmt == "kvtester":

@@ -79,9 +79,9 @@ finish before an older, longer prefill and now leave the queue too.
 once, so it neither enters the mirror nor corrects it with its 0 cached tokens, and it adds
 no load; the runner's approximate view does not record it either
 (:meth:`ApproximateView.record`). Before, its blocks (an 807,523-token agentic prompt is
-12,617 full blocks against a replica's 6,400) pushed every other block out of the mirror and the
-view, so the sessions held there looked cold everywhere and moved, recomputing their
-contexts. On the agentic sessions (five draws, ours over the best peer, medians): (a) mean
+12,617 full blocks against a replica's 6,400) pushed every other block out of the mirror
+and the view, so the sessions held there looked cold everywhere and moved, recomputing
+their contexts. On the agentic sessions (five draws, ours over the best peer, medians): (a) mean
 TTFT 1.51x -> 1.14x, p99 1.08x -> 1.02x; (b) mean 0.24x -> 0.19x, p99 0.42x -> 0.41x,
 busiest replica 1.14 -> 1.23; with five users per session at the recorded pacing
 (``benchmarks/agentic_pacing.py``, copies 590, 600 and 610 s apart) mean TTFT 27.8 -> 20.6 s
@@ -132,8 +132,9 @@ mean, the cheapest equivalent replica at or below it takes the request (branch
 ``cold_balance``; at most ``cold_slack`` times the request's own prefill and decode dearer,
 unbounded by default). The load is predicted prefill seconds routed there, decayed (a prompt
 longer than the replica's KV counts nothing: it is rejected at once); prompt tokens routed,
-requests routed and prefill seconds seen done were tried as the load and not kept. Once prefill is busy the momentary queue is the real signal, and moving
-requests by a longer-horizon load only cost TTFT (below).
+requests routed and prefill seconds seen done were tried as the load and not kept. Once
+prefill is busy the momentary queue is the real signal, and moving requests by a
+longer-horizon load only cost TTFT (below).
 
 **Balance (issue 4: busiest replica <= 1.25x the mean load; 2026-11-30).** Load is each
 replica's busy seconds from the first arrival to the 95%-arrival time (the benchmark's
@@ -247,8 +248,9 @@ Parameters and their defaults (one configuration for every workload):
 ``balance_cap`` (0 = off), ``max_copy`` (0.05) as described above.
 ``cold_cap`` (1.1; 0 = off), ``cold_rho_max`` (0.1: queues mostly empty, an M/M/1 queue
 waits with probability ``rho``), ``balance_horizon_s`` (300: ten load horizons, a few turns
-of a session), ``free_share`` (0.1), ``cold_share`` (0.5), ``cold_slack`` (inf): the cold rule above, ours, from the benchmark (figures
-above); the load is kept (the ``long_load_s`` score) even with the rule off.
+of a session), ``free_share`` (0.1), ``cold_share`` (0.5), ``cold_slack`` (inf): the cold
+rule above, ours, from the benchmark (figures above); the load is kept (the
+``long_load_s`` score) even with the rule off.
 """
 
 from __future__ import annotations
