@@ -145,7 +145,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if args.copies < 1 or args.interval < 0 or args.time_scale <= 0 or args.jobs < 1:
+    if args.copies < 1 or not 0 <= args.interval < float("inf") or args.jobs < 1 \
+            or not 0 < args.time_scale < float("inf"):
         parser.error("--copies and --jobs must be at least 1, --interval non-negative, "
                      "--time-scale positive")
     trace = "--trace ../shared/data/kv_cache_tester --trace-format kvtester"

@@ -86,8 +86,9 @@ def test_simulate_replays_kvtester_sessions_as_more_users(tmp_path):
     reports = {}
     for copies in ("1", "3"):
         out = tmp_path / f"copies{copies}.json"
+        spacing = ["--copy-interval", "100"] if copies != "1" else []
         result = prefixroute("simulate", "--trace", str(sessions), "--trace-format",
-                             "kvtester", "--session-copies", copies, "--copy-interval", "100",
+                             "kvtester", "--session-copies", copies, *spacing,
                              "--replicas", "2", "--policy", "prefixroute", "--json", str(out))
         assert result.returncode == 0, result.stderr
         reports[copies] = json.loads(out.read_text())
@@ -99,8 +100,10 @@ def test_simulate_replays_kvtester_sessions_as_more_users(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--session-copies", "0"], "--session-copies: must be at least 1, got 0"),
-    (["--copy-interval", "-5"], "--copy-interval: must be a non-negative number"),
+    (["--session-copies", "0"], "--session-copies: must be an integer of at least 1, got 0"),
+    (["--session-copies", "2", "--copy-interval", "-5"],
+     "--copy-interval: must be a non-negative number"),
+    (["--copy-interval", "600"], "--copy-interval needs --session-copies of 2 or more"),
     (["--trace-format", "mooncake", "--session-copies", "2"], "kvtester traces only"),
 ])
 def test_bad_session_copies_exit_2(tmp_path, args, message):

@@ -131,3 +131,13 @@ def test_capacity_in_tokens_and_bytes():
         capacity_in_blocks(16, blocks=-1)
     with pytest.raises(ConfigError):
         PagedBlockPool(1, 16)
+
+
+def test_fits_kv_counts_prompt_and_output_less_the_last_sampled_token():
+    from prefixroute.core.caches.base import fits_kv
+    # 10 blocks of 16 tokens hold 160 slots; the last sampled token never needs one.
+    assert fits_kv(160, 1, 10, 16)          # 160 slots
+    assert not fits_kv(160, 2, 10, 16)      # 161 slots: an 11th block
+    assert not fits_kv(161, 1, 10, 16)      # a partial 11th block
+    assert fits_kv(150, 11, 10, 16)         # 160 slots
+    assert fits_kv(10**6, 1, 0, 16)         # unknown capacity: assume it fits

@@ -167,10 +167,12 @@ def test_a_prompt_longer_than_the_kv_leaves_the_mirror_as_it_was():
     policy = create_policy(PLAIN)
     replicas = fleet()  # 1,000 blocks each
     send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
-    # 1,001 blocks (16,016 tokens) cannot fit replica 1's 1,000: it is rejected at once and
-    # reports 0 cached tokens. Neither the blocks it would have inserted (enough to push out
-    # all of "A") nor its 0 (no eviction happened) change what replica 1 holds.
-    send(policy, req(blocks("H", 1001), "huge"), 1, replicas, cached_tokens=0)
+    # 1,001 blocks (16,016 tokens), the first 10 of them "A", cannot fit replica 1's 1,000:
+    # it is rejected at once and reports 0 cached tokens. Neither the blocks it would have
+    # inserted (enough to push out all of "A") nor its 0 (read as feedback: "A" evicted)
+    # change what replica 1 holds.
+    send(policy, req(blocks("A", 10) + blocks("H", 991), "huge"), 1, replicas,
+         cached_tokens=0)
     decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), replicas)
     assert decision.scores[1]["expected_cached_tokens"] == 160
     assert decision.replica == 1

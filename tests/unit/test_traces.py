@@ -161,20 +161,29 @@ def test_kvtester_copies_are_further_users_with_their_own_blocks_and_pacing(tmp_
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"copies": 0}, "copies must be an integer of at least 1"),
-    ({"copy_interval_s": -1.0}, "non-negative"),
-    ({"copy_interval_s": float("nan")}, "non-negative"),
+    ({"copies": 0}, "--session-copies: must be an integer of at least 1"),
+    ({"copies": 2, "copy_interval_s": -1.0}, "--copy-interval: must be a non-negative"),
+    ({"copies": 2, "copy_interval_s": float("nan")}, "--copy-interval: must be a non-negative"),
+    ({"copy_interval_s": 600.0}, "--copy-interval needs --session-copies of 2 or more"),
 ])
-def test_kvtester_copies_refuse_bad_values(tmp_path, options, message):
+def test_kvtester_copies_refuse_bad_values_at_once(tmp_path, options, message):
     (tmp_path / "s1.json").write_text(json.dumps(session(64, [kv_request(0.0, 130, 5, [1])])))
     with pytest.raises(ConfigError, match=message):
-        list(read_trace(tmp_path, "kvtester", **options))
+        read_trace(tmp_path, "kvtester", **options)  # not only once iterated
 
 
 def test_only_kvtester_traces_have_sessions_to_copy(tmp_path):
     path = write_lines(tmp_path / "m.jsonl", [mooncake_line(0, 1200, 10, [0, 1, 2])])
     with pytest.raises(ConfigError, match="kvtester traces only"):
         read_trace(path, "mooncake", copies=2)
+
+
+def test_a_session_named_like_a_copy_is_refused_when_copying(tmp_path):
+    (tmp_path / "s1#1.json").write_text(json.dumps(session(64, [
+        kv_request(0.0, 130, 5, [1, 2])])))
+    assert len(list(read_trace(tmp_path, "kvtester"))) == 1
+    with pytest.raises(InputError, match="has a '#'"):
+        list(read_trace(tmp_path, "kvtester", copies=2))
 
 
 def test_kvtester_errors_name_the_request(tmp_path):

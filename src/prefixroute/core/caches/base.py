@@ -99,6 +99,18 @@ def capacity_in_blocks(block_size: int, *, blocks: int | None = None, tokens: in
     return model.blocks_for_memory(memory_bytes, block_size)
 
 
+def fits_kv(prompt_tokens: int, output_tokens: int, capacity_blocks: int,
+            block_size: int) -> bool:
+    """Whether a request can ever run on a KV of ``capacity_blocks`` (0 or less: unknown, so
+    yes): its prompt and output less the last sampled token, which never gets KV, in whole
+    blocks. An engine rejects a request that does not fit at once (our replica engine, and
+    vLLM refuses a prompt beyond what its KV can hold); a router that does not know the
+    output length passes 1."""
+    if capacity_blocks <= 0:
+        return True
+    return -(-(prompt_tokens + max(1, output_tokens) - 1) // block_size) <= capacity_blocks
+
+
 def cacheable_blocks(num_tokens: int, block_size: int) -> int:
     """Blocks a request may hit: its last prompt token is always recomputed, so at most
     ``floor((n - 1) / B)`` blocks (vLLM ``get_computed_blocks``: ``max_cache_hit_length =

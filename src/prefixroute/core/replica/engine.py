@@ -50,7 +50,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-from prefixroute.core.caches.base import CacheEventListener, capacity_in_blocks
+from prefixroute.core.caches.base import CacheEventListener, capacity_in_blocks, fits_kv
 from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.identity.model_config import ModelConfig
@@ -255,9 +255,8 @@ class ReplicaEngine:
             raise ConfigError(f"request {request_id!r}: output_tokens must be >= 1, "
                               f"got {output_tokens!r}")
         self._run_until(now)
-        # The last sampled token never gets KV: prompt + output - 1 slots at most.
-        needed = -(-(prompt_tokens + output_tokens - 1) // self.block_size)
-        if needed > self.pool.capacity_blocks:
+        if not fits_kv(prompt_tokens, output_tokens, self.pool.capacity_blocks,
+                       self.block_size):
             self._outbox.append(EngineEvent("rejected", request_id, now, 0, prompt_tokens, 0))
             return
         seq = _Seq(request_id, prompt_tokens, output_tokens, block_keys, token_ids, now)

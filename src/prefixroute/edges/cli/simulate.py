@@ -63,7 +63,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
                              "sessions, each keeping its own pacing (default 1)")
     source.add_argument("--copy-interval", type=float, default=0.0, metavar="S",
                         help="kvtester: copy c of each session starts c x S seconds later "
-                             "(default 0)")
+                             "(default 0; --time-scale scales it with every arrival)")
     source.add_argument("--requests", type=int, metavar="N",
                         help="replay only the first N requests")
     source.add_argument("--time-scale", type=float, default=1.0, metavar="F",
@@ -148,10 +148,6 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
                                   f"{value!r}") from None
         copies = getattr(args, "session_copies", 1)
         interval = getattr(args, "copy_interval", 0.0)
-        _positive(copies, "--session-copies")
-        if not math.isfinite(interval) or interval < 0:
-            raise ConfigError(f"--copy-interval: must be a non-negative number of seconds, "
-                              f"got {interval}")
         requests = read_trace(args.trace, args.trace_format, args.trace_block_size,
                               prefixes=typed, seed=args.seed or 0, copies=copies,
                               copy_interval_s=interval)

@@ -72,6 +72,9 @@ def _read_session(path: Path, index: int, block_size: int | None, stagger_s: flo
     if not isinstance(requests, list):
         raise InputError("expected a list", where=where, field="requests")
     namespace = str(document.get("id") or path.stem)
+    if copies > 1 and "#" in namespace:
+        raise InputError(f"session {namespace!r} has a '#', which names the copies of sessions",
+                         where=where, field="id" if document.get("id") else None)
     offset = index * stagger_s
     previous = 0.0
     out: list[list[Request]] = []
@@ -97,16 +100,23 @@ def _read_session(path: Path, index: int, block_size: int | None, stagger_s: flo
     return file_block_size, out
 
 
+def check_copies(copies: int, copy_interval_s: float) -> None:
+    """Refuse copy settings that mean nothing (messages name the ``simulate`` flags)."""
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ConfigError(f"--session-copies: must be an integer of at least 1, got {copies!r}")
+    if not math.isfinite(copy_interval_s) or copy_interval_s < 0:
+        raise ConfigError(f"--copy-interval: must be a non-negative number of seconds, got "
+                          f"{copy_interval_s!r}")
+    if copy_interval_s and copies == 1:
+        raise ConfigError("--copy-interval needs --session-copies of 2 or more")
+
+
 def read_kvtester(paths: str | os.PathLike | Sequence[str | os.PathLike],
                   block_size: int | None = None, stagger_s: float = 0.0, copies: int = 1,
                   copy_interval_s: float = 0.0) -> Iterator[Request]:
     """Merge every session file's requests by time (ties: file order, then copy, then
     request order); ``copies`` and ``copy_interval_s`` as in the module docstring."""
-    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
-        raise ConfigError(f"copies must be an integer of at least 1, got {copies!r}")
-    if not math.isfinite(copy_interval_s) or copy_interval_s < 0:
-        raise ConfigError(f"the copy interval must be a non-negative number of seconds, got "
-                          f"{copy_interval_s!r}")
+    check_copies(copies, copy_interval_s)
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     streams = []

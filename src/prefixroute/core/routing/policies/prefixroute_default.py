@@ -84,8 +84,8 @@ and the view, so the sessions held there looked cold everywhere and moved, recom
 their contexts. On the agentic sessions (five draws, ours over the best peer, medians): (a) mean
 TTFT 1.51x -> 1.14x, p99 1.08x -> 1.02x; (b) mean 0.24x -> 0.19x, p99 0.42x -> 0.41x,
 busiest replica 1.14 -> 1.23; with five users per session at the recorded pacing
-(``benchmarks/agentic_pacing.py``, copies 590, 600 and 610 s apart) mean TTFT 27.8 -> 20.6 s
-(llmd_weighted 12.2 s). The other workloads have no such prompt and do not move.
+(``benchmarks/agentic_pacing.py --interval`` 590, 600 and 610: medians of the three) mean
+TTFT 27.8 -> 20.6 s (llmd_weighted 12.2 s). The other workloads have no such prompt and do not move.
 
 **KV admission.** A replica whose KV is held by running requests cannot admit the request until
 enough of them finish: the blocks it lacks, as a share of its capacity, times how long requests
@@ -260,6 +260,7 @@ from collections import OrderedDict, deque
 from itertools import groupby
 from typing import Hashable, Sequence
 
+from prefixroute.core.caches.base import fits_kv
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import (BasePolicy, CacheView, Decision, ReplicaView,
                                            RequestView)
@@ -439,9 +440,11 @@ class ReplicaEstimate:
             return 0.0
         return (high - age) / (high - low)
 
-    def fits(self, num_tokens: int, block_size: int) -> bool:
-        """Whether a prompt fits the replica's KV at all (unknown capacity: assume so)."""
-        return not self.configured_capacity or num_tokens <= self.configured_capacity * block_size
+    def fits(self, request: RequestView) -> bool:
+        """Whether the request can run on this replica's KV at all (:func:`fits_kv`, with the
+        request's output hint when it has one)."""
+        return fits_kv(request.num_tokens, request.output_tokens_hint or 1,
+                       self.configured_capacity, request.block_size)
 
     def age(self, stamp: int) -> int:
         return self.inserts - self.inserts_at[stamp]
@@ -714,7 +717,7 @@ class PrefixRoute(BasePolicy):
                 "recent_requests": round(self._decayed(est.routed, now), 3),
                 "long_load_s": self._decayed(est.routed_s, now, self.balance_horizon_s)}
         choice, branch, reason = self._choose(replicas, estimates, scores, costs, details, n,
-                                              keys, block, now)
+                                              keys, block, now, request.output_tokens_hint or 1)
         chosen = scores[choice]
         reason += (f"; cost {costs[choice]:.3f} s = wait {chosen['wait_s']:.3f} + prefill "
                    f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f} + delay to "
@@ -797,7 +800,8 @@ class PrefixRoute(BasePolicy):
     def _choose(self, replicas: Sequence[ReplicaView], estimates: list[ReplicaEstimate],
                 scores: dict[int, dict[str, float]], costs: dict[int, float],
                 details: dict[int, tuple[float, int, list[int]]], n: int,
-                keys: Sequence[Hashable], block: int, now: float) -> tuple[int, str, str]:
+                keys: Sequence[Hashable], block: int, now: float,
+                output: int = 1) -> tuple[int, str, str]:
         """The cheapest replica the balance cap allows, near-ties to the fewest in flight;
         the branch says why."""
         allowed = list(costs)
@@ -840,7 +844,7 @@ class PrefixRoute(BasePolicy):
         # Placed by the momentary queue, sessions stack up where a queue happened to be
         # short; so it avoids replicas whose prefill work routed over the longer horizon is
         # above cold_cap x the fleet mean, taking the cheapest equivalent replica below it.
-        fits = all(r.capacity_blocks <= 0 or n <= r.capacity_blocks * block for r in replicas)
+        fits = all(fits_kv(n, output, r.capacity_blocks, block) for r in replicas)
         if self.cold_cap and len(costs) > 1 and best_hit <= self.cold_share * n and fits \
                 and self._rho < self.cold_rho_max:
             loads = {i: scores[i]["long_load_s"] for i in allowed}
@@ -920,10 +924,11 @@ class PrefixRoute(BasePolicy):
         inserts_before = est.inserts
         predicted_blocks = int(round(cached / request.block_size)) if request.block_size else 0
         # A prompt longer than the replica's KV is rejected at once: it caches nothing and
-        # adds no load. Touching the mirror with it would push every block out of it (an
+        # adds no long-term load (its queue entry leaves when it ends, ``drop_ended``).
+        # Touching the mirror with it would push every block out of it (an
         # 800k-token agentic prompt is 12,500 blocks against 6,400), and the sessions held
         # there would then look cold everywhere and move.
-        fits = est.fits(request.num_tokens, request.block_size)
+        fits = est.fits(request)
         stamp = est.touch(keys if fits else (), predicted_blocks)
         est.in_flight[request.request_id] = stamp
         self._decayed(est.routed, request.now)
@@ -968,7 +973,7 @@ class PrefixRoute(BasePolicy):
         if self.drop_ended:
             est.drop(request.request_id)
         if prediction is None or prediction[0] != replica or request.block_size <= 0 \
-                or not self.feedback or not est.fits(request.num_tokens, request.block_size):
+                or not self.feedback or not est.fits(request):
             return  # (a prompt that cannot fit was rejected: its 0 says nothing of the cache)
         _, stamps, inserts_then, _ = prediction
         reported = max(0, cached_tokens) // request.block_size
