@@ -146,8 +146,7 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
             except ValueError:
                 raise ConfigError(f"--azure-prefixes: {key} expects a number, got "
                                   f"{value!r}") from None
-        copies = getattr(args, "session_copies", 1)
-        interval = getattr(args, "copy_interval", 0.0)
+        copies, interval = args.session_copies, args.copy_interval
         requests = read_trace(args.trace, args.trace_format, args.trace_block_size,
                               prefixes=typed, seed=args.seed or 0, copies=copies,
                               copy_interval_s=interval)
@@ -159,9 +158,8 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         for flag, value in (("--trace-format", args.trace_format),
                             ("--trace-block-size", args.trace_block_size),
                             ("--azure-prefixes", args.azure_prefixes),
-                            ("--session-copies",
-                             getattr(args, "session_copies", 1) != 1),
-                            ("--copy-interval", getattr(args, "copy_interval", 0.0))):
+                            ("--session-copies", args.session_copies != 1),
+                            ("--copy-interval", args.copy_interval)):
             if value:
                 raise ConfigError(f"{flag} needs --trace")
         spec = args.workload or "seed-fleet"

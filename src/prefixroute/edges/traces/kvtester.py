@@ -53,8 +53,7 @@ def session_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 
 def _read_session(path: Path, index: int, block_size: int | None, stagger_s: float,
-                  copies: int = 1,
-                  copy_interval_s: float = 0.0) -> tuple[int, list[list[Request]]]:
+                  copies: int, copy_interval_s: float) -> tuple[int, list[list[Request]]]:
     """The file's block size and its requests, one list per copy (each in time order)."""
     with open_text(path) as fh:
         try:
@@ -115,10 +114,16 @@ def read_kvtester(paths: str | os.PathLike | Sequence[str | os.PathLike],
                   block_size: int | None = None, stagger_s: float = 0.0, copies: int = 1,
                   copy_interval_s: float = 0.0) -> Iterator[Request]:
     """Merge every session file's requests by time (ties: file order, then copy, then
-    request order); ``copies`` and ``copy_interval_s`` as in the module docstring."""
+    request order); ``copies`` and ``copy_interval_s`` as in the module docstring, checked
+    at the call (the files are read as the requests are taken)."""
     check_copies(copies, copy_interval_s)
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    return _merged(paths, block_size, stagger_s, copies, copy_interval_s)
+
+
+def _merged(paths: Sequence[str | os.PathLike], block_size: int | None, stagger_s: float,
+            copies: int, copy_interval_s: float) -> Iterator[Request]:
     streams = []
     for index, path in enumerate(session_files(paths)):
         file_block_size, copied = _read_session(path, index, block_size, stagger_s, copies,

@@ -81,11 +81,12 @@ no load; the runner's approximate view does not record it either
 (:meth:`ApproximateView.record`). Before, its blocks (an 807,523-token agentic prompt is
 12,617 full blocks against a replica's 6,400) pushed every other block out of the mirror
 and the view, so the sessions held there looked cold everywhere and moved, recomputing
-their contexts. On the agentic sessions (five draws, ours over the best peer, medians): (a) mean
-TTFT 1.51x -> 1.14x, p99 1.08x -> 1.02x; (b) mean 0.24x -> 0.19x, p99 0.42x -> 0.41x,
-busiest replica 1.14 -> 1.23; with five users per session at the recorded pacing
+their contexts. On the agentic sessions (five draws, ours over the best peer, medians):
+(a) mean TTFT 1.51x -> 1.14x, p99 1.08x -> 1.02x; (b) mean 0.24x -> 0.19x, p99 0.42x ->
+0.41x, busiest replica 1.14 -> 1.23; with five users per session at the recorded pacing
 (``benchmarks/agentic_pacing.py --interval`` 590, 600 and 610: medians of the three) mean
-TTFT 27.8 -> 20.6 s (llmd_weighted 12.2 s). The other workloads have no such prompt and do not move.
+TTFT 27.8 -> 20.6 s (llmd_weighted 12.2 s). The other workloads have no such prompt and do
+not move.
 
 **KV admission.** A replica whose KV is held by running requests cannot admit the request until
 enough of them finish: the blocks it lacks, as a share of its capacity, times how long requests
