@@ -222,6 +222,40 @@ def test_feedback_shrinks_the_predicted_hit():
                         replicas).scores[0]["expected_cached_tokens"] == 160
 
 
+def test_a_hit_deeper_than_predicted_brings_the_horizon_back():
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    for family, n in (("W", 10), ("P", 5), ("S", 5), ("Q", 10)):  # stamps 0, 1, 2, 3
+        send(policy, req(blocks(family, n), family), 0, replicas, cached_tokens=0)
+    # Q's fifth block went (4 of 10 reused): Q's old touch and everything before it count as
+    # gone, W, P and S included.
+    send(policy, req(blocks("Q", 10) + blocks("y", 1), "again"), 0, replicas,
+         cached_tokens=4 * B)
+    probe_s = req(blocks("S", 5) + blocks("x", 1), "probe-s")
+    assert policy.route(probe_s, replicas).scores[0]["expected_cached_tokens"] == 0
+    # Then all five of P's blocks are reused, though none was predicted: P survived, and so
+    # did S, touched after it. W, touched before P, may have gone and still counts as gone.
+    send(policy, req(blocks("P", 5) + blocks("x", 1), "p2"), 0, replicas, cached_tokens=5 * B)
+    assert policy.route(probe_s, replicas).scores[0]["expected_cached_tokens"] == 5 * B
+    probe_w = req(blocks("W", 10) + blocks("x", 1), "probe-w")
+    assert policy.route(probe_w, replicas).scores[0]["expected_cached_tokens"] == 0
+
+
+def test_the_insert_clock_counts_what_the_replica_inserted():
+    # Capacity 100 blocks, width 0.25: a block is certain up to 75 inserts after its touch.
+    policy = create_policy(PLAIN)
+    replicas = [ReplicaView(0, capacity_blocks=100, prefill_s_per_token=MS, cache=Holds())]
+    send(policy, req(blocks("P", 4), "p"), 0, replicas, cached_tokens=0)
+    probe = req(blocks("P", 4) + blocks("x", 1), "probe")
+    # 90 blocks we never sent there, so predicted uncached: 90 inserts, P at (100 - 90) / 25.
+    send(policy, req(blocks("F", 90), "f"), 0, replicas)
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == \
+        pytest.approx(4 * 0.4 * B, abs=0.1)
+    # The replica had them all (another router sent them): nothing was inserted, P is certain.
+    policy.on_completed(req(blocks("F", 90), "f"), 0, 90 * B)
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 4 * B
+
+
 def test_feedback_can_be_switched_off():
     policy = create_policy(PLAIN + ",feedback=false")
     replicas = fleet()

@@ -29,10 +29,10 @@ minutes (below, "Cold requests on a quiet fleet")::
 
 **Expected hits.** The policy mirrors the blocks it sent to each replica (an LRU of the
 replica's size, as approximate routers do) and stamps each block with the replica's *insert
-count* at its last touch. A block after which ``k`` new blocks were inserted survives an LRU
-of effective depth ``C`` with probability 1 up to ``k = C (1 - w)``, 0 from ``C (1 + w)`` (or
-the configured capacity: ``N`` inserts surely flush an ``N``-block LRU), linear between
-(``w = survival_width``). Expected cached blocks are the running minimum of those
+count* at its last touch. A block after which ``k`` new blocks were inserted survives the
+replica's LRU of ``C`` blocks (its KV capacity) with probability 1 up to ``k = C (1 - w)``, 0
+from ``k = C`` (``C`` inserts surely flush a ``C``-block LRU), linear between (``w =
+survival_width``). Expected cached blocks are the running minimum of those
 probabilities summed along the prefix chain (block ``i`` only hits if ``0 .. i-1`` do). The
 runner's cache view (:attr:`ReplicaView.cache`: approximate, KV events or exact) vetoes blocks
 it says are gone, except those of requests still in flight there: they are being computed, so a
@@ -43,9 +43,25 @@ burst: the interface answers at once, and the queue there is the wait).
 engine's reported ``cached_tokens``). Fewer reused blocks than predicted means the first
 missing block was evicted, and with it every block touched before it (LRU): the replica's
 eviction horizon moves to that block's stamp and everything older counts as gone. The
-request's own blocks were recomputed and cached again, so they stay. The LRU depth at which
-the block went pulls the replica's effective depth ``C`` down; a hit deeper than ``C`` pushes
-it back up (never above the configured capacity).
+request's own blocks were recomputed and cached again, so they stay. More reused blocks than
+predicted means the deepest of them survived: if the horizon had passed it, the horizon goes
+back to just before it. Either way the insert clock is corrected to what the replica really
+inserted (the prompt's blocks it did not have), not the blocks predicted uncached.
+
+**No learned LRU depth** (2026-11-30). Until then the feedback also learned an *effective*
+depth: each miss pulled ``C`` towards the age at which the block went, and only a hit deeper
+than ``C`` pushed it back. Under KV pressure (running long-context requests pin much of the
+pool, so blocks go young) it fell to 14-25% of the KV, and then it could not come back: a
+prefix older than that counted as gone, the session moved and was recomputed elsewhere, so no
+deep hit was ever observed; a hit the mirror had not predicted (cut by that depth) taught
+nothing, and its blocks still ran the insert clock as new. On the agentic sessions at their
+recorded pacing with five users per session (``benchmarks/agentic_pacing.py``; copy intervals
+590, 600 and 610 s, medians), 541 of one draw's session moves left a replica that still held
+over half the prompt; fixing the depth at the KV size, learning from unpredicted hits and
+counting real inserts took the mean TTFT from 20.6 to 5.8 s and p99 from 154.7 to 67.4 s
+(llmd_weighted 12.2 s and 135.8 s), token hit 70.7% -> 82.6%. On the benchmark's eight
+settings nothing moved beyond a draw's noise (Mooncake synthetic (b), mean TTFT over the best
+peer's, median of five draws: 1.12x -> 1.04x).
 
 **Learned prefill speed.** Each replica's seconds per token ``s`` starts at
 :attr:`ReplicaView.prefill_s_per_token` (an engine profile or calibration) or
@@ -216,10 +232,10 @@ Parameters and their defaults (one configuration for every workload):
     a decoding request's step cost in prompt-token equivalents: 5.0e-5 s per sequence and
     5.2e-8 s per context token over 4.0e-5 s per prompt token (same preset).
 ``survival_width`` (0.25)
-    blocks pinned by running requests and vLLM's tail-first freeing make a pool's usable LRU
-    depth vary by about a quarter of it around the effective depth.
+    blocks pinned by running requests and vLLM's tail-first freeing make a block go up to
+    about a quarter of the pool sooner than a pure LRU would drop it.
 ``learning_rate`` (0.2)
-    weight of one eviction or deep-hit report on the effective depth (the last five or so).
+    weight of one completion on how long requests stay (the last five or so).
 ``speed_memory`` (0.99)
     forgetting per observation of the speed: about the last hundred decisions.
 ``tie_tolerance`` (0), ``tie_s`` (0)
@@ -282,8 +298,8 @@ _TRUST_MIRROR = _TrustMirror()
 
 class ReplicaEstimate:
     """What the router believes about one replica: the blocks it sent there (LRU order, each
-    stamped with the touch that last used it), the eviction horizon and effective capacity
-    learned from feedback, and the prefill queue it routed there with the learned speed.
+    stamped with the touch that last used it), the eviction horizon learned from feedback,
+    and the prefill queue it routed there with the learned speed.
 
     Stamps are touch numbers (one per request routed here); ``inserts_at[stamp]`` is how many
     blocks had been inserted after that touch, so a block's LRU age is ``inserts -
@@ -291,17 +307,17 @@ class ReplicaEstimate:
     """
 
     __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity",
-                 "configured_capacity", "queue", "queue_units", "queue_work", "pending_work",
+                 "queue", "queue_units", "queue_work", "pending_work",
                  "observed_at", "progress_at", "utilisation", "routed", "routed_s",
                  "busy", "elapsed_s", "done_work", "in_flight", "started_at")
 
     def __init__(self, s_per_token: float, prior_work: float) -> None:
         self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
-        self.inserts = 0          # blocks predicted newly inserted so far (the LRU clock)
+        self.inserts = 0          # blocks newly inserted so far (the LRU clock; predicted
+        #                           at routing, corrected with the reported hits)
         self.inserts_at: list[int] = []  # stamp -> inserts after that touch
         self.horizon = -1         # blocks stamped at or below this were evicted (feedback)
-        self.capacity = 0.0       # effective LRU depth in blocks (0: unknown)
-        self.configured_capacity = 0
+        self.capacity = 0         # the replica's KV in blocks (0: unknown)
         # The prefill queue as routed here, oldest first: [units the runner counts, of which
         # uncached, work].
         self.queue: deque[list[float]] = deque()
@@ -422,9 +438,9 @@ class ReplicaEstimate:
     # -- the cache ------------------------------------------------------------------------------
     def survival(self, stamp: int, width: float) -> float:
         """Probability that a block last touched at ``stamp`` is still cached: 1 while fewer
-        than ``C (1 - width)`` blocks were inserted after it, 0 from ``C (1 + width)`` or the
-        configured capacity on (an LRU of N blocks has surely dropped a block N inserts ago),
-        linear between; ``C`` is the effective capacity."""
+        than ``C (1 - width)`` blocks were inserted after it, 0 from ``C`` on (an LRU of ``C``
+        blocks has surely dropped a block ``C`` inserts ago), linear between; ``C`` is the
+        replica's KV in blocks, unknown (0) meaning no decay."""
         if stamp <= self.horizon:
             return 0.0
         capacity = self.capacity
@@ -434,18 +450,15 @@ class ReplicaEstimate:
         low = capacity * (1.0 - width)
         if age <= low:
             return 1.0
-        high = capacity * (1.0 + width)
-        if self.configured_capacity:
-            high = min(high, float(self.configured_capacity))
-        if age >= high:
+        if age >= capacity:
             return 0.0
-        return (high - age) / (high - low)
+        return (capacity - age) / (capacity - low)
 
     def fits(self, request: RequestView) -> bool:
         """Whether the request can run on this replica's KV at all (:func:`fits_kv`, with the
         request's output hint when it has one)."""
         return fits_kv(request.num_tokens, request.output_tokens_hint or 1,
-                       self.configured_capacity, request.block_size)
+                       self.capacity, request.block_size)
 
     def age(self, stamp: int) -> int:
         return self.inserts - self.inserts_at[stamp]
@@ -462,7 +475,7 @@ class ReplicaEstimate:
             if key in blocks:
                 blocks.move_to_end(key)
             blocks[key] = stamp
-        limit = self.configured_capacity or _UNKNOWN_CAPACITY
+        limit = self.capacity or _UNKNOWN_CAPACITY
         while len(blocks) > limit:
             blocks.popitem(last=False)
         return stamp
@@ -567,9 +580,8 @@ class PrefixRoute(BasePolicy):
         if est is None:
             prior = replica.prefill_s_per_token or self._fleet_speed()
             est = self._replicas[replica.index] = ReplicaEstimate(prior, self.chunk_tokens)
-        if replica.capacity_blocks and replica.capacity_blocks != est.configured_capacity:
-            est.configured_capacity = replica.capacity_blocks
-            est.capacity = float(replica.capacity_blocks)
+        if replica.capacity_blocks:
+            est.capacity = replica.capacity_blocks
         pending = replica.pending_prefill_tokens
         if pending > est.queue_units + 0.5 and not self._pending_counts_prompt and est.queue:
             self._pending_counts_prompt = True
@@ -922,8 +934,16 @@ class PrefixRoute(BasePolicy):
         units = request.num_tokens if self._pending_counts_prompt else uncached
         work = self.prefill_work(uncached, cached)
         est.add_work(units, uncached, work, request.request_id)
-        inserts_before = est.inserts
         predicted_blocks = int(round(cached / request.block_size)) if request.block_size else 0
+        # The mirror's stamps along the prompt before this touch, past the prediction too: a
+        # hit deeper than predicted says how old a surviving block was.
+        chain: list[int] = []
+        get = est.blocks.get
+        for key in keys:
+            touched = get(key)
+            if touched is None:
+                break
+            chain.append(touched)
         # A prompt longer than the replica's KV is rejected at once: it caches nothing and
         # adds no long-term load (its queue entry leaves when it ends, ``drop_ended``).
         # Touching the mirror with it would push every block out of it (an
@@ -944,16 +964,17 @@ class PrefixRoute(BasePolicy):
                 self._concurrent[key] = self._concurrent.get(key, 0) + 1
             self._inflight_keys[request.request_id] = depth_keys
         self._clock = max(self._clock, request.now)
-        self._predictions[request.request_id] = (index, stamps, inserts_before, request.now)
+        self._predictions[request.request_id] = (index, stamps, chain,
+                                                 predicted_blocks if fits else 0, request.now)
 
     def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
         """Correct the replica's estimate with what it reported.
 
         Fewer reused blocks than predicted: the first missing block was evicted, and with it
         every block touched before it (LRU), so the eviction horizon moves to its stamp; the
-        request's own blocks were recomputed and cached again, so they stay. The LRU depth at
-        which the block went lowers the replica's effective capacity; a hit deeper than the
-        capacity raises it.
+        request's own blocks were recomputed and cached again, so they stay. More: the deepest
+        reused block survived, so a horizon past it goes back to just before it. The insert
+        clock then counts the blocks the replica really inserted.
         """
         prediction = self._predictions.pop(request.request_id, None)
         for key in self._inflight_keys.pop(request.request_id, ()):
@@ -964,7 +985,7 @@ class PrefixRoute(BasePolicy):
                 self._concurrent.pop(key, None)
         if prediction is not None:
             # Completions carry no time: the latest request seen is the clock.
-            stay = max(0.0, self._clock - prediction[3])
+            stay = max(0.0, self._clock - prediction[4])
             self._residence_s = stay if self._residence_s <= 0 else \
                 self._residence_s + self.learning_rate * (stay - self._residence_s)
         est = self._replicas.get(replica)
@@ -976,22 +997,18 @@ class PrefixRoute(BasePolicy):
         if prediction is None or prediction[0] != replica or request.block_size <= 0 \
                 or not self.feedback or not est.fits(request):
             return  # (a prompt that cannot fit was rejected: its 0 says nothing of the cache)
-        _, stamps, inserts_then, _ = prediction
+        _, stamps, chain, predicted_blocks, _ = prediction
         reported = max(0, cached_tokens) // request.block_size
-        rate = self.learning_rate
         if reported < len(stamps):
             lost = stamps[reported]
             if lost >= 0:
                 est.horizon = max(est.horizon, lost)
-                if est.capacity > 0:
-                    depth = max(1, inserts_then - est.inserts_at[lost])
-                    if depth < est.capacity:
-                        est.capacity += rate * (depth - est.capacity)
-        elif stamps and est.capacity > 0:
-            # Blocks of unknown age (-1, from the view past our mirror) are the tail.
-            known = stamps[:stamps.index(-1)] if stamps[-1] < 0 else stamps
-            if known:
-                depth = inserts_then - est.inserts_at[min(known)]
-                if depth > est.capacity:
-                    ceiling = float(est.configured_capacity or depth)
-                    est.capacity = min(ceiling, est.capacity + rate * (depth - est.capacity))
+        elif reported > 0 and chain:
+            # Along a prefix the stamps only fall (every request touching block i touched
+            # 0 .. i-1), so the deepest reused block is the oldest that survived.
+            survived = chain[min(reported, len(chain)) - 1]
+            if survived <= est.horizon:
+                est.horizon = survived - 1
+        # The touch counted the blocks predicted uncached as inserted; the replica inserted
+        # the ones it lacked. A clock running ahead of the replica ages every block too fast.
+        est.inserts += predicted_blocks - reported
