@@ -60,8 +60,9 @@ recorded pacing with five users per session (``benchmarks/agentic_pacing.py``; c
 over half the prompt; fixing the depth at the KV size, learning from unpredicted hits and
 counting real inserts took the mean TTFT from 20.6 to 5.8 s and p99 from 154.7 to 67.4 s
 (llmd_weighted 12.2 s and 135.8 s), token hit 70.7% -> 82.6%. On the benchmark's eight
-settings nothing moved beyond a draw's noise (Mooncake synthetic (b), mean TTFT over the best
-peer's, median of five draws: 1.12x -> 1.04x).
+settings only Mooncake moved: conversation (b) p99 14.41 -> 14.12 s; synthetic (b), ours over
+llmd_weighted's, medians of five draws, p99 0.85x -> 0.94x and mean 1.12x -> 1.04x (the draws
+spread 0.65x to 1.06x at p99); no acceptance verdict changed.
 
 **Learned prefill speed.** Each replica's seconds per token ``s`` starts at
 :attr:`ReplicaView.prefill_s_per_token` (an engine profile or calibration) or
