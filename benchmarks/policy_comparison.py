@@ -6,6 +6,13 @@ For each workload:
 * the agentic sessions of ``../shared/data/kv_cache_tester/`` replayed as concurrent sessions,
 * the SPEC section 4 design scenario (``--workload design-scenario``, 5,000 requests),
 
+(and, only when named with ``--workloads agentic-users``, the agentic sessions at their
+recorded pacing with six users per session, 600 s apart: ``--session-copies 6
+--copy-interval 600``. The default agentic row reaches its load by compressing time about
+tenfold, which sends 90% of the turns before the reply they follow; this one raises the load
+with more users instead, each keeping the recorded pacing, and at time scale 1 the best peers
+keep 8 replicas about 62% busy. See ``benchmarks/agentic_pacing.py``.)
+
 on 8 replicas of the default engine profile (llama-3-8b-h100, 50 GiB of KV each), it finds
 
 (a) **the load**: the ``--time-scale`` at which the best peer keeps the replicas 60 to 85%
@@ -166,7 +173,16 @@ WORKLOADS = [
                  "--workload design-scenario",
                  lambda: make_workload("design-scenario", {})),
 ]
-BY_NAME = {w.name: w for w in WORKLOADS}
+# Run only when named (``--workloads agentic-users``; docstring).
+EXTRA_WORKLOADS = [
+    WorkloadSpec("agentic-users", "kv-cache-tester agentic sessions at their recorded pacing, "
+                 "6 users per session 600 s apart (168 sessions, 7,662 requests)",
+                 "--trace ../shared/data/kv_cache_tester --trace-format kvtester "
+                 "--session-copies 6 --copy-interval 600",
+                 lambda: read_trace(DATA / "kv_cache_tester", "kvtester", copies=6,
+                                    copy_interval_s=600.0)),
+]
+BY_NAME = {w.name: w for w in WORKLOADS + EXTRA_WORKLOADS}
 
 
 # -- workloads and runs (the parent prepares, forked workers inherit) -------------------------
