@@ -241,12 +241,18 @@ def test_a_hit_deeper_than_predicted_brings_the_horizon_back():
     assert policy.route(probe_w, replicas).scores[0]["expected_cached_tokens"] == 0
 
 
-def test_the_insert_clock_counts_what_the_replica_inserted():
-    # Capacity 100 blocks, width 0.25: a block is certain up to 75 inserts after its touch.
+def small_replica_holding_p():
+    """(policy, replicas, probe): one replica of 100 blocks (width 0.25: a block is certain up
+    to 75 inserts after its touch, gone at 100) that was sent P's 4 blocks; the probe asks for
+    them again."""
     policy = create_policy(PLAIN)
     replicas = [ReplicaView(0, capacity_blocks=100, prefill_s_per_token=MS, cache=Holds())]
     send(policy, req(blocks("P", 4), "p"), 0, replicas, cached_tokens=0)
-    probe = req(blocks("P", 4) + blocks("x", 1), "probe")
+    return policy, replicas, req(blocks("P", 4) + blocks("x", 1), "probe")
+
+
+def test_the_insert_clock_counts_what_the_replica_inserted():
+    policy, replicas, probe = small_replica_holding_p()
     # 90 blocks we never sent there, so predicted uncached: 90 inserts, P at (100 - 90) / 25.
     send(policy, req(blocks("F", 90), "f"), 0, replicas)
     assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == \
@@ -266,11 +272,7 @@ def test_feedback_can_be_switched_off():
 
 
 def test_survival_falls_with_the_blocks_inserted_since():
-    # Capacity 100 blocks, width 0.25: certain up to 75 inserts after the touch, gone at 100.
-    policy = create_policy(PLAIN)
-    replicas = [ReplicaView(0, capacity_blocks=100, prefill_s_per_token=MS, cache=Holds())]
-    send(policy, req(blocks("P", 4), "p"), 0, replicas, cached_tokens=0)
-    probe = req(blocks("P", 4) + blocks("x", 1), "probe")
+    policy, replicas, probe = small_replica_holding_p()
     send(policy, req(blocks("F", 75), "f1"), 0, replicas, cached_tokens=0)
     assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 64
     send(policy, req(blocks("G", 12), "f2"), 0, replicas, cached_tokens=0)  # 87 inserts
