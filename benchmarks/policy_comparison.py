@@ -10,8 +10,8 @@ For each workload:
 recorded pacing with six users per session, 600 s apart: ``--session-copies 6
 --copy-interval 600``. The default agentic row reaches its load by compressing time about
 tenfold, which sends 90% of the turns before the reply they follow; this one raises the load
-with more users instead, each keeping the recorded pacing, and at time scale 1 the best peers
-keep 8 replicas about 62% busy. See ``benchmarks/agentic_pacing.py``.)
+with more users instead, each keeping the recorded pacing, and at time scale 1 the best peer
+keeps 8 replicas 68% busy. See ``benchmarks/agentic_pacing.py``.)
 
 on 8 replicas of the default engine profile (llama-3-8b-h100, 50 GiB of KV each), it finds
 

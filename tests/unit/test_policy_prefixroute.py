@@ -262,6 +262,20 @@ def test_the_insert_clock_counts_what_the_replica_inserted():
     assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 4 * B
 
 
+def test_a_request_routed_without_asking_is_predicted_as_route_would():
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    for family, n in (("W", 5), ("P", 10)):
+        send(policy, req(blocks(family, n), family), 0, replicas, cached_tokens=0)
+    # Another router sends exactly P's 160 tokens there. The engine reuses at most 159 of
+    # them, 9 full blocks: that is what was predicted, so it evicts nothing, W included.
+    exact = req(blocks("P", 10), "exact")
+    policy.on_routed(exact, Decision(0, "another router"))
+    policy.on_completed(exact, 0, 9 * B)
+    probe = req(blocks("W", 5) + blocks("x", 1), "probe")
+    assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 5 * B
+
+
 def test_feedback_can_be_switched_off():
     policy = create_policy(PLAIN + ",feedback=false")
     replicas = fleet()
