@@ -284,7 +284,7 @@ from collections import OrderedDict, deque
 from itertools import groupby
 from typing import Hashable, Sequence
 
-from prefixroute.core.caches.base import fits_kv
+from prefixroute.core.caches.base import cacheable_blocks, fits_kv
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import (BasePolicy, CacheView, Decision, ReplicaView,
                                            RequestView)
@@ -472,22 +472,36 @@ class ReplicaEstimate:
     def age(self, stamp: int) -> int:
         return self.inserts - self.inserts_at[stamp]
 
-    def touch(self, keys: Sequence[Hashable], predicted_hits: int) -> int:
+    def touch(self, keys: Sequence[Hashable],
+              predicted_hits: int) -> tuple[int, list[tuple[int, int]]]:
         """The request's blocks were sent here: the new ones are inserted and all become most
-        recent under a new stamp (returned); the mirror keeps at most the replica's KV of
-        blocks."""
+        recent under a new stamp; the mirror keeps at most the replica's KV of blocks.
+
+        Returns the stamp and the blocks' stamps before this touch, from the first block to
+        the first one the mirror lacked, as runs ``(stamp, end)`` (blocks before ``end`` and
+        after the previous run have that stamp; stamps only fall along a prefix, as every
+        request touching block ``i`` touched ``0 .. i-1``): a hit deeper than predicted says
+        how old a surviving block was (:meth:`PrefixRoute.on_completed`)."""
         blocks = self.blocks
         self.inserts += max(0, len(keys) - predicted_hits)
         stamp = len(self.inserts_at)
         self.inserts_at.append(self.inserts)
-        for key in keys:
-            if key in blocks:
-                blocks.move_to_end(key)
+        runs: list[tuple[int, int]] = []
+        held = True
+        for i, key in enumerate(keys):
+            before = blocks.pop(key, None)  # re-inserted below: the most recent
+            if held:
+                if before is None:
+                    held = False
+                elif runs and runs[-1][0] == before:
+                    runs[-1] = (before, i + 1)
+                else:
+                    runs.append((before, i + 1))
             blocks[key] = stamp
         limit = self.capacity or _UNKNOWN_CAPACITY
         while len(blocks) > limit:
             blocks.popitem(last=False)
-        return stamp
+        return stamp, runs
 
 
 @register("prefixroute")
@@ -576,8 +590,10 @@ class PrefixRoute(BasePolicy):
         self._pending_counts_prompt = False
         self._replicas: dict[int, ReplicaEstimate] = {}
         # request id -> (replica, stamps of the blocks predicted cached, the mirror's stamps
-        # along its prompt before its touch, blocks predicted cached, when routed)
-        self._predictions: dict[str, tuple[int, list[int], list[int], int, float]] = {}
+        # along its prompt before its touch as runs (ReplicaEstimate.touch), blocks predicted
+        # cached, when routed)
+        self._predictions: dict[str, tuple[int, list[int], list[tuple[int, int]], int,
+                                           float]] = {}
         self._pending: dict[str, tuple[int, list[int], float]] = {}  # route -> on_routed
         self._block_size = 16
         self._clock = 0.0        # the latest time a request showed
@@ -698,8 +714,7 @@ class PrefixRoute(BasePolicy):
         keys = request.block_keys
         block = request.block_size
         n = request.num_tokens
-        limit = max(0, (n - 1) // block) if block > 0 else 0
-        limit = min(limit, len(keys))
+        limit = min(len(keys), cacheable_blocks(n, block)) if block > 0 else 0
         self._block_size = block
         scores: dict[int, dict[str, float]] = {}
         costs: dict[int, float] = {}
@@ -937,9 +952,9 @@ class PrefixRoute(BasePolicy):
         if pending is not None and pending[0] == index:
             stamps, cached = pending[1], pending[2]
         else:  # routed elsewhere than we said (or by someone else): predict afresh
-            # As in route: the engine reuses at most all but the prompt's last token.
             block = request.block_size
-            limit = min(len(keys), (request.num_tokens - 1) // block) if block > 0 else 0
+            limit = min(len(keys), cacheable_blocks(request.num_tokens, block)) if block > 0 \
+                else 0
             expected, _, stamps = self._expected_blocks(est, keys, limit, _TRUST_MIRROR)
             cached = expected * block
         uncached = max(0.0, request.num_tokens - cached)
@@ -947,18 +962,13 @@ class PrefixRoute(BasePolicy):
         work = self.prefill_work(uncached, cached)
         est.add_work(units, uncached, work, request.request_id)
         predicted_blocks = int(round(cached / request.block_size)) if request.block_size else 0
-        # The mirror's stamps along the prompt before this touch, past the prediction too: a
-        # hit deeper than predicted says how old a surviving block was.
-        chain = list(map(est.blocks.get, keys))
-        if None in chain:
-            del chain[chain.index(None):]
         # A prompt longer than the replica's KV is rejected at once: it caches nothing and
         # adds no long-term load (its queue entry leaves when it ends, ``drop_ended``).
         # Touching the mirror with it would push every block out of it (an
         # 800k-token agentic prompt is 12,500 blocks against 6,400), and the sessions held
         # there would then look cold everywhere and move.
         fits = est.fits(request)
-        stamp = est.touch(keys if fits else (), predicted_blocks)
+        stamp, chain = est.touch(keys if fits else (), predicted_blocks)
         est.in_flight[request.request_id] = stamp
         self._decayed(est.routed, request.now)
         est.routed[0] += 1.0
@@ -1014,9 +1024,10 @@ class PrefixRoute(BasePolicy):
             if lost >= 0:
                 est.horizon = max(est.horizon, lost)
         elif reported > 0 and chain:
-            # Along a prefix the stamps only fall (every request touching block i touched
-            # 0 .. i-1), so the deepest reused block is the oldest that survived.
-            survived = chain[min(reported, len(chain)) - 1]
+            # Stamps only fall along a prefix, so the deepest reused block the mirror held is
+            # the oldest that survived.
+            depth = min(reported, chain[-1][1])
+            survived = next(before for before, end in chain if end >= depth)
             if survived <= est.horizon:
                 est.horizon = survived - 1
         # The touch counted the blocks predicted uncached as inserted; the replica inserted
