@@ -40,8 +40,7 @@ from typing import Any
 import policy_comparison as pc
 
 from prefixroute.core.routing.registry import policy_names
-from prefixroute.core.simulator.simulation import (PreparedWorkload, prepare_workload,
-                                                   simulate_policy)
+from prefixroute.core.simulator.simulation import PreparedWorkload, prepare_workload
 from prefixroute.edges.traces import read_trace
 
 OURS = "prefixroute"
@@ -73,10 +72,8 @@ def run(task: tuple[str, str, str]) -> dict[str, Any]:
     name, spec, view = task
     workload = _WORKLOADS[name]
     fleet = pc.fleet_for(workload, pc.BASE_REPLICAS)
-    window = pc.arrival_window(workload)
     started = time.perf_counter()
-    result = simulate_policy(workload, fleet, spec, view=view,
-                             busy_until=workload.requests[0].arrival_s + window)
+    result, window = pc.windowed_run(workload, fleet, spec, view)
     s = result.summary
     out = {"workload": name, "policy": spec, "view": view,
            "ttft_p99_s": s["ttft_p99_s"], "ttft_mean_s": s["ttft_mean_s"],

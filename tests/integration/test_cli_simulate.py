@@ -120,6 +120,50 @@ def test_bad_session_copies_exit_2(tmp_path, args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_closed_loop_sends_each_turn_after_the_previous_reply(tmp_path):
+    # Recorded at the same instant, both turns arrive at 0 and are done within a second;
+    # closed loop, the second is sent 2 s (its think time) after the first one's reply.
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    (sessions / "a.json").write_text(json.dumps({"block_size": 64, "requests": [
+        {"t": 0.0, "in": 640, "out": 5, "hash_ids": list(range(1, 11))},
+        {"t": 0.0, "in": 1280, "out": 5, "hash_ids": list(range(1, 21)), "think_time": 2.0}]}))
+    makespans = {}
+    for flags in ([], ["--closed-loop"]):
+        out = tmp_path / f"run{len(flags)}.json"
+        result = prefixroute("simulate", "--trace", str(sessions), "--trace-format",
+                             "kvtester", *flags, "--replicas", "1", "--policy", "prefixroute",
+                             "--json", str(out))
+        assert result.returncode == 0, result.stderr
+        report = json.loads(out.read_text())
+        makespans[bool(flags)] = report["policies"]["prefixroute"]["makespan_s"]
+    assert report["workload"]["closed_loop"] is True
+    assert report["workload"]["max_think_s"] == 60.0
+    assert makespans[False] < 1.0 < 2.0 < makespans[True] < 3.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-think", "30"], "--max-think needs --closed-loop"),
+    (["--closed-loop", "--max-think", "-1"], "longest think time must be a non-negative"),
+])
+def test_bad_closed_loop_flags_exit_2(tmp_path, args, message):
+    write_session(tmp_path / "a.json", [(0.0, 640), (5.0, 1280)])
+    result = prefixroute("simulate", "--trace", str(tmp_path), "--trace-format", "kvtester",
+                         *args, "--policy", "round_robin")
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_closed_loop_needs_sessions(tmp_path):
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, '
+                     '"hash_ids": [1, 2]}\n')
+    result = prefixroute("simulate", "--trace", str(trace), "--trace-format", "mooncake",
+                         "--closed-loop", "--policy", "round_robin")
+    assert result.returncode == 2
+    assert "--closed-loop: the workload has no session with two turns" in result.stderr
+
+
 def test_session_copies_need_a_trace():
     result = prefixroute("simulate", "--workload", "seed-fleet:requests=5", "--session-copies",
                          "2")

@@ -32,6 +32,11 @@ class Request:
     conversation whose next turn contains it): decode blocks then get keys and are cached as
     they fill, as vLLM caches them. ``namespace`` scopes ``hash_ids`` that are local to one file
     (agentic-session traces), so equal ids from different files stay different blocks.
+
+    ``think_s`` is, for a turn after its session's first, how long the client waited after the
+    previous turn's reply before sending it (kv-cache-tester's ``think_time``): a closed-loop
+    replay (:func:`~prefixroute.core.simulator.simulation.prepare_workload`) sends the turn
+    that long after the previous one completes, instead of at ``arrival_s``.
     """
 
     request_id: str
@@ -49,6 +54,7 @@ class Request:
     prefix_tokens: int = 0
     output_token_ids: Sequence[int] | None = None
     namespace: str = ""
+    think_s: float | None = None
     block_keys: list = field(default_factory=list)  # filled by keys.fill_block_keys(); module doc
 
     @property

@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from prefixroute.core.caches.paged_pool import PagedBlockPool
@@ -85,19 +85,30 @@ class FleetConfig:
 
 @dataclass
 class PreparedWorkload:
-    """Requests in arrival order with their block keys, and the workload's ideal reuse."""
+    """Requests in arrival order with their block keys, and the workload's ideal reuse.
+
+    A *closed-loop* workload (``after`` set) sends a session's turn ``gap_s`` seconds after the
+    previous turn (request ``after[k]``) completes or is rejected, as a client waiting for each
+    reply does; ``arrival_s`` is then the recorded time, used only for the first turns (``after
+    -1``) and the order of the request list."""
 
     requests: list[Request]
     block_size: int
     ideal_cached: array
     info: dict[str, Any] = field(default_factory=dict)
     prompt_keys: list[list] = field(default_factory=list)  # per request, what routers see
+    after: array | None = None  # per request: the request whose completion sends it, or -1
+    gap_s: array | None = None  # per request: seconds from that completion to its arrival
 
     def __post_init__(self) -> None:
         if not self.prompt_keys:
             self.prompt_keys = [r.block_keys if len(r.block_keys) == metrics.prompt_blocks(r)
                                 else r.block_keys[:metrics.prompt_blocks(r)]
                                 for r in self.requests]
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.after is not None
 
     @property
     def input_tokens(self) -> int:
@@ -108,29 +119,61 @@ class PreparedWorkload:
         total = self.input_tokens
         return sum(self.ideal_cached) / total if total else 0.0
 
+    def scaled(self, factor: float) -> "PreparedWorkload":
+        """The same workload with every recorded time (arrivals, and a closed loop's gaps)
+        multiplied by ``factor``; the requests are copies, the keys shared."""
+        requests = [replace(r, arrival_s=r.arrival_s * factor) for r in self.requests]
+        gaps = None if self.gap_s is None else array("d", [g * factor for g in self.gap_s])
+        return PreparedWorkload(requests, self.block_size, self.ideal_cached,
+                                {**self.info, "time_scale": factor}, self.prompt_keys,
+                                self.after, gaps)
+
     def describe(self) -> dict[str, Any]:
         requests = self.requests
         duration = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
-        return {**self.info, "requests": len(requests), "block_size": self.block_size,
-                "input_tokens": self.input_tokens,
-                "output_tokens": sum(r.output_tokens for r in requests),
-                "duration_s": round(duration, 6),
-                "ideal_reused_tokens": int(sum(self.ideal_cached))}
+        out = {**self.info, "requests": len(requests), "block_size": self.block_size,
+               "input_tokens": self.input_tokens,
+               "output_tokens": sum(r.output_tokens for r in requests),
+               "duration_s": round(duration, 6),
+               "ideal_reused_tokens": int(sum(self.ideal_cached))}
+        if self.closed_loop:
+            out["closed_loop"] = True
+        return out
+
+
+# kv-cache-tester's trace replay caps a client's wait between turns at 60 s by default
+# (``--max-delay``): a user away for hours is not load.
+DEFAULT_MAX_THINK_S = 60.0
 
 
 def prepare_workload(requests: Iterable[Request], *, block_size: int | None = None,
                      time_scale: float = 1.0, limit: int | None = None,
                      keep_token_ids: bool = False, keyer: BlockKeyer | None = None,
-                     info: dict[str, Any] | None = None) -> PreparedWorkload:
+                     info: dict[str, Any] | None = None, closed_loop: bool = False,
+                     max_think_s: float = DEFAULT_MAX_THINK_S) -> PreparedWorkload:
     """Compute every request's block keys once, scale arrival times by ``time_scale``
     (below 1 replays faster: more load), check one block size and time order, and the ideal
     reuse. Token ids are dropped afterwards unless ``keep_token_ids`` (they are only needed to
-    hash, and a 10,000-token prompt is 40 kB)."""
+    hash, and a 10,000-token prompt is 40 kB).
+
+    ``closed_loop``: each turn of a session after its first is sent when the previous turn
+    (the session's previous request in the list) has completed, after the client's think time
+    (:attr:`Request.think_s`, at most ``max_think_s``; without one, the recorded interval
+    between the two turns), times ``time_scale``. This is how kv-cache-tester's own trace
+    replay sends them (``trace_replay_tester.py``, timing strategy ``think-only``, its
+    default): a coding agent waits for each reply. Requests without a session arrive at their
+    recorded times."""
     if not math.isfinite(time_scale) or time_scale < 0:
         raise ConfigError(f"time scale must be a non-negative number, got {time_scale!r}")
+    if math.isnan(max_think_s) or max_think_s < 0:
+        raise ConfigError(f"the longest think time must be a non-negative number of seconds, "
+                          f"got {max_think_s!r}")
     keyer = keyer or BlockKeyer()
     out: list[Request] = []
     last = -math.inf
+    after = array("l") if closed_loop else None
+    gaps = array("d") if closed_loop else None
+    previous: dict[str, tuple[int, float]] = {}  # session -> its latest request, recorded at
     for request in requests:
         if limit is not None and len(out) >= limit:
             break
@@ -146,6 +189,18 @@ def prepare_workload(requests: Iterable[Request], *, block_size: int | None = No
                              f"s, before the previous request ({last} s)",
                              where=request.request_id, field="arrival_s")
         last = request.arrival_s
+        if closed_loop:
+            before, recorded = previous.get(request.session, (-1, 0.0)) \
+                if request.session is not None else (-1, 0.0)
+            think = 0.0
+            if before >= 0:
+                think = request.think_s if request.think_s is not None \
+                    else request.arrival_s - recorded
+                think = min(max(0.0, think), max_think_s) * time_scale
+            after.append(before)
+            gaps.append(think)
+            if request.session is not None:
+                previous[request.session] = (len(out), request.arrival_s)
         if not request.block_keys:
             keyer.fill(request)
         if not keep_token_ids:
@@ -156,7 +211,8 @@ def prepare_workload(requests: Iterable[Request], *, block_size: int | None = No
         out.append(request)
     if not out:
         raise InputError("the workload has no requests")
-    return PreparedWorkload(out, block_size, metrics.ideal_reuse(out), dict(info or {}))
+    return PreparedWorkload(out, block_size, metrics.ideal_reuse(out), dict(info or {}),
+                            after=after, gap_s=gaps)
 
 
 class _DeferredApproximateView:
@@ -209,6 +265,11 @@ class PolicyRun:
     busy_until_s: list[float] | None = None
     # Per request, when its last token came (-1 if it did not complete).
     finish_s: list[float] = field(default_factory=list)
+    # Per request, when it arrived (a closed loop's turns arrive when the run sends them).
+    arrival_s: list[float] = field(default_factory=list)
+    # The time up to which ``busy_until_s`` counts (``busy_until``, or the arrival that
+    # ``busy_quantile`` names).
+    busy_until_at: float | None = None
 
 
 def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
@@ -225,12 +286,19 @@ def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
 def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *,
                     view: str = DEFAULT_VIEW, seed: int = 0,
                     progress: Callable[[int, int], None] | None = None,
-                    busy_until: float | None = None) -> PolicyRun:
+                    busy_until: float | None = None,
+                    busy_quantile: float | None = None) -> PolicyRun:
     """Replay ``workload`` through fresh replicas routed by the policy ``spec``.
 
     ``busy_until``: also measure each replica's busy seconds up to that time
     (:attr:`PolicyRun.busy_until_s`; replicas start idle, so from the first arrival on). It
-    only reads the engines when the first event after it comes, so the run is unchanged."""
+    only reads the engines when the first event after it comes, so the run is unchanged.
+    ``busy_quantile`` (instead): up to the arrival of that share of the requests (the
+    ``ceil(q n)``-th arrival), which in a closed loop depends on the run."""
+    if busy_until is not None and busy_quantile is not None:
+        raise ConfigError("give busy_until or busy_quantile, not both")
+    if busy_quantile is not None and not 0.0 < busy_quantile <= 1.0:
+        raise ConfigError(f"busy_quantile must be in (0, 1], got {busy_quantile!r}")
     policy_spec, view = split_view(spec, view)
     if workload.block_size != fleet.block_size:
         raise ConfigError(f"the workload's block size is {workload.block_size}, the fleet's "
@@ -277,7 +345,19 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     timeline_t: list[float] = []
     timeline_rows: list[list[int]] = []
 
-    clock = ManualClock(requests[0].arrival_s if requests else 0.0)
+    # Arrivals in time order (ties: list order). An open loop's are the recorded times; a
+    # closed loop's later turns join when the turn before them ends (``handle``).
+    arrive = array("d", [r.arrival_s for r in requests])
+    successor = array("l", [-1]) * total
+    if workload.after is not None:
+        for j, before in enumerate(workload.after):
+            if before >= 0:
+                successor[before] = j
+                arrive[j] = math.inf
+    arrivals = [(arrive[j], j) for j in range(total) if arrive[j] < math.inf]
+    heapq.heapify(arrivals)
+    gap_s = workload.gap_s
+    clock = ManualClock(arrivals[0][0] if arrivals else 0.0)
     heap: list[tuple[float, int]] = []
     wake: list[float | None] = [None] * n_replicas
 
@@ -288,6 +368,13 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         elif t != wake[i]:
             wake[i] = t
             heapq.heappush(heap, (t, i))
+
+    def release(k: int, ended: float) -> None:
+        """Request ``k`` ended (finished or rejected): its session's next turn is sent."""
+        j = successor[k]
+        if j >= 0:
+            arrive[j] = max(ended + gap_s[j], clock.now())
+            heapq.heappush(arrivals, (arrive[j], j))
 
     def handle(i: int, events) -> None:
         nonlocal rejected
@@ -305,17 +392,24 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
             else:  # rejected: never ran
                 rejected += 1
                 policy.on_completed(rv, i, 0)
+            release(k, event.time)
 
-    k = 0
+    seen = 0
     report_every = max(1, total // 100)
     inf = math.inf
     busy_until_s: list[float] | None = None
     snap_at = inf if busy_until is None else busy_until
-    while k < total or heap:
-        arrival = requests[k].arrival_s if k < total else inf
+    snap_count = max(1, math.ceil(busy_quantile * total)) if busy_quantile is not None else 0
+    while arrivals or heap:
+        arrival = arrivals[0][0] if arrivals else inf
+        if snap_count and seen == snap_count - 1 and arrival < inf and \
+                (not heap or heap[0][0] > arrival):
+            snap_at = arrival  # the named arrival is next: measure up to it
+            snap_count = 0
         if (heap[0][0] if heap and heap[0][0] < arrival else arrival) > snap_at:
             # Every event up to busy_until is done: read the engines before the next one.
             busy_until_s = [e.busy_seconds_until(snap_at) for e in engines]
+            busy_until = snap_at
             snap_at = inf
         if heap and heap[0][0] <= arrival:
             t, i = heapq.heappop(heap)
@@ -328,6 +422,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
                 handle(i, events)
             schedule(i)
             continue
+        _, k = heapq.heappop(arrivals)
         request = requests[k]
         clock.advance_to(arrival)
         prompt_keys = all_prompt_keys[k]
@@ -363,34 +458,36 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         if events:
             handle(target, events)
         schedule(target)
-        k += 1
-        if progress is not None and k % report_every == 0:
-            progress(k, total)
+        seen += 1
+        if progress is not None and seen % report_every == 0:
+            progress(seen, total)
     if progress is not None:
         progress(total, total)
     if snap_at < inf:  # nothing happened after busy_until: every step ended by then
         busy_until_s = [e.busy_seconds_until(snap_at) for e in engines]
+        busy_until = snap_at
 
-    summary = _summarize(workload, fleet, spec, view, engines, first_token, finish, cached,
-                         replica_of, assignments, rejected, predicted_total)
-    ttfts = [first_token[j] - requests[j].arrival_s for j in range(total) if first_token[j] >= 0]
+    summary = _summarize(workload, fleet, spec, view, engines, arrive, first_token, finish,
+                         cached, replica_of, assignments, rejected, predicted_total)
+    ttfts = [first_token[j] - arrive[j] for j in range(total) if first_token[j] >= 0]
     cached_list = [cached[j] if finish[j] >= 0 else -1 for j in range(total)]
     return PolicyRun(spec, summary, ttfts, timeline_t, timeline_rows, cached_list,
-                     [e.busy_s for e in engines], busy_until_s, finish.tolist())
+                     [e.busy_s for e in engines], busy_until_s, finish.tolist(),
+                     arrive.tolist(), busy_until if busy_until_s is not None else None)
 
 
 def _summarize(workload: PreparedWorkload, fleet: FleetConfig, spec: str, view: str,
-               engines: Sequence[ReplicaEngine], first_token: array, finish: array,
-               cached: array, replica_of: array, assignments: list[int], rejected: int,
-               predicted_total: int) -> dict[str, Any]:
+               engines: Sequence[ReplicaEngine], arrive: array, first_token: array,
+               finish: array, cached: array, replica_of: array, assignments: list[int],
+               rejected: int, predicted_total: int) -> dict[str, Any]:
     requests = workload.requests
     done = [j for j in range(len(requests)) if finish[j] >= 0]
     input_tokens = sum(requests[j].input_tokens for j in done)
     reused = sum(cached[j] for j in done)
     ideal = sum(workload.ideal_cached[j] for j in done)
-    ttft = [first_token[j] - requests[j].arrival_s for j in done]
-    e2e = [finish[j] - requests[j].arrival_s for j in done]
-    start = requests[0].arrival_s
+    ttft = [first_token[j] - arrive[j] for j in done]
+    e2e = [finish[j] - arrive[j] for j in done]
+    start = min(arrive) if requests else 0.0
     end = max((finish[j] for j in done), default=start)
     makespan = end - start
     output_tokens = sum(requests[j].output_tokens for j in done)

@@ -31,7 +31,8 @@ from prefixroute.core.identity.model_config import MODEL_PRESETS
 from prefixroute.core.replica.service_time import DEFAULT_PROFILE, PRESETS
 from prefixroute.core.routing.registry import expand_specs, parse_spec
 from prefixroute.core.simulator.generators import WORKLOADS, make_workload, workload_parameters
-from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, VIEWS, FleetConfig, PolicyRun,
+from prefixroute.core.simulator.simulation import (DEFAULT_MAX_THINK_S, DEFAULT_VIEW, VIEWS,
+                                                   FleetConfig, PolicyRun,
                                                    PreparedWorkload, prepare_workload, report,
                                                    simulate_policy)
 from prefixroute.edges.profiles import load_model_config, load_profile
@@ -64,6 +65,14 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
     source.add_argument("--copy-interval", type=float, default=0.0, metavar="S",
                         help="kvtester: copy c of each session starts c x S seconds later "
                              "(default 0; --time-scale scales it with every arrival)")
+    source.add_argument("--closed-loop", action="store_true",
+                        help="send each turn of a session when the previous one has completed, "
+                             "after the client's think time (kvtester: think_time, at most "
+                             "--max-think; else the recorded interval), as kv-cache-tester "
+                             "replays its traces; --time-scale scales the think times")
+    source.add_argument("--max-think", type=float, default=DEFAULT_MAX_THINK_S, metavar="S",
+                        help="with --closed-loop: think times longer than S seconds count as S "
+                             "(default %(default)g, kv-cache-tester's --max-delay)")
     source.add_argument("--requests", type=int, metavar="N",
                         help="replay only the first N requests")
     source.add_argument("--time-scale", type=float, default=1.0, metavar="F",
@@ -171,9 +180,16 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         info = {"source": "generator", "name": name, "params": params}
         defaults["replicas"] = workload.replicas
         defaults["cache_blocks"] = workload.cache_blocks
+    if args.max_think != DEFAULT_MAX_THINK_S and not args.closed_loop:
+        raise ConfigError("--max-think needs --closed-loop")
+    if args.closed_loop:
+        info.update(closed_loop=True, max_think_s=args.max_think)
     prepared = prepare_workload(requests, limit=args.requests, time_scale=args.time_scale,
                                 keep_token_ids=getattr(args, "router_token_ids", False),
-                                info=info)
+                                info=info, closed_loop=args.closed_loop,
+                                max_think_s=args.max_think)
+    if args.closed_loop and all(before < 0 for before in prepared.after):
+        raise ConfigError("--closed-loop: the workload has no session with two turns or more")
     return prepared, defaults
 
 

@@ -2,11 +2,13 @@
 
 Top level: ``block_size`` (64), ``hash_id_scope`` (``"local"``: ids are unique only within the
 file), ``requests``: ``t`` (seconds since the session start), ``in``, ``out``, ``hash_ids``
-(one id per *full* block of ``in``), plus ``type``, ``think_time``, ``api_time`` we do not
-need. Files are replayed as concurrent sessions, every one starting at 0 (plus
-``stagger_s`` x its position); each file's ids are namespaced by its name so that equal local
-ids in two files stay different blocks. An ``out`` of 0 is replayed as 1 token (an engine
-always samples one).
+(one id per *full* block of ``in``), ``think_time`` (seconds the user or agent took after
+the previous reply; kept as :attr:`Request.think_s` for a closed-loop replay), plus ``type``
+and ``api_time`` we do not need (a turn's ``t`` is the previous one's plus its ``api_time``
+plus the turn's ``think_time``, to the second). Files are replayed as concurrent sessions,
+every one starting at 0 (plus ``stagger_s`` x its position); each file's ids are namespaced by
+its name so that equal local ids in two files stay different blocks. An ``out`` of 0 is
+replayed as 1 token (an engine always samples one).
 
 ``copies`` replays every file that many times as different users' sessions (copy ``c`` of
 ``s1`` is session ``s1#c``, its ids its own, starting ``c x copy_interval_s`` later; copy 0 is
@@ -15,8 +17,10 @@ the file as it is). That raises the load and keeps each session's recorded pacin
 but sends turns long before the replies they follow: at a tenth of the recorded times, 90%
 of this data set's turns arrived while an earlier turn of their session was still running
 (mean 8.5 of them, up to 38), against 2% as recorded and 37% with 5 copies 600 s apart, all
-on 8 replicas (``benchmarks/agentic_pacing.py``, 2026-11-30). Either way the replay is
-open-loop: turns keep their times however late the replies come.
+on 8 replicas (``benchmarks/agentic_pacing.py``, 2026-11-30). Either way the recorded times
+are an open loop: turns keep them however late the replies come. ``simulate --closed-loop``
+replays the sessions as kv-cache-tester itself does: each turn ``think_time`` after the
+previous reply (:func:`~prefixroute.core.simulator.simulation.prepare_workload`).
 
 A document is one JSON line, so errors name ``file:requests[i]`` rather than a line.
 """
@@ -89,13 +93,15 @@ def _read_session(path: Path, index: int, block_size: int | None, stagger_s: flo
         output_tokens = integer(record, "out", at, minimum=0)
         hash_ids = id_list(record, "hash_ids", at)
         check_block_ids(hash_ids, input_tokens, file_block_size, at)
-        records.append((t, input_tokens, max(1, output_tokens), hash_ids))
+        think = number(record, "think_time", at) if "think_time" in record else None
+        records.append((t, input_tokens, max(1, output_tokens), hash_ids, think))
     for copy in range(copies):
         name = namespace if copy == 0 else f"{namespace}#{copy}"
         start = offset + copy * copy_interval_s
         out.append([Request(f"{name}:{i}", start + t, n, out_tokens, file_block_size,
-                            hash_ids=ids, session=name, turn=i, tenant=name, namespace=name)
-                    for i, (t, n, out_tokens, ids) in enumerate(records)])
+                            hash_ids=ids, session=name, turn=i, tenant=name, namespace=name,
+                            think_s=think if i else None)
+                    for i, (t, n, out_tokens, ids, think) in enumerate(records)])
     return file_block_size, out
 
 
