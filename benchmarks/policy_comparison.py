@@ -3,15 +3,18 @@
 For each workload:
 
 * the Mooncake conversation and synthetic traces (``../shared/data/mooncake/``, read in place),
-* the agentic sessions of ``../shared/data/kv_cache_tester/`` replayed as concurrent sessions,
+* the agentic sessions of ``../shared/data/kv_cache_tester/`` replayed as concurrent sessions
+  the way kv-cache-tester's own trace replay sends them (``--closed-loop``): each turn its
+  recorded think time (at most 60 s) after the previous reply; ``--time-scale`` scales the
+  think times,
 * the SPEC section 4 design scenario (``--workload design-scenario``, 5,000 requests),
 
-(and, only when named with ``--workloads agentic-users``, the agentic sessions at their
-recorded pacing with six users per session, 600 s apart: ``--session-copies 6
---copy-interval 600``. The default agentic row reaches its load by compressing time about
-tenfold, which sends 90% of the turns before the reply they follow; this one raises the load
-with more users instead, each keeping the recorded pacing, and at time scale 1 the best peer
-keeps 8 replicas 68% busy. See ``benchmarks/agentic_pacing.py``.)
+(and, only when named with ``--workloads``: ``agentic-open-loop``, the same sessions at
+their recorded arrival times, the agentic row until 2026-11-30, which reached its load by
+compressing time about tenfold and so sent 90% of the turns before the reply they follow;
+and ``agentic-users``, the recorded times with six users per session, 600 s apart:
+``--session-copies 6 --copy-interval 600``, where at time scale 1 the best peer keeps 8
+replicas 68% busy. See ``benchmarks/agentic_pacing.py``.)
 
 on 8 replicas of the default engine profile (llama-3-8b-h100, 50 GiB of KV each), it finds
 
@@ -33,18 +36,18 @@ fresh replicas as in one run) and checks issue 4's acceptance for ``prefixroute`
 
 Definitions. *Busy* is the replicas' busy seconds (time in engine steps, prefill or decode) over
 the replicas times the time until 95% of the requests have arrived: for evenly spread arrivals
-that is the simulator's utilisation; the agentic sessions' arrivals thin out over 22 hours
-(most sessions end within two), and this keeps the load where the requests are. *Load* per
-replica, for the busiest-replica check, is its busy seconds within that same window, from the
-first arrival to the 95%-arrival time (``simulate_policy(busy_until=...)``): the load while
-the workload runs. After it, the agentic sessions' run goes on through a sparse tail of a few
-late sessions with the fleet mostly idle (to 8,062 s at setting (a), the window ending near
-1,400 s), and whichever replica holds those sessions collects their busy seconds alone: at 8
-replicas one did 1,213 busy-s in all but 666 within the window. A couple of sessions left on
-an idle fleet is not load imbalance, so the verdict uses the window figure; the tables show
-both (window / whole run) and the assignments' max/mean. (The busy fraction above keeps the
-whole run's busy seconds over the window, as the searches always used, so the settings do
-not move.) Two bounds
+that is the simulator's utilisation; the agentic sessions end at very different times (a few
+run long after the rest), and this keeps the load where the requests are. In a closed loop
+the arrivals, hence the window, are each run's own (``simulate_policy(busy_quantile=0.95)``).
+*Load* per replica, for the busiest-replica check, is its busy seconds within that same
+window, from the first arrival to the 95%-arrival time: the load while the workload runs.
+After it a run can go on through a sparse tail of a few late sessions with the fleet mostly
+idle, whose busy seconds whichever replica holds them collects alone (in the open-loop
+agentic replay at 8 replicas one did 1,213 busy-s in all but 666 within the window). A
+couple of sessions left on an idle fleet is not load imbalance, so the verdict uses the
+window figure; the tables show both (window / whole run) and the assignments' max/mean.
+(The busy fraction above keeps the whole run's busy seconds over the window, as the searches
+always used, so the settings do not move.) Two bounds
 show what no router can beat: the *fleet-LRU* hit rate (one LRU cache holding the whole
 fleet's KV, no pinning) and the *p99 floor* (each request prefilled alone on an idle replica
 with the fleet-LRU hit). The search probes the three best peers of its first run (all peers);
@@ -93,7 +96,7 @@ from prefixroute.core.routing.registry import policy_names
 from prefixroute.core.simulator.generators import make_workload
 from prefixroute.core.simulator.metrics import (cacheable_prompt_blocks, max_over_mean, percentile,
                                                 prompt_blocks)
-from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, VIEWS, FleetConfig,
+from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, VIEWS, FleetConfig, PolicyRun,
                                                    PreparedWorkload, prepare_workload,
                                                    simulate_policy)
 from prefixroute.edges.traces import read_trace
@@ -139,8 +142,10 @@ ABLATIONS = [
                                       "requests"),
     ("prefixroute:cold_cap=0", "no cold-request balance (requests no replica holds much of "
                                "go by momentary cost alone)"),
-    ("prefixroute:cold_rho_max=1", "cold-request balance at any fleet load, not only below "
-                                   "10% prefill utilisation"),
+    ("prefixroute:cold_rho_max=1", "cold-request balance and session moves at any fleet "
+                                   "load, not only below 10% prefill utilisation"),
+    ("prefixroute:move_cap=0", "no session moves for balance (a session stays with its cache "
+                               "however busy its replica)"),
     ("prefixroute:drop_ended=false", "ended requests stay in the queue record (the rule "
                                      "before 2026-11-30: a rejected prompt reads as queue)"),
     ("prefixroute:debias=false", "the utilisation without its start-up bias correction (the "
@@ -154,6 +159,7 @@ class WorkloadSpec:
     title: str
     cli: str  # the `prefixroute simulate` arguments that load it
     load: Callable[[], Any]
+    closed_loop: bool = False  # ``--closed-loop``
 
 
 WORKLOADS = [
@@ -164,10 +170,10 @@ WORKLOADS = [
     WorkloadSpec("mooncake-synthetic", "Mooncake synthetic trace (3,993 requests)",
                  "--trace ../shared/data/mooncake/synthetic_trace.jsonl --trace-format mooncake",
                  lambda: read_trace(DATA / "mooncake" / "synthetic_trace.jsonl", "mooncake")),
-    WorkloadSpec("agentic-sessions", "kv-cache-tester agentic sessions (28 concurrent, 1,277 "
-                 "requests)",
-                 "--trace ../shared/data/kv_cache_tester --trace-format kvtester",
-                 lambda: read_trace(DATA / "kv_cache_tester", "kvtester")),
+    WorkloadSpec("agentic-sessions", "kv-cache-tester agentic sessions, closed loop (28 "
+                 "concurrent, 1,277 requests)",
+                 "--trace ../shared/data/kv_cache_tester --trace-format kvtester --closed-loop",
+                 lambda: read_trace(DATA / "kv_cache_tester", "kvtester"), closed_loop=True),
     WorkloadSpec("design-scenario", "SPEC 4 design scenario (200 tenants x 10,000 tokens, "
                  "5,000 requests)",
                  "--workload design-scenario",
@@ -175,6 +181,10 @@ WORKLOADS = [
 ]
 # Run only when named (``--workloads agentic-users``; docstring).
 EXTRA_WORKLOADS = [
+    WorkloadSpec("agentic-open-loop", "kv-cache-tester agentic sessions, open loop at their "
+                 "recorded times (28 concurrent, 1,277 requests)",
+                 "--trace ../shared/data/kv_cache_tester --trace-format kvtester",
+                 lambda: read_trace(DATA / "kv_cache_tester", "kvtester")),
     WorkloadSpec("agentic-users", "kv-cache-tester agentic sessions at their recorded pacing, "
                  "6 users per session 600 s apart (168 sessions, 7,662 requests)",
                  "--trace ../shared/data/kv_cache_tester --trace-format kvtester "
@@ -194,19 +204,17 @@ SERVICE: ServiceTimeModel = PRESETS[DEFAULT_PROFILE]
 def prepare(names: list[str]) -> None:
     for name in names:
         if name not in _BASE:
-            _BASE[name] = prepare_workload(BY_NAME[name].load(), info={"name": name})
+            spec = BY_NAME[name]
+            _BASE[name] = prepare_workload(spec.load(), info={"name": name},
+                                           closed_loop=spec.closed_loop)
 
 
 def scaled(name: str, scale: float) -> PreparedWorkload:
-    """The workload with arrival times multiplied by ``scale`` (``--time-scale``)."""
+    """The workload with its times multiplied by ``scale`` (``--time-scale``)."""
     key = (name, scale)
     workload = _SCALED.get(key)
     if workload is None:
-        base = _BASE[name]
-        requests = [dataclasses.replace(r, arrival_s=r.arrival_s * scale) for r in base.requests]
-        workload = PreparedWorkload(requests, base.block_size, base.ideal_cached,
-                                    {**base.info, "time_scale": scale})
-        _SCALED[key] = workload
+        workload = _SCALED[key] = _BASE[name].scaled(scale)
         while len(_SCALED) > 3:
             _SCALED.popitem(last=False)
     return workload
@@ -222,10 +230,12 @@ def fleet_for(workload: PreparedWorkload, replicas: int) -> FleetConfig:
     return FleetConfig(replicas, cache_blocks(workload.block_size), workload.block_size, SERVICE)
 
 
-def arrival_window(workload: PreparedWorkload) -> float:
-    arrivals = [r.arrival_s for r in workload.requests]
-    k = max(0, math.ceil(ARRIVAL_QUANTILE * len(arrivals)) - 1)
-    return max(arrivals[k] - arrivals[0], 1e-9)
+def windowed_run(workload: PreparedWorkload, fleet: FleetConfig, spec: str,
+                 view: str) -> tuple[PolicyRun, float]:
+    """One run with each replica's busy seconds up to the 95%-arrival time, and that window's
+    length (a closed loop's arrivals, hence its window, depend on the run)."""
+    run = simulate_policy(workload, fleet, spec, view=view, busy_quantile=ARRIVAL_QUANTILE)
+    return run, max(run.busy_until_at - min(run.arrival_s), 1e-9)
 
 
 def run_task(task: tuple[str, float, int, str, bool]) -> dict[str, Any]:
@@ -233,9 +243,7 @@ def run_task(task: tuple[str, float, int, str, bool]) -> dict[str, Any]:
     workload = scaled(name, scale)
     fleet = fleet_for(workload, replicas)
     started = time.perf_counter()
-    window = arrival_window(workload)
-    run = simulate_policy(workload, fleet, spec, view=VIEW,
-                          busy_until=workload.requests[0].arrival_s + window)
+    run, window = windowed_run(workload, fleet, spec, VIEW)
     s = run.summary
     busy_s = run.busy_s
     window_busy_s = run.busy_until_s
