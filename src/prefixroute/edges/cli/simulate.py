@@ -413,8 +413,11 @@ def print_table(result: dict, console) -> None:
     w = result["workload"]
     f = result["fleet"]
     name = w.get("name") or w.get("trace", "")
+    # A closed loop's arrivals depend on the run: no fixed duration to state.
+    span = "closed loop (each turn sent after the previous reply)" if w.get("closed_loop") \
+        else f"{w['duration_s']:.1f} s"
     console.print(f"workload {name}: {w['requests']:,} requests, {w['input_tokens']:,} prompt "
-                  f"tokens, {w['duration_s']:.1f} s; ideal token hit rate "
+                  f"tokens, {span}; ideal token hit rate "
                   f"{_pct(result['ideal_token_hit_rate'])} (one infinite cache)")
     console.print(f"fleet: {f['replicas']} replicas x {f['cache_blocks']:,} blocks of "
                   f"{f['block_size']} tokens ({f['cache_tokens']:,} tokens), engine profile "
