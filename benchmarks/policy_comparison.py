@@ -179,7 +179,7 @@ WORKLOADS = [
                  "--workload design-scenario",
                  lambda: make_workload("design-scenario", {})),
 ]
-# Run only when named (``--workloads agentic-users``; docstring).
+# Run only when named (``--workloads agentic-open-loop`` or ``agentic-users``; docstring).
 EXTRA_WORKLOADS = [
     WorkloadSpec("agentic-open-loop", "kv-cache-tester agentic sessions, open loop at their "
                  "recorded times (28 concurrent, 1,277 requests)",
@@ -319,7 +319,9 @@ def ranked(results: dict[str, dict], peers: list[str]) -> list[str]:
 # -- bounds ----------------------------------------------------------------------------------------
 def fleet_lru_bounds(workload: PreparedWorkload, capacity_blocks: int) -> tuple[float, float]:
     """Token hit rate of one LRU holding ``capacity_blocks`` (the fleet's KV), and the p99 TTFT
-    of every request prefilled alone on an idle replica with that hit."""
+    of every request prefilled alone on an idle replica with that hit. Requests are taken in
+    list order, the recorded order: a closed loop's runs interleave sessions a little
+    differently, so there the bounds (this and the optimal one) are close estimates."""
     lru: OrderedDict = OrderedDict()
     block = workload.block_size
     chunk = DEFAULT_MAX_NUM_BATCHED_TOKENS

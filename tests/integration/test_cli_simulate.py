@@ -144,7 +144,8 @@ def test_closed_loop_sends_each_turn_after_the_previous_reply(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--max-think", "30"], "--max-think needs --closed-loop"),
-    (["--closed-loop", "--max-think", "-1"], "longest think time must be a non-negative"),
+    (["--max-think", "60"], "--max-think needs --closed-loop"),
+    (["--closed-loop", "--max-think", "-1"], "--max-think: must be a non-negative number"),
 ])
 def test_bad_closed_loop_flags_exit_2(tmp_path, args, message):
     write_session(tmp_path / "a.json", [(0.0, 640), (5.0, 1280)])

@@ -2,8 +2,8 @@
 
 Every scenario is small enough to check by hand. Unless a test says otherwise the policy runs
 with the attention term, the step overhead, the delay-to-others charge, the cold-request
-balance and session moves switched off, so a replica's cost is ``wait + uncached tokens x seconds per token``
-and the cheapest replica wins; replicas state 1 ms per token
+balance and session moves switched off, so a replica's cost is ``wait + uncached tokens x
+seconds per token`` and the cheapest replica wins; replicas state 1 ms per token
 (``prefill_s_per_token=1e-3``), so 100 uncached tokens cost 0.1 s.
 """
 
@@ -66,7 +66,7 @@ def test_default_configuration_is_documented_and_valid():
     assert policy.chunk_tokens == 8192                   # vLLM max_num_batched_tokens
     assert (policy.replicate, policy.balance_cap, policy.externality) == (False, 0.0, True)
     assert policy.cold_cap == 1.1
-    assert (policy.move_cap, policy.move_max_s) == (1.1, 10.0)
+    assert (policy.move_cap, policy.move_max_s, policy.move_floor) == (1.1, 10.0, 0.7)
 
 
 @pytest.mark.parametrize("spec", ["prefixroute:survival_width=1", "prefixroute:balance_cap=0.5",
@@ -500,14 +500,15 @@ def test_the_start_up_bias_correction_can_be_switched_off():
 
 
 def _busy_holder_scenario(extra=""):
-    """Replica 0 has had a request in flight for the last 300 s (one balance horizon), replica
-    1 none: their occupancies are 1 - e^-1 = 0.632 and 0 (mean 0.316). A session's next turn
-    holds 10 of its 12 blocks on replica 0: 0.032 s there, 0.192 s on idle replica 1."""
+    """Replica 0 has had a request in flight for the last 600 s (two balance horizons),
+    replica 1 none: their occupancies are 1 - e^-2 = 0.865 and 0 (mean 0.432). A session's
+    next turn holds 10 of its 12 blocks on replica 0: 0.032 s there, 0.192 s on idle
+    replica 1."""
     policy = create_policy(PLAIN + extra)
     replicas = fleet()
     replicas[0].in_flight = 1
     send(policy, req(blocks("s", 10), "s0", now=0.0), 0, replicas)
-    turn = req(blocks("s", 10) + blocks("t", 2), "s1", now=300.0)
+    turn = req(blocks("s", 10) + blocks("t", 2), "s1", now=600.0)
     return policy, replicas, turn
 
 
@@ -515,9 +516,10 @@ def test_a_replica_with_work_most_of_the_time_hands_a_session_to_an_idle_one():
     policy, replicas, turn = _busy_holder_scenario(",move_cap=1.1")
     decision = policy.route(turn, replicas)
     assert create_policy("prefixroute").move_cap == 1.1  # on by default
-    assert decision.scores[0]["occupancy"] == pytest.approx(1 - math.exp(-1))
+    assert decision.scores[0]["occupancy"] == pytest.approx(1 - math.exp(-2))
     assert decision.scores[1]["occupancy"] == 0.0
-    # 0.632 > 1.1 x 0.316: replica 1, idle and below the mean, takes it for 0.16 s more.
+    # 0.865 > 1.1 x 0.432 and > the floor 0.7: replica 1, idle and below the mean, takes it
+    # for 0.16 s more.
     assert (decision.replica, decision.branch) == (1, "session_move")
     assert "0.160 s more cost" in decision.reason
 
@@ -530,7 +532,8 @@ def test_without_session_moves_the_session_stays_with_its_cache():
 
 @pytest.mark.parametrize("extra", [
     ",move_cap=1.1,move_max_s=0.1",   # the move would cost 0.16 s more, over 0.1 s
-    ",move_cap=2",                    # 0.632 is not over 2 x 0.316
+    ",move_cap=2.5",                  # 0.865 is not over 2.5 x 0.432
+    ",move_cap=1.1,move_floor=0.9",   # nor over the floor: work 87% of the time is not most
     ",move_cap=1.1,cold_rho_max=0",   # moves only on a fleet whose prefill is quiet
 ])
 def test_session_moves_are_bounded(extra):
@@ -544,7 +547,18 @@ def test_a_move_needs_a_replica_with_nothing_in_flight():
     assert policy.route(turn, replicas).replica == 0
 
 
-@pytest.mark.parametrize("spec", ["prefixroute:move_cap=0.5", "prefixroute:move_max_s=-1"])
+def test_a_replica_counts_as_having_work_from_the_request_routed_there():
+    # Routed at t=0 to replica 1, whose view said idle (the request is not in it yet); at
+    # t=300 the view says idle again (it has finished): 0 .. 300 counted as work.
+    policy = create_policy(PLAIN)
+    send(policy, req(blocks("a", 4), "a", now=0.0), 1, fleet())
+    decision = policy.route(req(blocks("b", 4), "b", now=300.0), fleet())
+    assert decision.scores[1]["occupancy"] == pytest.approx(1 - math.exp(-1))
+    assert decision.scores[0]["occupancy"] == 0.0
+
+
+@pytest.mark.parametrize("spec", ["prefixroute:move_cap=0.5", "prefixroute:move_max_s=-1",
+                                  "prefixroute:move_cap=nan", "prefixroute:move_floor=2"])
 def test_bad_session_move_parameters_are_config_errors(spec):
     with pytest.raises(ConfigError):
         create_policy(spec)

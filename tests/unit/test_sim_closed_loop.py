@@ -82,6 +82,18 @@ def test_sessions_run_side_by_side_and_requests_without_one_keep_their_time():
     assert result.arrival_s == pytest.approx([0.0, 0.0, 1.0, 3.6])
 
 
+def test_interleaved_sessions_each_follow_their_own_previous_turn():
+    # a0 (long: 3.2 s prefill, ends 4.2) and b0 (short: 0.32 s, ends 1.32) on replicas 0, 1;
+    # a1 and b1 think 1 s: b1 follows b0's end (2.32, to replica 2), a1 a0's (5.2), though
+    # a1 comes first in the list.
+    requests = [turn("a0", 0.0, 320, 11, session="a"), turn("b0", 0.0, 32, 11, session="b"),
+                turn("a1", 1.0, 480, 1, session="a", think=1.0),
+                turn("b1", 1.0, 64, 1, session="b", think=1.0)]
+    result = run(requests, replicas=3, closed_loop=True)
+    assert result.finish_s[:2] == pytest.approx([4.2, 1.32])
+    assert result.arrival_s == pytest.approx([0.0, 0.0, 5.2, 2.32])
+
+
 def test_busy_up_to_a_share_of_arrivals_is_the_busy_up_to_that_arrival():
     requests = [turn("a", 0.0, 160, 11), turn("b", 0.5, 320, 1, think=3.0)]
     workload = prepare_workload(requests, closed_loop=True)
@@ -136,8 +148,10 @@ def test_a_session_never_has_two_turns_in_flight(turns):
     last_end: dict[str, float] = {}
     for i, request in enumerate(workload.requests):
         arrival = result.arrival_s[i]
-        if request.session in last_end:
-            assert arrival >= last_end[request.session] + workload.gap_s[i] - 1e-9
+        if request.session in last_end:  # exactly its think time after its previous turn
+            assert arrival == pytest.approx(last_end[request.session] + workload.gap_s[i])
+        else:  # a session's first turn keeps its recorded time
+            assert arrival == request.arrival_s
         # A rejected turn (over 30 blocks) ends when it arrives.
         end = result.finish_s[i] if result.finish_s[i] >= 0 else arrival
         last_end[request.session] = end

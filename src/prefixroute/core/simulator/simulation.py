@@ -122,11 +122,13 @@ class PreparedWorkload:
     def scaled(self, factor: float) -> "PreparedWorkload":
         """The same workload with every recorded time (arrivals, and a closed loop's gaps)
         multiplied by ``factor``; the requests are copies, the keys shared."""
+        if not math.isfinite(factor) or factor < 0:
+            raise ConfigError(f"time scale must be a non-negative number, got {factor!r}")
         requests = [replace(r, arrival_s=r.arrival_s * factor) for r in self.requests]
         gaps = None if self.gap_s is None else array("d", [g * factor for g in self.gap_s])
-        return PreparedWorkload(requests, self.block_size, self.ideal_cached,
-                                {**self.info, "time_scale": factor}, self.prompt_keys,
-                                self.after, gaps)
+        info = {**self.info, "time_scale": self.info.get("time_scale", 1.0) * factor}
+        return PreparedWorkload(requests, self.block_size, self.ideal_cached, info,
+                                self.prompt_keys, self.after, gaps)
 
     def describe(self) -> dict[str, Any]:
         requests = self.requests
@@ -400,6 +402,12 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     busy_until_s: list[float] | None = None
     snap_at = inf if busy_until is None else busy_until
     snap_count = max(1, math.ceil(busy_quantile * total)) if busy_quantile is not None else 0
+    def snapshot() -> None:
+        nonlocal busy_until_s, busy_until, snap_at
+        busy_until_s = [e.busy_seconds_until(snap_at) for e in engines]
+        busy_until = snap_at
+        snap_at = inf
+
     while arrivals or heap:
         arrival = arrivals[0][0] if arrivals else inf
         if snap_count and seen == snap_count - 1 and arrival < inf and \
@@ -407,10 +415,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
             snap_at = arrival  # the named arrival is next: measure up to it
             snap_count = 0
         if (heap[0][0] if heap and heap[0][0] < arrival else arrival) > snap_at:
-            # Every event up to busy_until is done: read the engines before the next one.
-            busy_until_s = [e.busy_seconds_until(snap_at) for e in engines]
-            busy_until = snap_at
-            snap_at = inf
+            snapshot()  # every event up to busy_until is done: read the engines now
         if heap and heap[0][0] <= arrival:
             t, i = heapq.heappop(heap)
             if wake[i] != t:
@@ -464,8 +469,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     if progress is not None:
         progress(total, total)
     if snap_at < inf:  # nothing happened after busy_until: every step ended by then
-        busy_until_s = [e.busy_seconds_until(snap_at) for e in engines]
-        busy_until = snap_at
+        snapshot()
 
     summary = _summarize(workload, fleet, spec, view, engines, arrive, first_token, finish,
                          cached, replica_of, assignments, rejected, predicted_total)

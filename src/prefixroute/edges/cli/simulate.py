@@ -70,14 +70,14 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
                              "after the client's think time (kvtester: think_time, at most "
                              "--max-think; else the recorded interval), as kv-cache-tester "
                              "replays its traces; --time-scale scales the think times")
-    source.add_argument("--max-think", type=float, default=DEFAULT_MAX_THINK_S, metavar="S",
-                        help="with --closed-loop: think times longer than S seconds count as S "
-                             "(default %(default)g, kv-cache-tester's --max-delay)")
+    source.add_argument("--max-think", type=float, default=None, metavar="S",
+                        help=f"with --closed-loop: think times longer than S seconds count as S "
+                             f"(default {DEFAULT_MAX_THINK_S:g}, kv-cache-tester's --max-delay)")
     source.add_argument("--requests", type=int, metavar="N",
                         help="replay only the first N requests")
     source.add_argument("--time-scale", type=float, default=1.0, metavar="F",
-                        help="multiply arrival times by F: below 1 replays faster (more load), "
-                             "above 1 slower (default 1)")
+                        help="multiply arrival times (with --closed-loop, think times) by F: "
+                             "below 1 replays faster (more load), above 1 slower (default 1)")
     source.add_argument("--router-token-ids", action="store_true",
                         help="keep token ids and show them to routers (policies that can hash "
                              "tokens, e.g. prefix_hash:hash_token_ids=true); costs 4 bytes per "
@@ -180,14 +180,18 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         info = {"source": "generator", "name": name, "params": params}
         defaults["replicas"] = workload.replicas
         defaults["cache_blocks"] = workload.cache_blocks
-    if args.max_think != DEFAULT_MAX_THINK_S and not args.closed_loop:
+    if args.max_think is not None and not args.closed_loop:
         raise ConfigError("--max-think needs --closed-loop")
+    max_think = DEFAULT_MAX_THINK_S if args.max_think is None else args.max_think
+    if math.isnan(max_think) or max_think < 0:
+        raise ConfigError(f"--max-think: must be a non-negative number of seconds, got "
+                          f"{max_think}")
     if args.closed_loop:
-        info.update(closed_loop=True, max_think_s=args.max_think)
+        info.update(closed_loop=True, max_think_s=max_think)
     prepared = prepare_workload(requests, limit=args.requests, time_scale=args.time_scale,
                                 keep_token_ids=getattr(args, "router_token_ids", False),
                                 info=info, closed_loop=args.closed_loop,
-                                max_think_s=args.max_think)
+                                max_think_s=max_think)
     if args.closed_loop and all(before < 0 for before in prepared.after):
         raise ConfigError("--closed-loop: the workload has no session with two turns or more")
     return prepared, defaults
