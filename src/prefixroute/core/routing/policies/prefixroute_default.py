@@ -781,13 +781,21 @@ class PrefixRoute(BasePolicy):
         return expected, view_blocks, stamps
 
     # -- routing --------------------------------------------------------------------------------
+    @staticmethod
+    def _hit_limit(request: RequestView) -> int:
+        """Blocks of the prompt the engine can reuse at most (:func:`cacheable_blocks`: all
+        but the last token is reused)."""
+        block = request.block_size
+        return min(len(request.block_keys), cacheable_blocks(request.num_tokens, block)) \
+            if block > 0 else 0
+
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
         now = request.now
         self._clock = max(self._clock, now)
         keys = request.block_keys
         block = request.block_size
         n = request.num_tokens
-        limit = min(len(keys), cacheable_blocks(n, block)) if block > 0 else 0
+        limit = self._hit_limit(request)
         self._block_size = block
         scores: dict[int, dict[str, float]] = {}
         costs: dict[int, float] = {}
@@ -1044,11 +1052,9 @@ class PrefixRoute(BasePolicy):
         if pending is not None and pending[0] == index:
             stamps, cached = pending[1], pending[2]
         else:  # routed elsewhere than we said (or by someone else): predict afresh
-            block = request.block_size
-            limit = min(len(keys), cacheable_blocks(request.num_tokens, block)) if block > 0 \
-                else 0
-            expected, _, stamps = self._expected_blocks(est, keys, limit, _TRUST_MIRROR)
-            cached = expected * block
+            expected, _, stamps = self._expected_blocks(est, keys, self._hit_limit(request),
+                                                        _TRUST_MIRROR)
+            cached = expected * request.block_size
         uncached = max(0.0, request.num_tokens - cached)
         units = request.num_tokens if self._pending_counts_prompt else uncached
         work = self.prefill_work(uncached, cached)
