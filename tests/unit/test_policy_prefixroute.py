@@ -114,6 +114,31 @@ def test_blocks_an_engine_view_shows_count_though_we_never_sent_them():
     assert decision.scores[1]["expected_cached_tokens"] == 0
 
 
+def test_a_view_that_knows_only_what_we_sent_does_not_veto_the_mirror():
+    # An approximate view holds nothing the mirror lacks, and its plain LRU drops a prompt's
+    # head first where vLLM drops the tail first: its "gone" is not evidence. Here it says
+    # replica 1 holds nothing; the mirror's 10 blocks of A still count.
+    policy = create_policy(PLAIN)
+    blind = fleet(cache=Holds(0))
+    send(policy, req(blocks("A", 10), "warm"), 1, blind, cached_tokens=0)
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), blind)
+    assert (decision.replica, decision.predicted_cached_tokens) == (1, 160)
+
+
+def test_the_mirror_drops_a_prompts_tail_before_its_head():
+    # A replica of 10 blocks: A's 8 blocks, then B's 4 new ones. The mirror keeps 10 and,
+    # as vLLM frees a request's blocks tail first, the two that go are A's last two: A's
+    # first 6 blocks still count (4 inserts since A, well inside the 10-block LRU).
+    policy = create_policy(PLAIN)
+    small = [ReplicaView(i, capacity_blocks=10, prefill_s_per_token=MS, cache=Holds())
+             for i in (0, 1)]
+    send(policy, req(blocks("A", 8), "a"), 1, small, cached_tokens=0)
+    send(policy, req(blocks("B", 4), "b"), 1, small, cached_tokens=0)
+    decision = policy.route(req(blocks("A", 8) + blocks("C", 1), "r"), small)
+    assert decision.scores[1]["expected_cached_tokens"] == 6 * B
+    assert decision.scores[1]["mirror_blocks"] == 6
+
+
 def test_spills_when_the_holders_queue_costs_more_than_the_prefill_saved():
     policy = create_policy(PLAIN)
     replicas = fleet()
@@ -189,15 +214,15 @@ def test_an_ended_head_of_the_queue_is_left_to_the_reconciliation():
 
 
 def test_a_burst_follows_the_replica_computing_its_prefix():
-    # The runner's view knows nothing yet (blocks are still being computed), but the first
-    # request of the burst is in flight on replica 1, so the second waits for it there.
+    # The engine's view (KV events) shows nothing yet (blocks are still being computed), but
+    # the first request of the burst is in flight on replica 1, so the second waits there.
     policy = create_policy(PLAIN)
-    empty = fleet(cache=Holds(0))
+    empty = fleet(cache=Engine(0))
     send(policy, req(blocks("H", 50), "first"), 1, empty)
     decision = policy.route(req(blocks("H", 50) + blocks("u", 1), "second"), empty)
     assert decision.replica == 1
     assert decision.branch == "follow_inflight"
-    # Once it completes, the view's word counts again: nothing cached, so no hit is expected.
+    # Once it completes, the engine's word counts again: nothing cached, so no hit expected.
     policy.on_completed(req(blocks("H", 50), "first"), 1, 0)
     after = policy.route(req(blocks("H", 50) + blocks("u", 1), "third"), empty)
     assert after.scores[1]["expected_cached_tokens"] == 0
