@@ -364,6 +364,44 @@ def test_4xx_from_a_replica_is_passed_on_without_retry(config):
     run(scenario())
 
 
+def test_a_refused_prompt_is_not_expected_cached_by_the_default_policy(monkeypatch):
+    # The replica answers 400: it never ran the prompt, so prefixroute must not expect its
+    # blocks there next time (the approximate view forgets them; so does the policy).
+    async def scenario():
+        async with Harness(make_config(monkeypatch, policy="prefixroute")) as h:
+            h.r("r0").fault = h.r("r1").fault = "400"
+            prompt = list(range(1, 41))
+            with pytest.raises(openai.BadRequestError):
+                await h.openai().completions.create(model="tiny", prompt=prompt)
+            refused = h.gateway.router.decisions[-1]
+            h.r("r0").fault = h.r("r1").fault = None
+            await h.openai().completions.create(model="tiny", prompt=prompt)
+            index = next(b.index for b in h.gateway.pool.backends if b.name == refused.replica)
+            assert h.gateway.router.decisions[-1].scores[index]["expected_cached_tokens"] == 0
+    run(scenario())
+
+
+def test_a_replica_back_from_the_dead_is_expected_to_hold_nothing(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch, policy="prefixroute")) as h:
+            prompt = list(range(1, 41))  # 10 blocks of 4; 9 can hit (the last token is new)
+            await h.openai().completions.create(model="tiny", prompt=prompt)
+            backend = next(b for b in h.gateway.pool.backends if b.assignments)
+            await h.openai().completions.create(model="tiny", prompt=prompt)
+            scores = h.gateway.router.decisions[-1].scores
+            assert scores[backend.index]["expected_cached_tokens"] == 36
+            h.r(backend.name).fault = "connect"
+            for _ in range(2):  # unhealthy_after: 2 failed checks (a restart, most likely)
+                await backend.check_health(h.gateway.client, 1.0)
+            h.r(backend.name).fault = None
+            await backend.check_health(h.gateway.client, 1.0)
+            assert backend.healthy
+            await h.openai().completions.create(model="tiny", prompt=prompt)
+            scores = h.gateway.router.decisions[-1].scores
+            assert scores[backend.index]["expected_cached_tokens"] == 0
+    run(scenario())
+
+
 def test_all_replicas_down_is_a_clear_503(config):
     async def scenario():
         async with Harness(config) as h:

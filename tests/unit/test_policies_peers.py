@@ -313,6 +313,16 @@ def test_dynamo_blocks_already_active_on_a_worker_are_not_counted_twice():
     assert decision.scores[1]["decode_blocks"] == 8   # 0 active + 8 new
 
 
+def test_dynamo_a_request_that_ends_without_a_report_is_no_longer_active():
+    # The gateway tells the policy of a refused or failed request (no usage comes back): its
+    # 5 blocks leave replica 0's active set, as a completion's would.
+    policy = create_policy("dynamo_kv_cost")
+    prime(policy, 0, blocks("A", 5), rid="first")
+    policy.on_unreported(req(blocks("A", 5), "first"), 0, ran=False)
+    decision = policy.route(req(blocks("B", 8)), reps(1, 0))
+    assert decision.scores[0]["decode_blocks"] == 8   # 0 active + 8 new
+
+
 def test_dynamo_ties_go_to_the_smaller_tree():
     policy = create_policy("dynamo_kv_cost:overlap_score_weight=0")
     replicas = reps(0, 0, cache=[FakeCache(0, size=50), FakeCache(0, size=20)])

@@ -139,6 +139,43 @@ def test_the_mirror_drops_a_prompts_tail_before_its_head():
     assert decision.scores[1]["mirror_blocks"] == 6
 
 
+def test_a_request_the_engine_never_ran_leaves_nothing_in_the_mirror():
+    # A's 10 blocks ran on replica 1; then A + B (12 blocks) was refused there: B's 2 blocks
+    # were never cached, A's 10 still are. The refused request is no longer in flight.
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    send(policy, req(blocks("A", 10), "a"), 1, replicas, cached_tokens=0)
+    refused = req(blocks("A", 10) + blocks("B", 2), "refused")
+    send(policy, refused, 1, replicas)
+    policy.on_unreported(refused, 1, ran=False)
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2) + blocks("C", 1), "r"),
+                            replicas)
+    assert decision.scores[1]["expected_cached_tokens"] == 10 * B
+    assert decision.scores[1]["mirror_blocks"] == 10
+    # One the engine ran (an answer without usage) keeps its blocks.
+    ran = req(blocks("A", 10) + blocks("D", 2), "ran")
+    send(policy, ran, 1, replicas)
+    policy.on_unreported(ran, 1, ran=True)
+    decision = policy.route(req(blocks("A", 10) + blocks("D", 2) + blocks("C", 1), "s"),
+                            replicas)
+    assert decision.scores[1]["expected_cached_tokens"] == 12 * B
+
+
+def test_a_replica_reset_forgets_what_was_sent_there():
+    # The gateway reports that replica 1 stopped answering health checks (a restart): its
+    # cache is empty, whatever the mirror remembers.
+    policy = create_policy(PLAIN)
+    replicas = fleet()
+    send(policy, req(blocks("A", 10), "a"), 1, replicas, cached_tokens=0)
+    policy.on_replica_reset(1)
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), replicas)
+    assert decision.scores[1]["expected_cached_tokens"] == 0
+    # What is sent after the reset counts again.
+    send(policy, req(blocks("A", 10), "again"), 1, replicas, cached_tokens=0)
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r2"), replicas)
+    assert decision.scores[1]["expected_cached_tokens"] == 10 * B
+
+
 def test_spills_when_the_holders_queue_costs_more_than_the_prefill_saved():
     policy = create_policy(PLAIN)
     replicas = fleet()

@@ -125,6 +125,15 @@ class Policy(Protocol):
         """The replica reported ``cached_tokens`` for the request (live feedback)."""
         ...
 
+    def on_unreported(self, request: RequestView, replica: int, ran: bool) -> None:
+        """The request ended with no report (refused, failed, abandoned, no usage); ``ran``:
+        the engine ran it, so its blocks are cached there."""
+        ...
+
+    def on_replica_reset(self, replica: int) -> None:
+        """The replica's cache is empty now (it most likely restarted)."""
+        ...
+
 
 class BasePolicy:
     """Defaults for the optional hooks; policies override what they use."""
@@ -135,6 +144,12 @@ class BasePolicy:
         pass
 
     def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
+        pass
+
+    def on_unreported(self, request: RequestView, replica: int, ran: bool) -> None:
+        pass
+
+    def on_replica_reset(self, replica: int) -> None:
         pass
 
     def describe(self) -> dict:

@@ -163,6 +163,7 @@ class Backend:
         self._models_checked = False  # configured models compared with GET /v1/models
         self.last_health_error: str | None = None
         self.in_flight = 0
+        self.resets = 0  # times the router-side record of this replica was reset
         self.assignments = 0
         # Uncached prompt tokens of requests whose prefill is not known to be done, by
         # dispatch ticket: (tokens, dispatch time). See prefill_done and scrape_metrics.
@@ -401,6 +402,7 @@ class Backend:
         if isinstance(self.view, ApproximateView):
             self.view = ApproximateView(self.view.capacity_blocks)
             self._metrics.view_blocks.labels(self.name).set(0)
+        self.resets += 1  # the router tells the policy (GatewayRouter.route)
 
     def _size_approximate_view(self) -> None:
         """Bound the approximate view by the replica's KV size, in the units its keys count

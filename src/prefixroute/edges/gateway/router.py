@@ -118,6 +118,10 @@ class GatewayRouter:
         self._metrics = metrics
         self._clock = clock
         self.decisions: deque[DecisionRecord] = deque(maxlen=decisions_kept)
+        self._resets_seen = [0] * len(backends)
+        # Optional hooks (BasePolicy has them; a bare Policy need not).
+        self._on_unreported = getattr(policy, "on_unreported", None)
+        self._on_replica_reset = getattr(policy, "on_replica_reset", None)
 
     def route(self, *, request_id: str, tenant: str, model: str, prompt: PreparedPrompt,
               block_size: int, candidates: list[Backend], attempt: int,
@@ -128,6 +132,11 @@ class GatewayRouter:
                               token_ids=prompt.token_ids, tenant=tenant,
                               routing_key=routing_key, output_tokens_hint=max_tokens,
                               now=self._clock.now())
+        for b in self.backends:
+            if b.resets != self._resets_seen[b.index]:  # its cache is empty (a restart)
+                self._resets_seen[b.index] = b.resets
+                if self._on_replica_reset is not None:
+                    self._on_replica_reset(b.index)
         views = [b.replica_view() for b in candidates]
         by_index = {b.index: b for b in candidates}
         decision = self.policy.route(request, views)
@@ -174,6 +183,8 @@ class GatewayRouter:
         backend.record_success()
         cached = _cached_tokens(usage)
         if cached is None:
+            if self._on_unreported is not None:
+                self._on_unreported(attempt.request, backend.index, True)
             return
         attempt.record.reported_cached_tokens = cached
         replica = backend.name
@@ -224,6 +235,9 @@ class GatewayRouter:
         attempt.record.outcome = outcome
         attempt.backend.finish(attempt.request.block_keys, stored=stored,
                                matched_before=attempt.matched_blocks)
+        if outcome != "ok" and self._on_unreported is not None:
+            # No usage will come: the policy hears that it ended, and whether it ran.
+            self._on_unreported(attempt.request, attempt.backend.index, stored)
 
     def recent(self, n: int, tenant: str | None = None) -> list[dict[str, Any]]:
         """The last ``n`` decisions, newest first (one tenant's only, unless ``None``)."""

@@ -212,3 +212,8 @@ class DynamoKvCost(BasePolicy):
         seqs = self._active.get(replica)
         if seqs is not None:
             seqs.free(request.request_id)
+
+    def on_unreported(self, request: RequestView, replica: int, ran: bool) -> None:
+        # Ended all the same (refused, failed, no usage in the answer): its blocks are no
+        # longer active on the worker.
+        self.on_completed(request, replica, 0)

@@ -65,6 +65,13 @@ predicted means the deepest of them survived: if the horizon had passed it, the 
 back to just before it. Either way the insert clock is corrected to what the replica really
 inserted (the prompt's blocks it did not have), not the blocks predicted uncached.
 
+**Requests that end without a report** (:meth:`on_unreported`; the gateway calls it for a
+refused, failed or abandoned request or an answer without usage) leave the queue and the
+requests in flight; one the engine never ran also takes back the blocks it added to the
+mirror. :meth:`on_replica_reset` (the gateway: the replica stopped answering health checks,
+so it most likely restarted) empties the mirror of that replica. The approximate view learns
+both too, but the mirror no longer takes its veto (above, "Heads outlive tails").
+
 **No learned LRU depth** (2026-11-30). Until then the feedback also learned an *effective*
 depth: each miss pulled ``C`` towards the age at which the block went, and only a hit deeper
 than ``C`` pushed it back. Under KV pressure (running long-context requests pin much of the
@@ -1106,6 +1113,52 @@ class PrefixRoute(BasePolicy):
         self._predictions[request.request_id] = (index, stamps, chain,
                                                  predicted_blocks if fits else 0, request.now)
 
+    def _end(self, request_id: str) -> tuple | None:
+        """The request left: its prediction (``None`` if it had none) and its share of the
+        concurrent-demand counts."""
+        for key in self._inflight_keys.pop(request_id, ()):
+            left = self._concurrent.get(key, 0) - 1
+            if left > 0:
+                self._concurrent[key] = left
+            else:
+                self._concurrent.pop(key, None)
+        return self._predictions.pop(request_id, None)
+
+    def on_unreported(self, request: RequestView, replica: int, ran: bool) -> None:
+        """The request ended with no ``cached_tokens`` to learn from (the gateway: refused,
+        failed, abandoned, or answered without usage). It leaves the queue and the requests in
+        flight as on completion. If the engine did not run it (``ran`` false) nothing it sent
+        was cached: the blocks it added to the mirror go again and the insert clock takes
+        them back (the approximate view forgets them too, :meth:`ApproximateView.correct`;
+        the mirror, which that view no longer vetoes, must do the same)."""
+        prediction = self._end(request.request_id)
+        est = self._replicas.get(replica)
+        if est is None:
+            return
+        stamp = est.in_flight.pop(request.request_id, None)
+        if self.drop_ended:
+            est.drop(request.request_id)
+        if ran or prediction is None or prediction[0] != replica or stamp is None:
+            return
+        _, _, chain, predicted_blocks, _ = prediction
+        held = chain[-1][1] if chain else 0  # blocks the mirror had before this request
+        blocks = est.blocks
+        for key in request.block_keys[held:]:
+            if blocks.get(key) == stamp:  # (a later request may have touched it since)
+                del blocks[key]
+        if est.fits(request):
+            est.inserts -= max(0, len(request.block_keys) - predicted_blocks)
+
+    def on_replica_reset(self, replica: int) -> None:
+        """The runner says the replica's cache is empty (the gateway: it stopped answering
+        health checks, so it most likely restarted): forget what was sent there. Its speed
+        and recent load stay."""
+        est = self._replicas.get(replica)
+        if est is not None:
+            est.blocks.clear()
+            est.horizon = len(est.inserts_at) - 1  # every stamp so far counts as gone
+            est.in_flight.clear()
+
     def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
         """Correct the replica's estimate with what it reported.
 
@@ -1115,13 +1168,7 @@ class PrefixRoute(BasePolicy):
         reused block survived, so a horizon past it goes back to just before it. The insert
         clock then counts the blocks the replica really inserted.
         """
-        prediction = self._predictions.pop(request.request_id, None)
-        for key in self._inflight_keys.pop(request.request_id, ()):
-            left = self._concurrent.get(key, 0) - 1
-            if left > 0:
-                self._concurrent[key] = left
-            else:
-                self._concurrent.pop(key, None)
+        prediction = self._end(request.request_id)
         if prediction is not None:
             # Completions carry no time: the latest request seen is the clock.
             stay = max(0.0, self._clock - prediction[4])
