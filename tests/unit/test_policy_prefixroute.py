@@ -139,26 +139,27 @@ def test_the_mirror_drops_a_prompts_tail_before_its_head():
     assert decision.scores[1]["mirror_blocks"] == 6
 
 
+def _after_unreported(policy, replicas, tail, ran):
+    """Send A + two blocks of ``tail`` to replica 1, report it ended unreported, and return
+    replica 1's scores for A + ``tail`` + one new block."""
+    request = req(blocks("A", 10) + blocks(tail, 2), tail)
+    send(policy, request, 1, replicas)
+    policy.on_unreported(request, 1, ran=ran)
+    probe = req(blocks("A", 10) + blocks(tail, 2) + blocks("C", 1), "probe-" + tail)
+    return policy.route(probe, replicas).scores[1]
+
+
 def test_a_request_the_engine_never_ran_leaves_nothing_in_the_mirror():
     # A's 10 blocks ran on replica 1; then A + B (12 blocks) was refused there: B's 2 blocks
-    # were never cached, A's 10 still are. The refused request is no longer in flight.
+    # were never cached, A's 10 still are.
     policy = create_policy(PLAIN)
     replicas = fleet()
     send(policy, req(blocks("A", 10), "a"), 1, replicas, cached_tokens=0)
-    refused = req(blocks("A", 10) + blocks("B", 2), "refused")
-    send(policy, refused, 1, replicas)
-    policy.on_unreported(refused, 1, ran=False)
-    decision = policy.route(req(blocks("A", 10) + blocks("B", 2) + blocks("C", 1), "r"),
-                            replicas)
-    assert decision.scores[1]["expected_cached_tokens"] == 10 * B
-    assert decision.scores[1]["mirror_blocks"] == 10
+    refused = _after_unreported(policy, replicas, "B", ran=False)
+    assert (refused["expected_cached_tokens"], refused["mirror_blocks"]) == (10 * B, 10)
     # One the engine ran (an answer without usage) keeps its blocks.
-    ran = req(blocks("A", 10) + blocks("D", 2), "ran")
-    send(policy, ran, 1, replicas)
-    policy.on_unreported(ran, 1, ran=True)
-    decision = policy.route(req(blocks("A", 10) + blocks("D", 2) + blocks("C", 1), "s"),
-                            replicas)
-    assert decision.scores[1]["expected_cached_tokens"] == 12 * B
+    ran = _after_unreported(policy, replicas, "D", ran=True)
+    assert ran["expected_cached_tokens"] == 12 * B
 
 
 def test_a_replica_reset_forgets_what_was_sent_there():
