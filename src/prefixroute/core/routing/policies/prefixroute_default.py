@@ -49,12 +49,14 @@ only what this router sent, ``observes_engine`` false) no longer vetoes: it hold
 mirror lacks, and its plain LRU drops a prompt's head first, so it vetoed exactly the blocks
 the engine keeps longest. On Mooncake synthetic (b), 4 replicas, the trace's 191,000-token
 prompts share a 373-block prefix (47% of a replica's KV) that the view had dropped from its
-head 40 s after it was computed while the engine still held 59,000 tokens of it. Over the
+head when the second one came, 40 s after the first, while the engine still held 59,000
+tokens of it. Over the
 benchmark's five draws per setting (ours over the best peer's, medians, before -> after):
 synthetic (b) p99 0.94x -> 0.78x, mean 1.04x -> 0.88x (3 of 5 draws meet both, was 2; the
 setting's own draw got worse, 1.02x -> 1.08x and 1.18x -> 1.28x); conversation (a) p99 1.00x
--> 0.98x, token hit 13.3% -> 13.8%; synthetic (a) hit 31.1% -> 32.1%, mean 0.95x -> 0.93x;
-conversation (b), the agentic sessions and the design scenario within a draw's noise.
+-> 0.98x, token hit 13.3% -> 13.8% (the setting's draw 13.7%); synthetic (a) hit 31.1% ->
+32.1% (32.6%), mean 0.95x -> 0.93x; conversation (b), the agentic sessions and the design
+scenario within a draw's noise.
 
 **Feedback** (:meth:`on_completed`, called by the simulator and by the gateway with the
 engine's reported ``cached_tokens``). Fewer reused blocks than predicted means the first
