@@ -30,7 +30,7 @@ import logging
 import os
 import re
 from collections import Counter
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import httpx
 
@@ -163,7 +163,9 @@ class Backend:
         self._models_checked = False  # configured models compared with GET /v1/models
         self.last_health_error: str | None = None
         self.in_flight = 0
-        self.resets = 0  # times the router-side record of this replica was reset
+        # Called with this replica's index when its router-side record is reset (set by the
+        # GatewayRouter: the policy forgets what it sent here too).
+        self.on_reset: Callable[[int], None] | None = None
         self.assignments = 0
         # Uncached prompt tokens of requests whose prefill is not known to be done, by
         # dispatch ticket: (tokens, dispatch time). See prefill_done and scrape_metrics.
@@ -402,7 +404,8 @@ class Backend:
         if isinstance(self.view, ApproximateView):
             self.view = ApproximateView(self.view.capacity_blocks)
             self._metrics.view_blocks.labels(self.name).set(0)
-        self.resets += 1  # the router tells the policy (GatewayRouter.route)
+        if self.on_reset is not None:
+            self.on_reset(self.index)
 
     def _size_approximate_view(self) -> None:
         """Bound the approximate view by the replica's KV size, in the units its keys count

@@ -118,10 +118,11 @@ class GatewayRouter:
         self._metrics = metrics
         self._clock = clock
         self.decisions: deque[DecisionRecord] = deque(maxlen=decisions_kept)
-        self._resets_seen = [0] * len(backends)
         # Optional hooks (BasePolicy has them; a bare Policy need not).
         self._on_unreported = getattr(policy, "on_unreported", None)
-        self._on_replica_reset = getattr(policy, "on_replica_reset", None)
+        on_replica_reset = getattr(policy, "on_replica_reset", None)
+        for backend in backends:  # a backend that forgets its cache tells the policy at once
+            backend.on_reset = on_replica_reset
 
     def route(self, *, request_id: str, tenant: str, model: str, prompt: PreparedPrompt,
               block_size: int, candidates: list[Backend], attempt: int,
@@ -132,11 +133,6 @@ class GatewayRouter:
                               token_ids=prompt.token_ids, tenant=tenant,
                               routing_key=routing_key, output_tokens_hint=max_tokens,
                               now=self._clock.now())
-        for b in self.backends:
-            if b.resets != self._resets_seen[b.index]:  # its cache is empty (a restart)
-                self._resets_seen[b.index] = b.resets
-                if self._on_replica_reset is not None:
-                    self._on_replica_reset(b.index)
         views = [b.replica_view() for b in candidates]
         by_index = {b.index: b for b in candidates}
         decision = self.policy.route(request, views)

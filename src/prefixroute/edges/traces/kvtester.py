@@ -5,10 +5,11 @@ file), ``requests``: ``t`` (seconds since the session start), ``in``, ``out``, `
 (one id per *full* block of ``in``), ``think_time`` (seconds the user or agent took after
 the previous reply; kept as :attr:`Request.think_s` for a closed-loop replay), plus ``type``
 and ``api_time`` we do not need (for most turns ``t`` is the previous one's plus its
-``api_time`` plus the turn's ``think_time`` to within a second; ``docs/trace-format.md``). Files are replayed as concurrent sessions,
-every one starting at 0 (plus ``stagger_s`` x its position); each file's ids are namespaced by
-its name so that equal local ids in two files stay different blocks. An ``out`` of 0 is
-replayed as 1 token (an engine always samples one).
+``api_time`` plus the turn's ``think_time`` to within a second; ``docs/trace-format.md``).
+Files are replayed as concurrent sessions, every one starting at 0 (plus ``stagger_s`` x
+its position); each file's ids are namespaced by its name so that equal local ids in two
+files stay different blocks. An ``out`` of 0 is replayed as 1 token (an engine always
+samples one).
 
 ``copies`` replays every file that many times as different users' sessions (copy ``c`` of
 ``s1`` is session ``s1#c``, its ids its own, starting ``c x copy_interval_s`` later; copy 0 is

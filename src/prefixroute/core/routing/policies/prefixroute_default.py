@@ -1115,16 +1115,26 @@ class PrefixRoute(BasePolicy):
         self._predictions[request.request_id] = (index, stamps, chain,
                                                  predicted_blocks if fits else 0, request.now)
 
-    def _end(self, request_id: str) -> tuple | None:
-        """The request left: its prediction (``None`` if it had none) and its share of the
-        concurrent-demand counts."""
+    def _end(self, request_id: str, replica: int
+             ) -> tuple[tuple | None, ReplicaEstimate | None, int | None]:
+        """The request left (completed or not): it gives up its share of the concurrent-demand
+        counts, its place among the replica's requests in flight and its queue entry
+        (``drop_ended``). Returns its prediction, the replica's estimate and the request's
+        stamp there (each ``None`` if unknown)."""
         for key in self._inflight_keys.pop(request_id, ()):
             left = self._concurrent.get(key, 0) - 1
             if left > 0:
                 self._concurrent[key] = left
             else:
                 self._concurrent.pop(key, None)
-        return self._predictions.pop(request_id, None)
+        prediction = self._predictions.pop(request_id, None)
+        est = self._replicas.get(replica)
+        if est is None:
+            return prediction, None, None
+        stamp = est.in_flight.pop(request_id, None)
+        if self.drop_ended:
+            est.drop(request_id)
+        return prediction, est, stamp
 
     def on_unreported(self, request: RequestView, replica: int, ran: bool) -> None:
         """The request ended with no ``cached_tokens`` to learn from (the gateway: refused,
@@ -1133,14 +1143,9 @@ class PrefixRoute(BasePolicy):
         was cached: the blocks it added to the mirror go again and the insert clock takes
         them back (the approximate view forgets them too, :meth:`ApproximateView.correct`;
         the mirror, which that view no longer vetoes, must do the same)."""
-        prediction = self._end(request.request_id)
-        est = self._replicas.get(replica)
-        if est is None:
-            return
-        stamp = est.in_flight.pop(request.request_id, None)
-        if self.drop_ended:
-            est.drop(request.request_id)
-        if ran or prediction is None or prediction[0] != replica or stamp is None:
+        prediction, est, stamp = self._end(request.request_id, replica)
+        if ran or est is None or prediction is None or prediction[0] != replica \
+                or stamp is None:
             return
         _, _, chain, predicted_blocks, _ = prediction
         held = chain[-1][1] if chain else 0  # blocks the mirror had before this request
@@ -1158,7 +1163,6 @@ class PrefixRoute(BasePolicy):
         est = self._replicas.get(replica)
         if est is not None:
             est.blocks.clear()
-            est.horizon = len(est.inserts_at) - 1  # every stamp so far counts as gone
             est.in_flight.clear()
 
     def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
@@ -1170,18 +1174,14 @@ class PrefixRoute(BasePolicy):
         reused block survived, so a horizon past it goes back to just before it. The insert
         clock then counts the blocks the replica really inserted.
         """
-        prediction = self._end(request.request_id)
+        prediction, est, _ = self._end(request.request_id, replica)
         if prediction is not None:
             # Completions carry no time: the latest request seen is the clock.
             stay = max(0.0, self._clock - prediction[4])
             self._residence_s = stay if self._residence_s <= 0 else \
                 self._residence_s + self.learning_rate * (stay - self._residence_s)
-        est = self._replicas.get(replica)
         if est is None:
             return
-        est.in_flight.pop(request.request_id, None)
-        if self.drop_ended:
-            est.drop(request.request_id)
         if prediction is None or prediction[0] != replica or request.block_size <= 0 \
                 or not self.feedback or not est.fits(request):
             return  # (a prompt that cannot fit was rejected: its 0 says nothing of the cache)
