@@ -126,7 +126,7 @@ import httpx
 from prefixroute.core.simulator.generators import design_scenario
 from prefixroute.core.simulator.metrics import percentile
 from prefixroute.edges.emulator.timings import ENV as TIMINGS_ENV
-from prefixroute.edges.emulator.process import free_port
+from prefixroute.edges.listen import free_port
 from prefixroute.edges.loadtest.fleet import LocalFleet, ServiceProcess
 from prefixroute.edges.http1 import Client
 from prefixroute.edges.loadtest.replay import closed_loop, replay, send, summarize

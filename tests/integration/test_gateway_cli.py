@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from prefixroute.edges.gateway.config import hash_api_key
+from prefixroute.edges.listen import free_port
 
 SECRET_ENV = {"PR_CLI_SECRET": "c" * 40}
 
@@ -70,9 +71,7 @@ def test_hash_key_prints_the_digest_to_store():
 
 
 def test_doctor_on_an_unreachable_backend_is_exit_2():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens once closed
+    port = free_port()  # nothing listens there
     result = cli("doctor", "--backend", f"http://127.0.0.1:{port}")
     assert result.returncode == 2 and "cannot reach the backend" in result.stderr
     assert "Traceback" not in result.stderr

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import openai
 import pytest
 
 from prefixroute.edges.gateway.config import hash_api_key
+from prefixroute.edges.listen import free_port
 
 SECRET = "integration-test-server-secret-0123456789"
 KEYS = {"a": "sk-int-a", "b": "sk-int-b", "ops": "sk-int-ops"}
@@ -40,12 +40,6 @@ REPLICA_HELP = _replica_help()
 needs_emulator = pytest.mark.skipif(REPLICA_HELP is None,
                                     reason="the emulator ('prefixroute replica', issue 7) is "
                                            "not built yet")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, process: subprocess.Popen, log: Path,

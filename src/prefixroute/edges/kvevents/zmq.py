@@ -37,6 +37,7 @@ from typing import Any
 import zmq
 
 from prefixroute.core.errors import ConfigError, InputError
+from prefixroute.edges.listen import port_in_use_hint
 from prefixroute.core.kvevents import (
     WIRE_FORMATS,
     EventBatch,
@@ -87,7 +88,10 @@ def _bind(sock: zmq.Socket, endpoint: str) -> str:
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
-        raise ConfigError(f"cannot bind {endpoint}: {exc}") from None
+        port = endpoint.rpartition(":")[2]
+        hint = (port_in_use_hint(int(port), exc.errno)
+                if endpoint.startswith("tcp://") and port.isdigit() else "")
+        raise ConfigError(f"cannot bind {endpoint}: {exc}{hint}") from None
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
