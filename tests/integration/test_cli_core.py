@@ -88,10 +88,12 @@ def test_repro_human_output_names_every_section():
 
 def test_a_replica_on_a_taken_port_exits_2_with_one_line():
     import socket
+
+    from prefixroute.edges.listen import free_port
+    port = free_port()  # below the ephemeral range: no hint about choosing another range
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind(("127.0.0.1", port))
         taken.listen()
-        port = taken.getsockname()[1]
         result = cli("replica", "--port", str(port))
     assert result.returncode == 2
     assert result.stderr.strip() == (f"prefixroute replica: error: cannot listen on "
