@@ -122,7 +122,8 @@ def test_sigterm_stops_the_server_promptly_with_requests_in_flight(slow_profile)
         # uvicorn shuts down gracefully, then re-raises the signal it caught (exit by SIGTERM).
         assert code in (0, -signal.SIGTERM), process.log_tail()
         assert "Traceback" not in process.log_tail(200)
-        assert elapsed < 2.0, f"took {elapsed:.2f} s to stop"
+        # Under uvicorn's 3 s grace: nothing waited for it (the engine alone would take 10 s).
+        assert elapsed < 2.9, f"took {elapsed:.2f} s to stop"
         # Clients still connected got an answer, not a silent drop.
         answer = read_until_closed(plain)
         assert answer.startswith(b"HTTP/1.1 503")

@@ -5,12 +5,13 @@ Bound before uvicorn starts, so that a port that is taken is a one-line start-up
 rather than a log line from inside the server and an exit code of its own.
 
 Ports a child process binds *later* (a replica's HTTP port, the KV-event endpoint a gateway
-binds after vLLM has started connecting to it) come from below the kernel's ephemeral range.
+binds after vLLM has started connecting to it) come from outside the kernel's ephemeral range.
 A port the kernel chose for ``bind(("127.0.0.1", 0))`` lies inside that range, and between
 picking it and the child binding it any other process's ``bind(0)`` or outgoing connection may
-be given the same port: a real vLLM start binds several such ports (torch's gloo store, its
-engine sockets), and one did take a test's KV-event port in CI. Below the range the kernel
-never hands a port out on its own (Linux ``ip_local_port_range``, see ``ip(7)``).
+be given the same port: one real vLLM CPU start listens on about 14 kernel-chosen ports (seen
+with ``ss -ltnp``), and in CI one of them was the port a test had drawn for the gateway's KV
+events. The kernel never hands out a port outside the range on its own (Linux
+``ip_local_port_range``, see ``ip(7)``).
 """
 
 from __future__ import annotations
@@ -38,17 +39,21 @@ def ephemeral_port_range() -> tuple[int, int] | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now that no other process is given by the kernel meanwhile.
+    """A port free on ``host`` now that the kernel does not hand to other programs meanwhile.
 
-    Random among ``10000`` to just below the ephemeral range, checked by binding it without
-    ``SO_REUSEADDR`` (so a port in TIME_WAIT counts as taken), and never the same port twice in
-    one process. Where the range is unknown or too low, it falls back to a kernel-chosen port.
+    Random among the ports from ``10000`` to 65535 outside the ephemeral range, checked by
+    binding it without ``SO_REUSEADDR`` (so a port in TIME_WAIT counts as taken), and never the
+    same port twice in one process. Where the range is unknown or leaves fewer than 1,000 such
+    ports, it falls back to a kernel-chosen port (and its race).
     """
     span = ephemeral_port_range()
-    if span is not None and span[0] - _LOWEST_CHOSEN_PORT >= 1_000:
+    outside = ([p for p in (range(_LOWEST_CHOSEN_PORT, span[0]), range(span[1] + 1, 65536))
+                if len(p) > 0] if span is not None else [])
+    if sum(len(p) for p in outside) >= 1_000:
         rng = random.SystemRandom()
         for _ in range(_CHOICE_TRIES):
-            port = rng.randrange(_LOWEST_CHOSEN_PORT, span[0])
+            ports = rng.choices(outside, weights=[len(p) for p in outside])[0]
+            port = rng.choice(ports)
             if port in _handed_out:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -69,7 +74,7 @@ def port_in_use_hint(port: int, error_number: int | None) -> str:
     if error_number != errno.EADDRINUSE or span is None or not span[0] <= port <= span[1]:
         return ""
     return (f" (port {port} is in this machine's ephemeral range {span[0]}-{span[1]}, which the "
-            f"kernel gives to other programs' connections; choose a port below {span[0]})")
+            f"kernel gives to other programs' connections; choose a port outside it)")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
