@@ -37,7 +37,6 @@ from typing import Any
 import zmq
 
 from prefixroute.core.errors import ConfigError, InputError
-from prefixroute.edges.listen import port_in_use_hint
 from prefixroute.core.kvevents import (
     WIRE_FORMATS,
     EventBatch,
@@ -45,6 +44,7 @@ from prefixroute.core.kvevents import (
     decode_event_batch,
     encode_event_batch,
 )
+from prefixroute.edges.listen import port_in_use_hint
 
 log = logging.getLogger(__name__)
 
