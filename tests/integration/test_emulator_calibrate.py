@@ -35,8 +35,8 @@ def test_calibrating_the_emulator_recovers_its_profile(tmp_path):
         assert fitted.decode_s_per_context_token == pytest.approx(1e-6, rel=0.3)
         # The emulator delays each request's entry by 20 ms; calibrate measures it (plus the
         # HTTP round trip) as the request overhead, not as step time
-        # (about 4 ms here, tens of ms on a loaded machine: hence the loose upper bound).
-        assert 0.016 <= fitted.request_overhead_s <= 0.08
+        # (about 4 ms here, more on a loaded machine; the median of 3 repeats damps one slow probe).
+        assert 0.016 <= fitted.request_overhead_s <= 0.05
         assert "against" in fitted.source
         # Only timings were probed: the output says the KV size is not the engine's.
         assert "only timings are measured" in result.stderr

@@ -279,9 +279,7 @@ def emulator_run():
         pytest.skip(f"no tokenizer at {model_dir}")
     subscriber, port = _subscriber()
     http_port = free_port()
-    replay_port = free_port()
-    while replay_port in (http_port, port):
-        replay_port = free_port()
+    replay_port = free_port()  # never one handed out before nor a bound one
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"emulator-fidelity-{http_port}.log",
                "wb")

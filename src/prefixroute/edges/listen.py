@@ -26,6 +26,7 @@ from prefixroute.core.errors import ConfigError
 _PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST_CHOSEN_PORT = 10_000  # above the well-known and most registered service ports
 _CHOICE_TRIES = 200
+_MIN_OUTSIDE_PORTS = 1_000
 _handed_out: set[int] = set()
 
 
@@ -38,32 +39,46 @@ def ephemeral_port_range() -> tuple[int, int] | None:
     return low, high
 
 
+def _ports_outside_ephemeral_range() -> list[range]:
+    span = ephemeral_port_range()
+    if span is None:
+        return []
+    ranges = [range(_LOWEST_CHOSEN_PORT, span[0]), range(span[1] + 1, 65536)]
+    return [ports for ports in ranges if len(ports) > 0]
+
+
+def can_avoid_ephemeral_ports() -> bool:
+    """Whether :func:`free_port` draws outside the ephemeral range here (at least 1,000 ports
+    from 10000 up lie outside it) rather than falling back to a kernel-chosen port."""
+    return sum(len(ports) for ports in _ports_outside_ephemeral_range()) >= _MIN_OUTSIDE_PORTS
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host`` now that the kernel does not hand to other programs meanwhile.
 
     Random among the ports from ``10000`` to 65535 outside the ephemeral range, checked by
     binding it without ``SO_REUSEADDR`` (so a port in TIME_WAIT counts as taken), and never the
     same port twice in one process. Where the range is unknown or leaves fewer than 1,000 such
-    ports, it falls back to a kernel-chosen port (and its race).
+    ports, or none of 200 random draws is free, it falls back to a kernel-chosen port: one in
+    the range, with the race above, and not checked against the ports handed out before.
     """
-    span = ephemeral_port_range()
-    outside = ([p for p in (range(_LOWEST_CHOSEN_PORT, span[0]), range(span[1] + 1, 65536))
-                if len(p) > 0] if span is not None else [])
-    if sum(len(p) for p in outside) >= 1_000:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if can_avoid_ephemeral_ports():
+        outside = _ports_outside_ephemeral_range()
         rng = random.SystemRandom()
         for _ in range(_CHOICE_TRIES):
             ports = rng.choices(outside, weights=[len(p) for p in outside])[0]
             port = rng.choice(ports)
             if port in _handed_out:
                 continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
                 try:
                     probe.bind((host, port))
                 except OSError:
                     continue
             _handed_out.add(port)
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
 

@@ -90,7 +90,7 @@ def _bind(sock: zmq.Socket, endpoint: str) -> str:
     except zmq.ZMQError as exc:
         port = endpoint.rpartition(":")[2]
         hint = (port_in_use_hint(int(port), exc.errno)
-                if endpoint.startswith("tcp://") and port.isdigit() else "")
+                if endpoint.startswith("tcp://") and port.isascii() and port.isdigit() else "")
         raise ConfigError(f"cannot bind {endpoint}: {exc}{hint}") from None
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
