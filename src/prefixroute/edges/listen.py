@@ -47,10 +47,14 @@ def _ports_outside_ephemeral_range() -> list[range]:
     return [ports for ports in ranges if len(ports) > 0]
 
 
+def _enough(outside: list[range]) -> bool:
+    return sum(len(ports) for ports in outside) >= _MIN_OUTSIDE_PORTS
+
+
 def can_avoid_ephemeral_ports() -> bool:
     """Whether :func:`free_port` draws outside the ephemeral range here (at least 1,000 ports
     from 10000 up lie outside it) rather than falling back to a kernel-chosen port."""
-    return sum(len(ports) for ports in _ports_outside_ephemeral_range()) >= _MIN_OUTSIDE_PORTS
+    return _enough(_ports_outside_ephemeral_range())
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -63,8 +67,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     the range, with the race above, and not checked against the ports handed out before.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    if can_avoid_ephemeral_ports():
-        outside = _ports_outside_ephemeral_range()
+    outside = _ports_outside_ephemeral_range()
+    if _enough(outside):
         rng = random.SystemRandom()
         for _ in range(_CHOICE_TRIES):
             ports = rng.choices(outside, weights=[len(p) for p in outside])[0]
