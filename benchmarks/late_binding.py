@@ -1,0 +1,180 @@
+"""Late binding: how far a router that never reorders requests can bring p99 TTFT (issue 4).
+
+Issue 4 asks our policy for a p99 TTFT at most 0.9x the best peer's. When every good router
+lands on the same p99 (Mooncake conversation at 3 replicas: 14.11 s ours, 13.85 s
+dynamo_kv_cost), is the rest a routing problem at all? This replays each setting of
+``benchmarks/results/policy_comparison.json`` through the simulator's engines with no
+per-request routing: requests wait in one first-come-first-served queue at the router and the
+head goes to a replica as soon as one has no prefill left (or at most one chunk, ``--slack``),
+the free replica holding most of its prompt (read from the engine's own cache), then the one
+with the least KV in use. That is late binding, the pooled queue of an M/G/k system: no
+replica waits while another has work queued, and no router that keeps arrival order balances
+prefill better. It sees the engines exactly, so it is not a strict lower bound (a router could
+also reorder requests, or trade balance for cache hits, as affinity does), but where it lands
+on the routers' p99 the p99 is set by the work the engines must do, not by where requests go.
+
+A closed-loop workload (the agentic sessions) sends each turn its think time after the
+previous turn ended, as ``simulate --closed-loop`` does.
+
+Run from the repository after ``benchmarks/policy_comparison.py`` (it reads that run's
+settings): ``python benchmarks/late_binding.py`` (about a minute on two cores). Writes
+``benchmarks/results/late_binding.md`` and ``late_binding.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import policy_comparison as pc  # noqa: E402  (the settings' workloads, fleets and paths)
+
+from prefixroute.core.caches.paged_pool import PagedBlockPool  # noqa: E402
+from prefixroute.core.replica.engine import ReplicaEngine  # noqa: E402
+from prefixroute.core.simulator.metrics import percentile  # noqa: E402
+from prefixroute.core.simulator.simulation import FleetConfig, PreparedWorkload  # noqa: E402
+
+SLACKS = (0, pc.DEFAULT_MAX_NUM_BATCHED_TOKENS)  # no prefill left; at most one chunk left
+
+
+def late_binding(workload: PreparedWorkload, fleet: FleetConfig,
+                 slack: int) -> dict[str, float]:
+    """Replay ``workload`` on ``fleet.replicas`` fresh engines with one central FCFS queue
+    (module docstring); ``slack``: prefill tokens a replica may still have pending and take
+    the next request."""
+    replicas = fleet.replicas
+    requests = workload.requests
+    engines = [ReplicaEngine(PagedBlockPool(fleet.cache_blocks + 1, fleet.block_size),
+                             fleet.service, max_num_batched_tokens=fleet.max_num_batched_tokens,
+                             max_num_seqs=fleet.max_num_seqs) for _ in range(replicas)]
+    total = len(requests)
+    arrive = [r.arrival_s for r in requests]
+    successor = [-1] * total
+    if workload.after is not None:  # a closed loop: a later turn arrives when sent
+        for j, before in enumerate(workload.after):
+            if before >= 0:
+                successor[before] = j
+                arrive[j] = math.inf
+    arrivals = [(arrive[j], j) for j in range(total) if arrive[j] < math.inf]
+    heapq.heapify(arrivals)
+    first = [-1.0] * total
+    cached = [0] * total
+    held: deque[int] = deque()
+
+    def handle(events, now: float) -> None:
+        for event in events:
+            k = event.request_id
+            if event.kind == "first_token":
+                first[k] = event.time
+                continue
+            if event.kind == "finished":
+                cached[k] = event.cached_tokens
+            j = successor[k]
+            if j >= 0:
+                arrive[j] = max(event.time + workload.gap_s[j], now)
+                heapq.heappush(arrivals, (arrive[j], j))
+
+    def free(engine: ReplicaEngine) -> bool:
+        return engine.waiting + engine.entering == 0 and engine.pending_prefill_tokens <= slack
+
+    while True:
+        wakes = [t for t in (e.next_event_time() for e in engines) if t is not None]
+        now = min(min(wakes, default=math.inf), arrivals[0][0] if arrivals else math.inf)
+        if now == math.inf:
+            break
+        for engine in engines:
+            wake = engine.next_event_time()
+            if wake is not None and wake <= now:
+                handle(engine.advance(now), now)
+        while arrivals and arrivals[0][0] <= now:
+            held.append(heapq.heappop(arrivals)[1])
+        while held:
+            ready = [i for i, engine in enumerate(engines) if free(engine)]
+            if not ready:
+                break
+            k = held.popleft()
+            request = requests[k]
+            i = max(ready, key=lambda i: (engines[i].pool.match(request.block_keys),
+                                          -engines[i].kv_usage, -i))
+            engines[i].submit(k, request.input_tokens, request.output_tokens,
+                              request.block_keys, now)
+            handle(engines[i].advance(now), now)
+    ttft = [first[k] - arrive[k] for k in range(total) if first[k] >= 0]
+    prompt = sum(r.input_tokens for r in requests)
+    return {"ttft_p99_s": percentile(ttft, 99) or 0.0,
+            "ttft_mean_s": sum(ttft) / len(ttft) if ttft else 0.0,
+            "token_hit_rate": sum(cached) / prompt if prompt else 0.0,
+            "completed": len(ttft), "last_first_token_s": max(first)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default=str(pc.RESULTS / "policy_comparison.json"),
+                        help="the policy comparison's JSON (its settings are replayed)")
+    parser.add_argument("--workloads", default="",
+                        help="comma-separated subset of the workloads (default: all there)")
+    parser.add_argument("--out", default=str(pc.RESULTS), help="output directory")
+    args = parser.parse_args()
+    try:
+        rows = json.loads(Path(args.results).read_text())["rows"]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"late_binding.py: cannot read settings from {args.results}: {exc}; run "
+              f"benchmarks/policy_comparison.py first", file=sys.stderr)
+        return 2
+    wanted = {n.strip() for n in args.workloads.split(",") if n.strip()}
+    rows = [r for r in rows if not wanted or r["workload"] in wanted]
+    started = time.perf_counter()
+    pc.prepare(sorted({r["workload"] for r in rows}))
+    out_rows = []
+    for row in rows:
+        runs = {}
+        for slack in SLACKS:
+            t0 = time.perf_counter()
+            workload = pc.scaled(row["workload"], row["time_scale"])
+            runs[slack] = late_binding(workload, pc.fleet_for(workload, row["replicas"]), slack)
+            pc.log(f"{row['workload']} {row['setting']} slack {slack}: p99 "
+                   f"{runs[slack]['ttft_p99_s']:.2f} s, mean {runs[slack]['ttft_mean_s']:.3f} s, "
+                   f"hit {runs[slack]['token_hit_rate']:.1%} ({time.perf_counter() - t0:.0f} s)")
+        out_rows.append({"workload": row["workload"], "setting": row["setting"],
+                         "replicas": row["replicas"], "time_scale": row["time_scale"],
+                         "best_peer": row["best_peer"],
+                         "peer_p99_s": row["peer"]["ttft_p99_s"],
+                         "ours_p99_s": row["ours"]["ttft_p99_s"],
+                         "late_binding": {str(s): r for s, r in runs.items()}})
+    md = ["# Late binding against the routers' p99 TTFT", "",
+          "Generated by `python benchmarks/late_binding.py` from the settings of "
+          "`policy_comparison.json`. One FCFS queue at the router; its head goes to the first "
+          "replica with no prefill left (slack 0) or at most one chunk of "
+          f"{pc.DEFAULT_MAX_NUM_BATCHED_TOKENS} tokens left, the one holding most of its "
+          "prompt (exact, from the engine's cache). See the script's docstring.", "",
+          "| workload | setting | best peer | 0.9x its p99 | ours p99 | late binding p99 "
+          "(slack 0 / one chunk) | its mean TTFT | its token hit |",
+          "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in out_rows:
+        lb = [r["late_binding"][str(s)] for s in SLACKS]
+        md.append(f"| {r['workload']} | {r['setting']} ({r['replicas']} replicas) | "
+                  f"{r['best_peer']} | {0.9 * r['peer_p99_s']:.2f} s | {r['ours_p99_s']:.2f} s | "
+                  f"{lb[0]['ttft_p99_s']:.2f} / {lb[1]['ttft_p99_s']:.2f} s | "
+                  f"{lb[0]['ttft_mean_s']:.3f} / {lb[1]['ttft_mean_s']:.3f} s | "
+                  f"{lb[0]['token_hit_rate']:.1%} / {lb[1]['token_hit_rate']:.1%} |")
+    md += ["", f"Elapsed: {time.perf_counter() - started:.0f} s.", ""]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(md)
+    payload = json.dumps({"rows": out_rows, "elapsed_s": time.perf_counter() - started},
+                         indent=1)
+    (out / "late_binding.md").write_text(text)
+    (out / "late_binding.json").write_text(payload)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
