@@ -75,6 +75,12 @@ class FleetConfig:
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ConfigError(f"block size must be a positive integer, got {self.block_size!r}")
 
+    def engine(self, pool: PagedBlockPool, name: str = "") -> ReplicaEngine:
+        """One replica's engine over ``pool`` with this fleet's service model and limits."""
+        return ReplicaEngine(pool, self.service,
+                             max_num_batched_tokens=self.max_num_batched_tokens,
+                             max_num_seqs=self.max_num_seqs, name=name)
+
     def describe(self) -> dict[str, Any]:
         return {"replicas": self.replicas, "cache_blocks": self.cache_blocks,
                 "block_size": self.block_size, "cache_tokens": self.cache_blocks * self.block_size,
@@ -274,6 +280,24 @@ class PolicyRun:
     busy_until_at: float | None = None
 
 
+def arrival_plan(workload: PreparedWorkload) -> tuple[array, array, list[tuple[float, int]]]:
+    """(arrival time per request, the request each one's end sends (-1: none), the heap of
+    (time, request) known at the start). An open loop's arrivals are its recorded times; a
+    closed loop's later turns are ``inf`` until the turn before them ends, when the runner
+    sends them :attr:`PreparedWorkload.gap_s` later (``simulate_policy``'s ``release``)."""
+    total = len(workload.requests)
+    arrive = array("d", [r.arrival_s for r in workload.requests])
+    successor = array("l", [-1]) * total
+    if workload.after is not None:
+        for j, before in enumerate(workload.after):
+            if before >= 0:
+                successor[before] = j
+                arrive[j] = math.inf
+    arrivals = [(arrive[j], j) for j in range(total) if arrive[j] < math.inf]
+    heapq.heapify(arrivals)
+    return arrive, successor, arrivals
+
+
 def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
     """``hybrid:max_skew=2,view=oracle`` -> (``hybrid:max_skew=2``, ``oracle``)."""
     name, params = parse_spec(spec)
@@ -322,10 +346,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         else:
             cache_views.append(_DeferredApproximateView(
                 ApproximateView(capacity_blocks=fleet.cache_blocks)))
-    engines = [ReplicaEngine(pools[i], fleet.service,
-                             max_num_batched_tokens=fleet.max_num_batched_tokens,
-                             max_num_seqs=fleet.max_num_seqs, name=f"replica-{i}")
-               for i in range(n_replicas)]
+    engines = [fleet.engine(pools[i], f"replica-{i}") for i in range(n_replicas)]
     replica_views = [ReplicaView(index=i, name=f"replica-{i}",
                                  capacity_blocks=fleet.cache_blocks, cache=cache_views[i],
                                  prefill_s_per_token=fleet.service.prefill_s_per_token)
@@ -349,15 +370,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
 
     # Arrivals in time order (ties: list order). An open loop's are the recorded times; a
     # closed loop's later turns join when the turn before them ends (``handle``).
-    arrive = array("d", [r.arrival_s for r in requests])
-    successor = array("l", [-1]) * total
-    if workload.after is not None:
-        for j, before in enumerate(workload.after):
-            if before >= 0:
-                successor[before] = j
-                arrive[j] = math.inf
-    arrivals = [(arrive[j], j) for j in range(total) if arrive[j] < math.inf]
-    heapq.heapify(arrivals)
+    arrive, successor, arrivals = arrival_plan(workload)
     gap_s = workload.gap_s
     clock = ManualClock(arrivals[0][0] if arrivals else 0.0)
     heap: list[tuple[float, int]] = []
