@@ -19,7 +19,6 @@ conversation and the agentic sessions take a few times longer). Writes
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -78,11 +77,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.draws < 1 or args.draws % 2 == 0 or not 0 < args.step < 0.1 or args.windows < 0:
         parser.error("--draws must be odd and positive, --step in (0, 0.1), --windows >= 0")
-    try:
-        rows = json.loads(Path(args.results).read_text())["rows"]
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"draws.py: cannot read settings from {args.results}: {exc}; run "
-              f"benchmarks/policy_comparison.py first", file=sys.stderr)
+    rows = pc.read_settings(args.results, "draws.py")
+    if rows is None:
         return 2
     row = next((r for r in rows if r["workload"] == args.workload
                 and r["setting"].startswith(args.setting + ":")), None)
@@ -147,15 +143,10 @@ def main() -> int:
                       f"{w[pc.OURS + '_cached'] / tokens:.1%} | "
                       f"{w[peer + '_cached'] / tokens:.1%} |")
     md += ["", f"Elapsed: {time.perf_counter() - started:.0f} s.", ""]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"draws_{name}_{args.setting}"
     text = "\n".join(md)
-    payload = json.dumps({"workload": name, "setting": row["setting"], "replicas": replicas,
-                          "best_peer": peer, "draws": draws, "summary": summary,
-                          "windows": split}, indent=1)
-    (out / f"{stem}.md").write_text(text)
-    (out / f"{stem}.json").write_text(payload)
+    pc.write_results(args.out, f"draws_{name}_{args.setting}", text,
+                     {"workload": name, "setting": row["setting"], "replicas": replicas,
+                      "best_peer": peer, "draws": draws, "summary": summary, "windows": split})
     print(text)
     return 0
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import math
 import sys
 import time
@@ -121,11 +120,8 @@ def main() -> int:
                         help="comma-separated subset of the workloads (default: all there)")
     parser.add_argument("--out", default=str(pc.RESULTS), help="output directory")
     args = parser.parse_args()
-    try:
-        rows = json.loads(Path(args.results).read_text())["rows"]
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"late_binding.py: cannot read settings from {args.results}: {exc}; run "
-              f"benchmarks/policy_comparison.py first", file=sys.stderr)
+    rows = pc.read_settings(args.results, "late_binding.py")
+    if rows is None:
         return 2
     wanted = {n.strip() for n in args.workloads.split(",") if n.strip()}
     rows = [r for r in rows if not wanted or r["workload"] in wanted]
@@ -167,13 +163,9 @@ def main() -> int:
                   f"{lb[0]['ttft_mean_s']:.3f} / {lb[1]['ttft_mean_s']:.3f} s | "
                   f"{lb[0]['token_hit_rate']:.1%} / {lb[1]['token_hit_rate']:.1%} |")
     md += ["", f"Elapsed: {time.perf_counter() - started:.0f} s.", ""]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(md)
-    payload = json.dumps({"rows": out_rows, "elapsed_s": time.perf_counter() - started},
-                         indent=1)
-    (out / "late_binding.md").write_text(text)
-    (out / "late_binding.json").write_text(payload)
+    pc.write_results(args.out, "late_binding", text,
+                     {"rows": out_rows, "elapsed_s": time.perf_counter() - started})
     print(text)
     return 0
 

@@ -423,6 +423,26 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def read_settings(path: str, tool: str) -> list[dict] | None:
+    """The settings (rows) of an earlier run's ``policy_comparison.json``, for the scripts
+    that replay them; ``None`` after saying why on stderr."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"{tool}: cannot read settings from {path}: {exc}; run "
+              f"benchmarks/policy_comparison.py first", file=sys.stderr)
+        return None
+
+
+def write_results(out: str, stem: str, text: str, payload: dict) -> None:
+    """``<out>/<stem>.md`` (``text``) and ``<out>/<stem>.json`` (``payload``)."""
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{stem}.md").write_text(text, encoding="utf-8")
+    (directory / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n",
+                                            encoding="utf-8")
+
+
 def find_load(runner: Runner, name: str, peers: list[str]) -> tuple[float, list[str], list]:
     """(time scale, probe peers, search log) for setting (a)."""
     scale = 1.0
