@@ -5,10 +5,11 @@ scales 0.5% and 1% apart (its stability table). On a fleet run 100% busy through
 five do not settle a median: a 1% change of the arrival times moves which requests meet in a
 burst. This runs ``prefixroute`` and the setting's best peer (from
 ``benchmarks/results/policy_comparison.json``) at ``--draws`` time scales ``--step`` apart
-around the setting's, on the same replicas, and reports each draw's p99 and mean TTFT ratios,
-their medians and how many draws meet issue 4's targets. ``--windows S`` also splits the
-setting's own draw by arrival time into windows of S seconds: each window's summed TTFT and
-token hit rate for both, which shows when in the run a mean is won or lost.
+around the setting's, on the same replicas (in ``--jobs`` worker processes), and reports each
+draw's p99 and mean TTFT ratios, their medians and how many draws meet issue 4's targets.
+``--windows S`` also splits the setting's own draw by arrival time into windows of S seconds:
+each window's summed TTFT and token hit rate for both, which shows when in the run a mean is
+won or lost.
 
 Run from the repository: ``python benchmarks/draws.py --workload mooncake-synthetic --setting b
 --draws 21 --windows 50`` (about a minute on two cores for that setting; the Mooncake
@@ -33,31 +34,34 @@ from prefixroute.core.simulator.simulation import simulate_policy  # noqa: E402
 
 def windows(name: str, scale: float, replicas: int, peer: str,
             width_s: float) -> list[dict]:
-    """Per ``width_s`` of arrivals in the setting's own draw: requests, prompt tokens, and for
-    ours and the peer the summed TTFT and the token hit rate of the requests arriving then."""
+    """Per ``width_s`` of arrivals in the setting's own draw, for ours and the peer: requests
+    completed, their prompt tokens, summed TTFT and cached tokens. Each run's requests go by
+    that run's own arrival times (a closed loop's later turns arrive when the run sends them;
+    an open loop's are the recorded times, the same in both)."""
     workload = pc.scaled(name, scale)
     fleet = pc.fleet_for(workload, replicas)
     runs = {spec: simulate_policy(workload, fleet, spec, view=pc.VIEW) for spec in (pc.OURS, peer)}
     requests = workload.requests
-    arrive = runs[pc.OURS].arrival_s  # an open loop's are the recorded times, the same in both
-    start = min(arrive)
-    count = int((max(arrive) - start) // width_s) + 1
-    rows = [{"from_s": start + i * width_s, "requests": 0, "tokens": 0,
-             **{f"{s}_ttft_s": 0.0 for s in runs}, **{f"{s}_cached": 0 for s in runs}}
+    done = {}
+    for spec, run in runs.items():
+        done[spec] = [k for k in range(len(requests)) if run.cached_tokens[k] >= 0]
+        # PolicyRun.ttft_s lists the completed requests' TTFTs in request order.
+        if len(done[spec]) != len(run.ttft_s):
+            raise RuntimeError(f"{spec}: {len(run.ttft_s)} first tokens for "
+                               f"{len(done[spec])} completed requests")
+    times = [runs[spec].arrival_s[k] for spec in runs for k in done[spec]]
+    start = min(times)
+    count = int((max(times) - start) // width_s) + 1
+    fields = ("requests", "tokens", "ttft_s", "cached")
+    rows = [{"from_s": start + i * width_s, **{f"{spec}_{f}": 0 for spec in runs for f in fields}}
             for i in range(count)]
     for spec, run in runs.items():
-        done = [k for k in range(len(requests)) if run.cached_tokens[k] >= 0]
-        # PolicyRun.ttft_s lists the completed requests' TTFTs in request order.
-        if len(done) != len(run.ttft_s):
-            raise RuntimeError(f"{spec}: {len(run.ttft_s)} first tokens for {len(done)} "
-                               f"completed requests")
-        for k, ttft in zip(done, run.ttft_s):
+        for k, ttft in zip(done[spec], run.ttft_s):
             row = rows[int((run.arrival_s[k] - start) // width_s)]
+            row[f"{spec}_requests"] += 1
+            row[f"{spec}_tokens"] += requests[k].input_tokens
             row[f"{spec}_ttft_s"] += ttft
             row[f"{spec}_cached"] += run.cached_tokens[k]
-            if spec == pc.OURS:
-                row["requests"] += 1
-                row["tokens"] += requests[k].input_tokens
     return rows
 
 
@@ -75,8 +79,13 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--out", default=str(pc.RESULTS), help="output directory")
     args = parser.parse_args()
-    if args.draws < 1 or args.draws % 2 == 0 or not 0 < args.step < 0.1 or args.windows < 0:
-        parser.error("--draws must be odd and positive, --step in (0, 0.1), --windows >= 0")
+    if args.draws < 1 or args.draws % 2 == 0:
+        parser.error("--draws must be odd and positive")
+    if not 0 < args.step * max(1, args.draws // 2) < 1:  # (also refuses NaN)
+        parser.error("--step must be positive, and --step x (--draws // 2) below 1 (every "
+                     "time scale positive)")
+    if not 0 <= args.windows < float("inf"):
+        parser.error("--windows must be a number of seconds >= 0")
     rows = pc.read_settings(args.results, "draws.py")
     if rows is None:
         return 2
@@ -132,16 +141,18 @@ def main() -> int:
     split = []
     if args.windows:
         split = windows(name, scales[half], replicas, peer, args.windows)
-        md += ["", f"The own draw by arrival time, windows of {args.windows:g} s: summed TTFT "
-               "and token hit rate of the requests arriving in each.", "",
-               f"| from | requests | prompt tokens | TTFT sum ours | TTFT sum {peer} | "
-               f"hit ours | hit {peer} |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        md += ["", f"The own draw by arrival time, windows of {args.windows:g} s: the "
+               "requests arriving in each that completed, their summed TTFT and token hit "
+               "rate.", "",
+               f"| from | requests ours / {peer} | TTFT sum ours | TTFT sum {peer} | "
+               f"hit ours | hit {peer} |", "|---:|---:|---:|---:|---:|---:|"]
         for w in split:
-            tokens = w["tokens"] or 1
-            md.append(f"| {w['from_s']:.0f} s | {w['requests']} | {w['tokens']:,} | "
-                      f"{w[pc.OURS + '_ttft_s']:.0f} s | {w[peer + '_ttft_s']:.0f} s | "
-                      f"{w[pc.OURS + '_cached'] / tokens:.1%} | "
-                      f"{w[peer + '_cached'] / tokens:.1%} |")
+            ours, other = pc.OURS, peer
+            md.append(f"| {w['from_s']:.0f} s | {w[ours + '_requests']} / "
+                      f"{w[other + '_requests']} | {w[ours + '_ttft_s']:.0f} s | "
+                      f"{w[other + '_ttft_s']:.0f} s | "
+                      f"{w[ours + '_cached'] / max(1, w[ours + '_tokens']):.1%} | "
+                      f"{w[other + '_cached'] / max(1, w[other + '_tokens']):.1%} |")
     md += ["", f"Elapsed: {time.perf_counter() - started:.0f} s.", ""]
     text = "\n".join(md)
     pc.write_results(args.out, f"draws_{name}_{args.setting}", text,

@@ -8,17 +8,18 @@ per-request routing: requests wait in one first-come-first-served queue at the r
 head goes to a replica as soon as one has no prefill left (or at most one chunk,
 ``max_num_batched_tokens``, so it never idles waiting for the router), the free replica
 holding most of its prompt (read exactly from the engine's cache), then the one with the least
-KV in use. That is late binding, the pooled queue of an M/G/k system: no replica takes a
-request while another sits with nothing to prefill. It is a baseline, not a bound: it gives up
-cache affinity whenever the holder is busy (ours beats it by far where affinity pays), and a
-router could also reorder requests. Where it lands on the routers' p99 anyway, the p99 is set
-by the work the engines must do more than by where requests go.
+KV in use. That is late binding, the pooled queue of an M/G/k system: with no slack, no
+request waits at the router while a replica has nothing to prefill (with one chunk of
+slack, the holder of the prompt may take it ahead of an idle replica). It is a baseline, not
+a bound: it gives up cache affinity whenever the holder is busy (ours beats it by far where
+affinity pays), and a router could also reorder requests. Where it lands on the routers' p99
+anyway, the p99 is set by the work the engines must do more than by where requests go.
 
 A closed-loop workload (the agentic sessions) sends each turn its think time after the
 previous turn ended, as ``simulate --closed-loop`` does (:func:`arrival_plan`).
 
 Run from the repository after ``benchmarks/policy_comparison.py`` (it reads that run's
-settings): ``python benchmarks/late_binding.py`` (about a minute on two cores). Writes
+settings): ``python benchmarks/late_binding.py`` (about a minute, on one core). Writes
 ``benchmarks/results/late_binding.md`` and ``late_binding.json``.
 """
 
