@@ -16,7 +16,7 @@ affinity pays), and a router could also reorder requests. Where it lands on the 
 anyway, the p99 is set by the work the engines must do more than by where requests go.
 
 A closed-loop workload (the agentic sessions) sends each turn its think time after the
-previous turn ended, as ``simulate --closed-loop`` does (:func:`arrival_plan`).
+previous turn ended, as ``simulate --closed-loop`` does (the simulator's ``ArrivalPlan``).
 
 Run from the repository after ``benchmarks/policy_comparison.py`` (it reads that run's
 settings): ``python benchmarks/late_binding.py`` (about a minute, on one core). Writes
@@ -40,8 +40,8 @@ import policy_comparison as pc  # noqa: E402  (the settings' workloads, fleets a
 from prefixroute.core.caches.paged_pool import PagedBlockPool  # noqa: E402
 from prefixroute.core.replica.engine import ReplicaEngine  # noqa: E402  (for types)
 from prefixroute.core.simulator.metrics import percentile  # noqa: E402
-from prefixroute.core.simulator.simulation import (FleetConfig, PreparedWorkload,  # noqa: E402
-                                                   arrival_plan)
+from prefixroute.core.simulator.simulation import (ArrivalPlan, FleetConfig,  # noqa: E402
+                                                   PreparedWorkload)
 
 # A replica takes the router's next request with no prefill left, or with at most one chunk
 # (``max_num_batched_tokens``) left, so that it never idles for the router's reply.
@@ -58,7 +58,8 @@ def late_binding(workload: PreparedWorkload, fleet: FleetConfig,
     prompt_keys = workload.prompt_keys
     engines = [fleet.engine(PagedBlockPool(fleet.cache_blocks + 1, fleet.block_size))
                for _ in range(fleet.replicas)]
-    arrive, successor, arrivals = arrival_plan(workload)
+    plan = ArrivalPlan(workload)
+    arrive, arrivals = plan.arrive, plan.pending
     total = len(requests)
     first = [-1.0] * total
     cached = [-1] * total  # -1: not completed
@@ -72,22 +73,19 @@ def late_binding(workload: PreparedWorkload, fleet: FleetConfig,
                 continue
             if event.kind == "finished":
                 cached[k] = event.cached_tokens
-            j = successor[k]  # finished or rejected: the session's next turn is sent
-            if j >= 0:
-                arrive[j] = max(event.time + workload.gap_s[j], now)
-                heapq.heappush(arrivals, (arrive[j], j))
+            plan.release(k, event.time, now)  # finished or rejected
 
     def free(engine: ReplicaEngine) -> bool:
         return engine.waiting + engine.entering == 0 and engine.pending_prefill_tokens <= slack
 
     while True:
-        wakes = [t for t in (e.next_event_time() for e in engines) if t is not None]
-        now = min(min(wakes, default=math.inf), arrivals[0][0] if arrivals else math.inf)
+        wakes = [e.next_event_time() for e in engines]
+        now = min([t for t in wakes if t is not None]
+                  + [arrivals[0][0] if arrivals else math.inf])
         if now == math.inf:
             break
-        for engine in engines:  # engine events first, as the simulator handles them
-            wake = engine.next_event_time()
-            if wake is not None and wake <= now:
+        for engine, wake in zip(engines, wakes):  # engine events first, as the simulator
+            if wake is not None and wake <= now:  # handles them
                 handle(engine.advance(now), now)
         while arrivals and arrivals[0][0] <= now:
             held.append(heapq.heappop(arrivals)[1])

@@ -280,22 +280,34 @@ class PolicyRun:
     busy_until_at: float | None = None
 
 
-def arrival_plan(workload: PreparedWorkload) -> tuple[array, array, list[tuple[float, int]]]:
-    """(arrival time per request, the request each one's end sends (-1: none), the heap of
-    (time, request) known at the start). An open loop's arrivals are its recorded times; a
-    closed loop's later turns are ``inf`` until the turn before them ends, when the runner
-    sends them :attr:`PreparedWorkload.gap_s` later (``simulate_policy``'s ``release``)."""
-    total = len(workload.requests)
-    arrive = array("d", [r.arrival_s for r in workload.requests])
-    successor = array("l", [-1]) * total
-    if workload.after is not None:
-        for j, before in enumerate(workload.after):
-            if before >= 0:
-                successor[before] = j
-                arrive[j] = math.inf
-    arrivals = [(arrive[j], j) for j in range(total) if arrive[j] < math.inf]
-    heapq.heapify(arrivals)
-    return arrive, successor, arrivals
+class ArrivalPlan:
+    """When each request of a workload arrives. An open loop's arrivals are its recorded
+    times; a closed loop's later turns are ``inf`` until the turn before them ends
+    (:meth:`release`). ``pending`` is the heap of (time, request) known so far, earliest
+    first, for the runner to pop."""
+
+    __slots__ = ("arrive", "successor", "gap_s", "pending")
+
+    def __init__(self, workload: PreparedWorkload) -> None:
+        total = len(workload.requests)
+        self.arrive = array("d", [r.arrival_s for r in workload.requests])
+        self.successor = array("l", [-1]) * total  # the request each one's end sends
+        self.gap_s = workload.gap_s
+        if workload.after is not None:
+            for j, before in enumerate(workload.after):
+                if before >= 0:
+                    self.successor[before] = j
+                    self.arrive[j] = math.inf
+        self.pending = [(self.arrive[j], j) for j in range(total) if self.arrive[j] < math.inf]
+        heapq.heapify(self.pending)
+
+    def release(self, k: int, ended: float, now: float) -> None:
+        """Request ``k`` ended at ``ended`` (finished or rejected): its session's next turn is
+        sent its gap later, and never before ``now``."""
+        j = self.successor[k]
+        if j >= 0:
+            self.arrive[j] = max(ended + self.gap_s[j], now)
+            heapq.heappush(self.pending, (self.arrive[j], j))
 
 
 def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
@@ -370,8 +382,8 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
 
     # Arrivals in time order (ties: list order). An open loop's are the recorded times; a
     # closed loop's later turns join when the turn before them ends (``handle``).
-    arrive, successor, arrivals = arrival_plan(workload)
-    gap_s = workload.gap_s
+    plan = ArrivalPlan(workload)
+    arrive, arrivals = plan.arrive, plan.pending
     clock = ManualClock(arrivals[0][0] if arrivals else 0.0)
     heap: list[tuple[float, int]] = []
     wake: list[float | None] = [None] * n_replicas
@@ -383,13 +395,6 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         elif t != wake[i]:
             wake[i] = t
             heapq.heappush(heap, (t, i))
-
-    def release(k: int, ended: float) -> None:
-        """Request ``k`` ended (finished or rejected): its session's next turn is sent."""
-        j = successor[k]
-        if j >= 0:
-            arrive[j] = max(ended + gap_s[j], clock.now())
-            heapq.heappush(arrivals, (arrive[j], j))
 
     def handle(i: int, events) -> None:
         nonlocal rejected
@@ -407,7 +412,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
             else:  # rejected: never ran
                 rejected += 1
                 policy.on_completed(rv, i, 0)
-            release(k, event.time)
+            plan.release(k, event.time, clock.now())
 
     seen = 0
     report_every = max(1, total // 100)
