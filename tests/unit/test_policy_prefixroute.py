@@ -67,6 +67,7 @@ def test_default_configuration_is_documented_and_valid():
     assert (policy.replicate, policy.balance_cap, policy.externality) == (False, 0.0, True)
     assert policy.cold_cap == 1.1
     assert (policy.move_cap, policy.move_max_s, policy.move_floor) == (1.1, 10.0, 0.7)
+    assert policy.priority_slack == 2.0  # deadlines at twice the own prefill
 
 
 @pytest.mark.parametrize("spec", ["prefixroute:survival_width=1", "prefixroute:balance_cap=0.5",
@@ -625,3 +626,65 @@ def test_a_replica_counts_as_having_work_from_the_request_routed_there():
 def test_bad_session_move_parameters_are_config_errors(spec):
     with pytest.raises(ConfigError):
         create_policy(spec)
+
+
+# -- priority hints ---------------------------------------------------------------------------
+def _priority_queue_scenario(scheduling_policy):
+    """One replica. "h" (1,000 tokens) and "x" (2,000) are routed at t=0 and not started;
+    then "r" (100 tokens) comes, also at t=0."""
+    policy = create_policy(PLAIN)
+
+    def replicas(pending):
+        return [ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS,
+                            pending_prefill_tokens=pending, cache=Holds(),
+                            scheduling_policy=scheduling_policy)]
+
+    decisions = {}
+    for rid, family, n, pending in (("h", "H", 1000, 0), ("x", "X", 2000, 1000),
+                                    ("r", "R", 100, 3000)):
+        request = RequestView(rid, n, B, blocks(family, n // B), now=0.0)
+        decisions[rid] = policy.route(request, replicas(pending))
+        policy.on_routed(request, decisions[rid])
+    order = [entry[3] for entry in policy._replicas[0].queue]
+    return decisions, order
+
+
+def test_a_priority_replica_gets_deadlines_and_serves_short_prompts_first():
+    decisions, order = _priority_queue_scenario("priority")
+    # Deadline = arrival + priority_slack (2) x the request's own prefill, in milliseconds:
+    # h 0 + 2 x 1.0 s, x 0 + 2 x 2.0 s, r 0 + 2 x 0.1 s.
+    assert [decisions[k].priority for k in "hxr"] == [2000, 4000, 200]
+    r = decisions["r"].scores[0]
+    assert r["deadline_s"] == pytest.approx(0.2)
+    # r waits for h (the head: vLLM finishes a running prefill first) but not for x, due at
+    # 4 s; passing x delays it by r's own 0.1 s, charged to r.
+    assert r["wait_s"] == pytest.approx(1.0)
+    assert r["delay_others_s"] == pytest.approx(0.1)
+    assert r["cost_s"] == pytest.approx(1.0 + 0.1 + 0.1)
+    assert "priority 200 (deadline 0.200 s)" in decisions["r"].reason
+    # The queue the policy keeps for that replica is in the order it will be served.
+    assert order == ["h", "r", "x"]
+
+
+def test_a_first_come_first_served_replica_gets_no_priority_and_the_whole_queue():
+    decisions, order = _priority_queue_scenario("fcfs")
+    assert [decisions[k].priority for k in "hxr"] == [None, None, None]
+    r = decisions["r"].scores[0]
+    assert "deadline_s" not in r
+    assert r["wait_s"] == pytest.approx(3.0)
+    assert r["cost_s"] == pytest.approx(3.0 + 0.1)
+    assert order == ["h", "x", "r"]
+
+
+def test_priority_hints_can_be_switched_off():
+    policy = create_policy(PLAIN + ",priority_slack=0")
+    replica = ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS, cache=Holds(),
+                          scheduling_policy="priority")
+    decision = policy.route(RequestView("r", 100, B, blocks("R", 6), now=5.0), [replica])
+    assert decision.priority is None and "deadline_s" not in decision.scores[0]
+
+
+@pytest.mark.parametrize("slack", ["-1", "inf", "nan"])
+def test_bad_priority_slack_is_a_config_error(slack):
+    with pytest.raises(ConfigError, match="priority_slack"):
+        create_policy(f"prefixroute:priority_slack={slack}")

@@ -106,3 +106,31 @@ def test_every_registered_policy_runs_through_the_simulator():
     for spec in expand_specs(["all"]):
         summary = simulate_policy(workload, fleet, spec).summary
         assert summary["completed"] == 30, spec
+
+
+def test_priority_engines_let_prefixroute_put_a_short_prompt_ahead_of_a_long_one():
+    # One replica (8,192-token steps). "a" (40,000 tokens) starts at once; "b" (40,000) and
+    # "c" (160) queue behind it. First come, first served, c waits for b's whole prefill
+    # (about 1.6 s more); under priority scheduling prefixroute sends deadlines (arrival +
+    # twice the own prefill: c's is due first) and c goes as soon as a is done.
+    workload = prepare_workload([
+        Request("a", 0.00, 40_000, 2, 16, hash_ids=list(range(0, 2500))),
+        Request("b", 0.01, 40_000, 2, 16, hash_ids=list(range(2500, 5000))),
+        Request("c", 0.02, 160, 2, 16, hash_ids=list(range(5000, 5010)))])
+    ttft = {}
+    for scheduling in ("fcfs", "priority"):
+        fleet = FleetConfig(1, 10_000, 16, LLAMA3_8B_H100, scheduling_policy=scheduling)
+        for spec in ("prefixroute", "round_robin"):
+            ttft[scheduling, spec] = simulate_policy(workload, fleet, spec).ttft_s
+    a, b, c = ttft["priority", "prefixroute"]
+    fa, fb, fc = ttft["fcfs", "prefixroute"]
+    assert fc - c > 1.5 and c < a + 0.05  # c right after a instead of after b
+    assert b > fb                           # b waits for c, a step or so
+    assert fb == pytest.approx(b, abs=0.05)
+    # A policy that sends no priority is first come, first served on either engine.
+    assert ttft["priority", "round_robin"] == ttft["fcfs", "round_robin"] == [fa, fb, fc]
+
+
+def test_a_bad_scheduling_policy_is_a_config_error():
+    with pytest.raises(ConfigError, match="scheduling policy must be one of fcfs, priority"):
+        FleetConfig(1, 10, 16, LLAMA3_8B_H100, scheduling_policy="sjf")

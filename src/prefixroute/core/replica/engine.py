@@ -19,6 +19,14 @@ Scheduling follows vLLM v1's ``Scheduler.schedule()`` (``vllm/v1/core/sched/sche
 * then, if nobody was preempted, waiting requests are admitted first come first served while
   budget and blocks last; the first one that does not fit stops admission (head-of-line, as
   vLLM's FCFS queue);
+* with ``scheduling_policy="priority"`` (``vllm serve --scheduling-policy priority``) the
+  waiting queue is ordered by ``(priority, arrival)`` instead (vLLM's
+  ``PriorityRequestQueue``, a heap; a lower value goes first; a request's ``priority`` comes
+  with it, the OpenAI API's ``priority`` field, default 0), a preempted request goes back in
+  that order rather than to the front, and the request preempted is the running one with the
+  largest ``(priority, arrival)``, taken out of the step being scheduled if it was already in
+  it (``Scheduler.schedule()``, ``SchedulingPolicy.PRIORITY``). Every request at priority 0
+  is first come first served again;
 * full blocks are cached when their tokens are *scheduled* (vLLM caches in
   ``allocate_slots``), so a request admitted later in the same step may hit them; decode
   blocks are cached as they fill when the caller gave keys for the output tokens;
@@ -79,10 +87,12 @@ class _Seq:
 
     __slots__ = ("request_id", "prompt", "max_output", "keys", "token_ids", "arrival",
                  "computed", "generated", "cached_tokens", "num_blocks", "committed",
-                 "prefill_target", "first_token_s", "aborted")
+                 "prefill_target", "first_token_s", "aborted", "order")
 
-    def __init__(self, request_id, prompt, max_output, keys, token_ids, arrival):
+    def __init__(self, request_id, prompt, max_output, keys, token_ids, arrival,
+                 order=(0, 0.0, 0)):
         self.request_id = request_id
+        self.order = order         # (priority, arrival, submission number): the priority order
         self.prompt = prompt
         self.max_output = max_output
         self.keys = keys
@@ -96,6 +106,47 @@ class _Seq:
         self.prefill_target = prompt  # tokens to (re)compute before decoding resumes
         self.first_token_s: float | None = None
         self.aborted = False
+
+
+class _PriorityQueue:
+    """vLLM's ``PriorityRequestQueue``: a heap on ``(priority, arrival)``, with the deque
+    methods the scheduler uses. "Prepending" a preempted request puts it back in its order."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple, _Seq]] = []
+
+    def append(self, seq: _Seq) -> None:
+        heapq.heappush(self._heap, (seq.order, seq))
+
+    appendleft = append
+
+    def popleft(self) -> _Seq:
+        return heapq.heappop(self._heap)[1]
+
+    def __getitem__(self, index: int) -> _Seq:
+        if index != 0:
+            raise IndexError("only the head of a priority queue can be read")
+        return self._heap[0][1]
+
+    def remove(self, seq: _Seq) -> None:
+        for i, (_, entry) in enumerate(self._heap):
+            if entry is seq:
+                self._heap[i] = self._heap[-1]
+                self._heap.pop()
+                heapq.heapify(self._heap)
+                return
+        raise ValueError("not in the queue")
+
+    def __contains__(self, seq: object) -> bool:
+        return any(entry is seq for _, entry in self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vllm serve --scheduling-policy
 
 
 class _Step:
@@ -162,19 +213,27 @@ class ReplicaEngine:
 
     def __init__(self, pool: PagedBlockPool, service: ServiceTimeModel, *,
                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, name: str = ""):
+                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, name: str = "",
+                 scheduling_policy: str = "fcfs"):
         if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
             raise ConfigError(f"max_num_batched_tokens must be a positive integer, got "
                               f"{max_num_batched_tokens!r}")
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be a positive integer, got {max_num_seqs!r}")
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}"
+                              f", got {scheduling_policy!r}")
+        self.scheduling_policy = scheduling_policy
         self.pool = pool
         self.service = service
         self.block_size = pool.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.name = name
-        self._waiting: deque[_Seq] = deque()
+        self._priority = scheduling_policy == "priority"
+        self._waiting: deque[_Seq] | _PriorityQueue = (_PriorityQueue() if self._priority
+                                                       else deque())
+        self._submissions = itertools.count()
         self._running: list[_Seq] = []
         # Submitted, entering at (time, order, seq) once the request overhead has passed.
         self._arriving: list[tuple[float, int, _Seq]] = []
@@ -237,9 +296,11 @@ class ReplicaEngine:
     # -- requests -------------------------------------------------------------------------------
     def submit(self, request_id: Hashable, prompt_tokens: int, output_tokens: int,
                block_keys: Sequence[Hashable], now: float,
-               token_ids: Sequence[int] | None = None) -> None:
+               token_ids: Sequence[int] | None = None, priority: int = 0) -> None:
         """Queue a request arriving at ``now``; it enters the engine at ``now +
-        service.request_overhead_s``.
+        service.request_overhead_s``. ``priority`` orders the waiting queue under the
+        ``priority`` scheduling policy (lower first) and is ignored under ``fcfs``, as vLLM
+        does.
 
         ``block_keys`` are the chained keys of its full blocks: the prompt's, and optionally
         further ones for prompt + output tokens (then decode blocks are cached as they fill, as
@@ -254,12 +315,16 @@ class ReplicaEngine:
         if not isinstance(output_tokens, int) or output_tokens < 1:
             raise ConfigError(f"request {request_id!r}: output_tokens must be >= 1, "
                               f"got {output_tokens!r}")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ConfigError(f"request {request_id!r}: priority must be an integer, "
+                              f"got {priority!r}")
         self._run_until(now)
         if not fits_kv(prompt_tokens, output_tokens, self.pool.capacity_blocks,
                        self.block_size):
             self._outbox.append(EngineEvent("rejected", request_id, now, 0, prompt_tokens, 0))
             return
-        seq = _Seq(request_id, prompt_tokens, output_tokens, block_keys, token_ids, now)
+        seq = _Seq(request_id, prompt_tokens, output_tokens, block_keys, token_ids, now,
+                   (priority, now, next(self._submissions)))
         self._seqs[request_id] = seq
         overhead = self.service.request_overhead_s
         if overhead > 0:
@@ -388,7 +453,27 @@ class ReplicaEngine:
                     if pool.grow(seq.request_id, target):
                         seq.num_blocks = -(-target // block_size)
                         break
-                    victim = running.pop()
+                    if self._priority:
+                        # The lowest priority goes, even one already in this step.
+                        at = max(range(len(running)), key=lambda j: running[j].order)
+                        victim = running.pop(at)
+                        if at < i:
+                            i -= 1
+                            for k, (done, tokens) in enumerate(scheduled):
+                                if done is victim:
+                                    del scheduled[k]
+                                    budget += tokens
+                                    end = done.computed + tokens
+                                    if (tokens == 1 and done.generated > 0
+                                            and end == done.prompt + done.generated):
+                                        decode_batch -= 1
+                                        decode_context -= end
+                                    else:
+                                        prefill_tokens -= tokens
+                                        prefill_context -= tokens * end
+                                    break
+                    else:
+                        victim = running.pop()
                     self._preempt(victim)
                     preempted = True
                     if victim is seq:
@@ -437,6 +522,11 @@ class ReplicaEngine:
                     prefill_tokens += new
                     prefill_context += new * target
         if not scheduled:
+            if preempted and self._running:
+                # Under priority scheduling the request being scheduled can be the one
+                # preempted before anyone was scheduled; vLLM's engine loop schedules again at
+                # once, and the running requests go ahead.
+                self._begin(start)
             return
         service = self.service
         duration = service.step_time(prefill_tokens, prefill_context, decode_batch, decode_context)
@@ -489,7 +579,8 @@ class ReplicaEngine:
             seq.committed = full
 
     def _preempt(self, seq: _Seq) -> None:
-        """vLLM recompute preemption: free the blocks (cached ones stay cached), requeue first."""
+        """vLLM recompute preemption: free the blocks (cached ones stay cached), requeue first
+        (under the priority policy: in its order)."""
         self.pool.release(seq.request_id)
         self._pending_prefill -= max(0, seq.prefill_target - seq.computed)
         seq.computed = 0

@@ -73,6 +73,9 @@ class ReplicaView:
     ``num_requests_running``), ``pending_prefill_tokens`` (uncached prompt tokens not yet
     computed), ``kv_usage`` (0..1, ``vllm:kv_cache_usage_perc``) and ``assignments`` (requests
     routed here so far). ``cache`` answers prefix lookups; ``capacity_blocks`` is its KV size.
+    ``scheduling_policy`` is the engine's (``vllm serve --scheduling-policy``): under
+    ``priority`` its waiting queue goes by the priority a request carries
+    (:attr:`Decision.priority`), lower first.
     """
 
     index: int
@@ -88,6 +91,7 @@ class ReplicaView:
     cache: CacheView = EMPTY_VIEW
     # Seconds per uncached prompt token, when known (learned online or from a profile).
     prefill_s_per_token: float | None = None
+    scheduling_policy: str = "fcfs"
 
     @property
     def load(self) -> int:
@@ -108,6 +112,10 @@ class Decision:
     reason: str = ""
     scores: dict[int, dict[str, float]] = field(default_factory=dict)
     predicted_cached_tokens: int = 0
+    # The engine priority to send with the request (vLLM's ``priority``, lower first), for a
+    # replica whose scheduling policy is ``priority``; None sends none (0, first come first
+    # served).
+    priority: int | None = None
 
 
 class Policy(Protocol):

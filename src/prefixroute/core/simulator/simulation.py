@@ -42,7 +42,7 @@ from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.clock import ManualClock
 from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.replica.engine import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS,
-                                             ReplicaEngine)
+                                             SCHEDULING_POLICIES, ReplicaEngine)
 from prefixroute.core.replica.service_time import ServiceTimeModel
 from prefixroute.core.routing.base import ReplicaView, RequestView
 from prefixroute.core.routing.registry import create_policy, parse_spec
@@ -65,6 +65,7 @@ class FleetConfig:
     service: ServiceTimeModel
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    scheduling_policy: str = "fcfs"  # vllm serve --scheduling-policy (fcfs or priority)
 
     def __post_init__(self) -> None:
         if not isinstance(self.replicas, int) or self.replicas < 1:
@@ -74,19 +75,23 @@ class FleetConfig:
                               f"{self.cache_blocks!r}")
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ConfigError(f"block size must be a positive integer, got {self.block_size!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling policy must be one of "
+                              f"{', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}")
 
     def engine(self, pool: PagedBlockPool, name: str = "") -> ReplicaEngine:
         """One replica's engine over ``pool`` with this fleet's service model and limits."""
         return ReplicaEngine(pool, self.service,
                              max_num_batched_tokens=self.max_num_batched_tokens,
-                             max_num_seqs=self.max_num_seqs, name=name)
+                             max_num_seqs=self.max_num_seqs, name=name,
+                             scheduling_policy=self.scheduling_policy)
 
     def describe(self) -> dict[str, Any]:
         return {"replicas": self.replicas, "cache_blocks": self.cache_blocks,
                 "block_size": self.block_size, "cache_tokens": self.cache_blocks * self.block_size,
                 "engine_profile": self.service.name,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
-                "max_num_seqs": self.max_num_seqs}
+                "max_num_seqs": self.max_num_seqs, "scheduling_policy": self.scheduling_policy}
 
 
 @dataclass
@@ -361,7 +366,8 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     engines = [fleet.engine(pools[i], f"replica-{i}") for i in range(n_replicas)]
     replica_views = [ReplicaView(index=i, name=f"replica-{i}",
                                  capacity_blocks=fleet.cache_blocks, cache=cache_views[i],
-                                 prefill_s_per_token=fleet.service.prefill_s_per_token)
+                                 prefill_s_per_token=fleet.service.prefill_s_per_token,
+                                 scheduling_policy=fleet.scheduling_policy)
                      for i in range(n_replicas)]
     approximate = view == "approximate"
 
@@ -476,7 +482,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         timeline_rows.append(list(in_flight))
         engine = engines[target]
         engine.submit(k, request.input_tokens, request.output_tokens, request.block_keys,
-                      arrival)
+                      arrival, priority=decision.priority or 0)
         events = engine.advance(arrival)
         if events:
             handle(target, events)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.identity.model_config import MODEL_PRESETS
+from prefixroute.core.replica.engine import SCHEDULING_POLICIES
 from prefixroute.core.replica.service_time import DEFAULT_PROFILE, PRESETS
 from prefixroute.core.routing.registry import expand_specs, parse_spec
 from prefixroute.core.simulator.generators import WORKLOADS, make_workload, workload_parameters
@@ -110,6 +111,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
                        help="token budget per engine step (default 8192, vLLM's)")
     fleet.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
                        help="running requests per replica at most (default 256, vLLM's)")
+    fleet.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                       help="each replica's waiting-queue order, as vllm serve "
+                            "--scheduling-policy: fcfs (vLLM's default) or priority (by the "
+                            "priority a policy gives each request, lower first; prefixroute "
+                            "sends deadlines, the others none); default %(default)s")
     fleet.add_argument("--view", choices=VIEWS, default=DEFAULT_VIEW,
                        help="router's view of replica caches for every policy (per policy: "
                             "view=... in its spec); default %(default)s")
@@ -231,7 +237,8 @@ def resolve_fleet(args: argparse.Namespace, workload: PreparedWorkload,
                                                      "--max-num-batched-tokens")
     if args.max_num_seqs is not None:
         kwargs["max_num_seqs"] = _positive(args.max_num_seqs, "--max-num-seqs")
-    return FleetConfig(replicas, cache_blocks, block_size, service, **kwargs)
+    return FleetConfig(replicas, cache_blocks, block_size, service,
+                       scheduling_policy=args.scheduling_policy, **kwargs)
 
 
 def describe(doc: str) -> str:
