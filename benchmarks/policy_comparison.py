@@ -16,7 +16,11 @@ and ``agentic-users``, the recorded times with six users per session, 600 s apar
 ``--session-copies 6 --copy-interval 600``, where at time scale 1 the best peer keeps 8
 replicas 68% busy. See ``benchmarks/agentic_pacing.py``.)
 
-on 8 replicas of the default engine profile (llama-3-8b-h100, 50 GiB of KV each), it finds
+on 8 replicas of the default engine profile (llama-3-8b-h100, 50 GiB of KV each), each
+started with vLLM's priority scheduling (``--scheduling-policy priority``, ``SCHEDULING``):
+``prefixroute`` sends each request a deadline as its priority, and every peer sends none, as
+they do, which that scheduler serves first come, first served; ``--scheduling-policy fcfs``
+runs vLLM's default instead. It finds
 
 (a) **the load**: the ``--time-scale`` at which the best peer keeps the replicas 60 to 85%
     busy (aiming at 72%), and
@@ -94,7 +98,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prefixroute.core.identity.model_config import MODEL_PRESETS
-from prefixroute.core.replica.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from prefixroute.core.replica.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, SCHEDULING_POLICIES
 from prefixroute.core.replica.service_time import DEFAULT_PROFILE, PRESETS, ServiceTimeModel
 from prefixroute.core.routing.registry import policy_names
 from prefixroute.core.simulator.generators import make_workload
@@ -115,6 +119,8 @@ OURS = "prefixroute"
 # router infers from its own history), or ``events`` (the replicas' KV events, as llm-d's
 # precise scorer, Dynamo's KV router and our gateway with vLLM KV events see them).
 VIEW = DEFAULT_VIEW
+# Every replica's scheduling policy (``--scheduling-policy``; vllm serve's flag of that name).
+SCHEDULING = "priority"
 BASE_REPLICAS = 8          # the issue's fleet (and `simulate`'s default for traces)
 BUSY_LOW, BUSY_HIGH, BUSY_TARGET = 0.60, 0.85, 0.72
 UNLOADED_FACTOR = 10.0     # "unloaded": the same run at a tenth of the load
@@ -154,6 +160,8 @@ ABLATIONS = [
                                      "before 2026-11-30: a rejected prompt reads as queue)"),
     ("prefixroute:debias=false", "the utilisation without its start-up bias correction (the "
                                  "estimate before 2026-11-30)"),
+    ("prefixroute:priority_slack=0", "no priority hints: first come, first served on every "
+                                     "replica (the policy before 2026-12-01)"),
 ]
 
 
@@ -231,7 +239,8 @@ def cache_blocks(block_size: int) -> int:
 
 
 def fleet_for(workload: PreparedWorkload, replicas: int) -> FleetConfig:
-    return FleetConfig(replicas, cache_blocks(workload.block_size), workload.block_size, SERVICE)
+    return FleetConfig(replicas, cache_blocks(workload.block_size), workload.block_size, SERVICE,
+                       scheduling_policy=SCHEDULING)
 
 
 def windowed_run(workload: PreparedWorkload, fleet: FleetConfig, spec: str,
@@ -425,10 +434,19 @@ def log(message: str) -> None:
 
 def read_settings(path: str, tool: str) -> list[dict] | None:
     """The settings (rows) of an earlier run's ``policy_comparison.json``, for the scripts
-    that replay them; ``None`` after saying why on stderr."""
+    that replay them, whose replicas then get that run's scheduling policy (``fleet_for``);
+    ``None`` after saying why on stderr."""
+    global SCHEDULING
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        rows = data["rows"]
+        # Runs before 2026-12-01 kept vLLM's default and did not say so.
+        scheduling = data.get("scheduling_policy", "fcfs")
+        if scheduling not in SCHEDULING_POLICIES:
+            raise ValueError(f"unknown scheduling policy {scheduling!r}")
+        SCHEDULING = scheduling
+        return rows
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(f"{tool}: cannot read settings from {path}: {exc}; run "
               f"benchmarks/policy_comparison.py first", file=sys.stderr)
         return None
@@ -660,6 +678,7 @@ def plot_ratios(rows: list[dict]) -> bytes:
 
 
 def main() -> int:
+    global VIEW, SCHEDULING
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS),
                         help="comma-separated subset of: " + ", ".join(BY_NAME))
@@ -673,9 +692,11 @@ def main() -> int:
     parser.add_argument("--view", choices=VIEWS, default=DEFAULT_VIEW,
                         help="every policy's cache view (default %(default)s; give --out too, "
                              "e.g. benchmarks/results/events)")
+    parser.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=SCHEDULING,
+                        help="every replica's waiting-queue order (default %(default)s)")
     args = parser.parse_args()
-    global VIEW
     VIEW = args.view  # read by run_task in the worker processes (forked after this)
+    SCHEDULING = args.scheduling_policy
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
@@ -751,7 +772,9 @@ def main() -> int:
           f"({runner.cpu_s / 60:.1f} CPU-min of simulation, {runner.jobs} worker processes). "
           f"Fleet: replicas of the `{SERVICE.name}` engine profile with its KV memory "
           f"({SERVICE.kv_memory_gib:g} GiB per replica); every router's cache view: "
-          f"`{VIEW}`{' (the simulator default)' if VIEW == DEFAULT_VIEW else ''}. No trace is "
+          f"`{VIEW}`{' (the simulator default)' if VIEW == DEFAULT_VIEW else ''}; every "
+          f"replica's scheduling policy: `{SCHEDULING}` (`prefixroute` sends deadlines as "
+          f"priorities, the peers none). No trace is "
           f"subsampled. Definitions and the "
           f"search are in the script's docstring.",
           "",
@@ -812,7 +835,8 @@ def main() -> int:
             md += [f"### {BY_NAME[name].title}: ({label}) {replicas} replicas, time scale "
                    f"{d['time_scale']:g}", "",
                    f"`prefixroute simulate {BY_NAME[name].cli} --replicas {replicas} "
-                   f"--time-scale {d['time_scale']:g} --policy all`; ideal token hit rate "
+                   f"--time-scale {d['time_scale']:g} --scheduling-policy {SCHEDULING} "
+                   f"--policy all`; ideal token hit rate "
                    f"{d['ideal_token_hit_rate']:.1%}.", "", run_table(results, order), "",
                    f"![TTFT CDF](ttft_{name}.png)" if key == "b" else "", ""]
     if ablation_rows:
@@ -842,6 +866,7 @@ def main() -> int:
                                          for s, runs in d["runs"].items()}}
                              for n, d in details.items()},
                "ablation": {n: {p: _strip(r) for p, r in res.items()} for n, res in ablation_rows},
+               "scheduling_policy": SCHEDULING, "view": VIEW,
                "elapsed_s": round(elapsed, 1)}
     (out / "policy_comparison.md").write_text("\n".join(md), encoding="utf-8")
     (out / "policy_comparison.json").write_text(
