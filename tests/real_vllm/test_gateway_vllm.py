@@ -3,7 +3,8 @@
 What must hold (issue 8): tenant B never gets cached tokens from tenant A's prefix, and tenant
 A's repeat does; the gateway's keys are the ids vLLM publishes, so its predicted cached tokens
 equal what vLLM reports; ``prefixroute doctor`` finds nothing wrong with a correctly configured
-engine.
+engine. The second replica runs ``--scheduling-policy priority``, and the gateway sends it the
+policy's deadlines as ``priority`` (and none to the first).
 
 To make the isolation check independent of where the policy sends a request, tenant A's prefix
 is first planted on *both* replicas directly, under A's secret salt (the test wrote the config,
@@ -57,8 +58,9 @@ class PairedServer(VllmServer):
 def start_pair(kv_ports: list[int], replay_ports: list[int]) -> list[VllmServer]:
     first = VllmServer(kv_events_port=kv_ports[0], replay_port=replay_ports[0], topic="kv",
                        core="0")
+    # The second runs vLLM's priority scheduling: the gateway sends it the policy's deadlines.
     second = PairedServer(kv_events_port=kv_ports[1], replay_port=replay_ports[1], topic="kv",
-                          core="1")
+                          core="1", extra_args=("--scheduling-policy", "priority"))
     errors: list[BaseException] = []
 
     def start(server: VllmServer) -> None:
@@ -92,7 +94,8 @@ def write_config(directory: Path, servers: list[VllmServer], kv_ports: list[int]
         "backends": [{"name": f"vllm{i}", "url": server.url, "models": [SERVED_MODEL_NAME],
                       "kv_events": {"endpoint": f"tcp://127.0.0.1:{kv_ports[i]}",
                                     "replay_endpoint": f"tcp://127.0.0.1:{replay_ports[i]}",
-                                    "topic": "kv"}}
+                                    "topic": "kv"},
+                      "scheduling_policy": "priority" if i == 1 else "fcfs"}
                      for i, server in enumerate(servers)],
         "tenants": [
             {"name": "a", "api_key_sha256": hash_api_key(KEYS["a"]), "trust_group": "a"},
@@ -225,3 +228,24 @@ def test_direct_vllm_sanity_salted_requests_do_not_share(fleet):
     text = DOCUMENT.format(n=3)
     server.complete(text, cache_salt="x" * 64)
     assert cached_tokens(server.complete(text, cache_salt="y" * 64)) == 0
+
+
+def test_the_priority_replica_gets_deadlines_and_vllm_serves_them(fleet):
+    # vLLM 0.32 takes any int64 priority; under its default (fcfs) it ignores it.
+    for server in fleet["servers"]:
+        assert server.complete("priority check", priority=5)["choices"]
+    a = client(fleet, "a")
+    seen: dict[str, list] = {"vllm0": [], "vllm1": []}
+    for n in range(12):  # cold prompts spread over both replicas; stop once both have some
+        result = a.completions.create(model=SERVED_MODEL_NAME, max_tokens=1,
+                                      prompt=DOCUMENT.format(n=200 + n))
+        assert result.choices
+        decision = decisions(fleet, 1)[0]
+        assert decision["outcome"] == "ok"
+        seen[decision["replica"]].append(decision["priority"])
+        if seen["vllm0"] and seen["vllm1"]:
+            break
+    assert seen["vllm0"] and seen["vllm1"], seen
+    assert all(p is None for p in seen["vllm0"])
+    # A deadline in milliseconds of the gateway's clock.
+    assert all(isinstance(p, int) and p > 0 for p in seen["vllm1"])

@@ -190,3 +190,20 @@ def test_metrics_render_vllm_names():
         in text
     assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.005",model_name="m"} 1.0' \
         in text
+
+
+def test_a_priority_replica_serves_the_lowest_priority_first_and_a_fcfs_one_ignores_it():
+    # One sequence runs at a time (50 ms steps); b (priority 5) and c (priority 1) wait
+    # behind a.
+    order = {}
+    for scheduling in ("fcfs", "priority"):
+        replica = EmulatedReplica(num_blocks=64, block_size=16, service=SLOW,
+                                  max_num_seqs=1, scheduling_policy=scheduling)
+        events = []
+        for name, priority in (("a", 9), ("b", 5), ("c", 1)):
+            replica.submit(name, list(range(20)) if name == "a" else [7] * 20, [1], 0.0,
+                           SequenceMeta(CacheIdentity(), priority=priority))
+        while (t := replica.engine.next_event_time()) is not None:
+            events += replica.advance(t)
+        order[scheduling] = [e.request_id for e in events if e.kind == "finished"]
+    assert order == {"fcfs": ["a", "b", "c"], "priority": ["a", "c", "b"]}

@@ -137,3 +137,12 @@ def test_json_is_orjson_compact_and_utf8_like_vllms_answers():
     with pytest.raises(protocol.JSONDecodeError):
         protocol.loads(b'{"prompt": ')
     assert issubclass(protocol.JSONDecodeError, ValueError)
+
+
+def test_priority_is_an_int64_and_defaults_to_0():
+    assert completion(prompt=[1, 2]).priority == 0
+    assert completion(prompt=[1, 2], priority=-5).priority == -5
+    assert completion(prompt=[1, 2], priority=None).priority == 0
+    for bad in (1.5, "3", True, 1 << 63):
+        caught = error(completion, prompt=[1, 2], priority=bad)
+        assert caught.param == "priority" and caught.status == 400

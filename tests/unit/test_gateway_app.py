@@ -538,3 +538,52 @@ def test_an_unhealthy_replica_forgets_what_was_routed_to_it(config):
                 await backend.check_health(h.gateway.client, 1.0)
             assert not backend.healthy and len(backend.view) == 0
     run(scenario())
+
+
+# -- priority hints ---------------------------------------------------------------------------
+def _priority_config(monkeypatch, scheduling):
+    backends = [{"name": name, "url": f"http://{name}.test", "models": ["tiny"],
+                 "scheduling_policy": scheduling} for name in ("r0", "r1")]
+    return make_config(monkeypatch, backends=backends, policy="prefixroute")
+
+
+def test_a_priority_replica_gets_the_policys_deadline_as_priority(monkeypatch):
+    async def scenario():
+        async with Harness(_priority_config(monkeypatch, "priority"),
+                           clock=ManualClock(100.0)) as h:
+            await h.openai().completions.create(model="tiny", prompt="hello there")
+            # The caller's own priority goes through as it is.
+            await h.openai().completions.create(model="tiny", prompt="other text",
+                                                extra_body={"priority": 7})
+            bodies = h.r("r0").bodies + h.r("r1").bodies
+            decisions = (await h.http.get("/debug/decisions?n=5", headers={
+                "authorization": "Bearer key-alice"})).json()["decisions"]
+            by_prompt = {b["prompt"]: b for b in bodies}
+            first = next(d for d in decisions if d["priority"] is not None)
+            # Its deadline: the clock (100 s) plus twice a few milliseconds of prefill, in ms.
+            assert 100_000 <= first["priority"] < 100_100
+            assert by_prompt["hello there"]["priority"] == first["priority"]
+            assert by_prompt["other text"]["priority"] == 7
+            assert [d["priority"] for d in decisions].count(None) == 1
+    run(scenario())
+
+
+def test_a_first_come_first_served_replica_gets_no_priority(monkeypatch):
+    async def scenario():
+        async with Harness(_priority_config(monkeypatch, "fcfs"),
+                           clock=ManualClock(100.0)) as h:
+            await h.openai().completions.create(model="tiny", prompt="hello there")
+            body = (h.r("r0").bodies + h.r("r1").bodies)[0]
+            assert "priority" not in body
+            decision = (await h.http.get("/debug/decisions?n=1", headers={
+                "authorization": "Bearer key-alice"})).json()["decisions"][0]
+            assert decision["priority"] is None
+    run(scenario())
+
+
+def test_a_bad_scheduling_policy_names_the_field(monkeypatch):
+    from prefixroute.core.errors import InputError
+
+    with pytest.raises(InputError, match=r"must be one of fcfs, priority, got 'sjf' \(field "
+                                         r"'backends\[0\].scheduling_policy'\)"):
+        _priority_config(monkeypatch, "sjf")

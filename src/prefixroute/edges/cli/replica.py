@@ -12,6 +12,7 @@ import argparse
 import logging
 
 from prefixroute.core.errors import ConfigError
+from prefixroute.core.replica.engine import SCHEDULING_POLICIES
 from prefixroute.edges.cli.common import non_negative_float, positive_int
 
 
@@ -88,6 +89,9 @@ def register(subparsers) -> None:
                    help="running requests at most (vLLM default 256)")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                    help="tokens per step at most (vLLM default 8192)")
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="waiting-queue order, as vLLM's flag: fcfs (default) or priority (by "
+                        "each request's priority field, lower first)")
     p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"], help="default warning")
     p.set_defaults(handler=run)
@@ -106,7 +110,8 @@ def build_config(args):
         kv_events_replay=args.kv_events_replay, served_model_name=args.served_model_name,
         max_model_len=args.max_model_len, lora_modules=list(args.lora_modules), seed=args.seed,
         mm_item_tokens=args.mm_item_tokens, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens)
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        scheduling_policy=args.scheduling_policy)
 
 
 def run(args) -> int:

@@ -39,6 +39,7 @@ class EmulatorConfig:
     mm_item_tokens: int = DEFAULT_MM_ITEM_TOKENS
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    scheduling_policy: str = "fcfs"     # vllm serve --scheduling-policy: fcfs or priority
     hash_algo: str = "sha256"           # vLLM's default --prefix-caching-hash-algo
 
 

@@ -154,6 +154,7 @@ class GenerationRequest:
     session_id: str | None = None
     report_full: bool = False   # vllm_xargs kv_cache_report_mode == "full"
     explicit_max_tokens: bool = False  # the body set max_tokens (or max_completion_tokens)
+    priority: int = 0  # lower first under priority scheduling; ignored under fcfs (vLLM)
 
 
 def _is_int(value: Any) -> bool:
@@ -300,12 +301,19 @@ def _common(body: dict, models: ServedModels, kind: str):
             session_id = xargs["session_id"]
     if session_id is not None and not isinstance(session_id, str):
         raise bad_request("session_id must be a string", "session_id")
+    priority = body.get("priority", 0)
+    if priority is None:
+        priority = 0
+    # vLLM's protocol: an integer within int64 (any value passes under fcfs, where the
+    # scheduler ignores it).
+    if not _is_int(priority) or not -(1 << 63) <= priority < (1 << 63):
+        raise bad_request("priority must be an integer within int64", "priority")
     return GenerationRequest(
         kind=kind, model=model, adapter=adapter, lora_id=lora_id, prompts=[], max_tokens=[],
         finish_reason="length", stream=stream, include_usage=include_usage,
         continuous_usage=continuous, cache_salt=salt, allowed_token_ids=allowed,
         return_token_ids=_optional_bool(body, "return_token_ids"), session_id=session_id,
-        report_full=report_full)
+        report_full=report_full, priority=priority)
 
 
 def parse_completion(body: Any, models: ServedModels, encoder: PromptEncoder,

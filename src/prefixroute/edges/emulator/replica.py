@@ -68,6 +68,7 @@ class SequenceMeta:
     lora_id: int | None = None
     session_id: str | None = None
     report_full: bool = False
+    priority: int = 0  # the request's ``priority`` (orders the queue under priority scheduling)
 
     @property
     def plain(self) -> bool:
@@ -139,7 +140,7 @@ class EmulatedReplica:
                  hash_algo: str = "sha256", none_hash_seed: str | None = None,
                  record_events: bool = True,
                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS):
+                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, scheduling_policy: str = "fcfs"):
         self.block_size = block_size
         self.hasher = BlockHasher("vllm", hash_algo, block_size, none_hash_seed=none_hash_seed)
         self.record_events = record_events
@@ -151,7 +152,8 @@ class EmulatedReplica:
             self.pool = PagedBlockPool(num_blocks, block_size)
         self.engine = ReplicaEngine(self.pool, service,
                                     max_num_batched_tokens=max_num_batched_tokens,
-                                    max_num_seqs=max_num_seqs)
+                                    max_num_seqs=max_num_seqs,
+                                    scheduling_policy=scheduling_policy)
         # Per engine request, while it is in the engine (only when events are recorded): its
         # metadata and its tokens (full-mode hit reports carry the hit blocks' tokens).
         self._meta: dict[Hashable, SequenceMeta] = {}
@@ -174,7 +176,8 @@ class EmulatedReplica:
             self._meta[request_id] = meta
             self._tokens[request_id] = tokens
         self.engine.submit(request_id, len(prompt_ids), len(output_ids), keys, now,
-                           token_ids=tokens if self.record_events else None)
+                           token_ids=tokens if self.record_events else None,
+                           priority=meta.priority)
 
     def advance(self, now: float) -> list[EngineEvent]:
         events = self.engine.advance(now)

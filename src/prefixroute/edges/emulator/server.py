@@ -159,7 +159,7 @@ class EmulatorServer:
             hash_algo=config.hash_algo, none_hash_seed=os.environ.get("PYTHONHASHSEED"),
             record_events=config.kv_events is not None,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs)
+            max_num_seqs=config.max_num_seqs, scheduling_policy=config.scheduling_policy)
         self.models = ServedModels(config.served_model_name,
                                    str(config.tokenizer or "prefixroute-emulator"),
                                    self.max_model_len)
@@ -316,7 +316,8 @@ class EmulatorServer:
         sequences = []
         for prompt, max_tokens in zip(generation.prompts, generation.max_tokens):
             meta = SequenceMeta(identity, tuple(prompt.media), generation.lora_id,
-                                generation.session_id, generation.report_full)
+                                generation.session_id, generation.report_full,
+                                generation.priority)
             output_ids = self.dummy.token_ids(max_tokens, generation.allowed_token_ids)
             sequences.append(self.driver.submit(prompt.token_ids, output_ids, meta))
         return sequences
@@ -560,7 +561,7 @@ class EmulatorServer:
                 "reasoning_ended": None, "reasoning_parser_kwargs": None,
                 "return_token_ids": generation.return_token_ids or None,
                 "output_mode": "tokens", "stream": generation.stream, "stream_options": None,
-                "cache_salt": generation.cache_salt, "priority": 0,
+                "cache_salt": generation.cache_salt, "priority": generation.priority,
                 "kv_transfer_params": None, "ec_transfer_params": None}
 
     async def render_completions(self, request: Request) -> Response:

@@ -225,7 +225,8 @@ class Backend:
                            pending_prefill_tokens=self.pending_prefill_tokens,
                            kv_usage=self.kv_usage, assignments=self.assignments,
                            capacity_blocks=capacity, cache=self.view,
-                           prefill_s_per_token=speed)
+                           prefill_s_per_token=speed,
+                           scheduling_policy=self.config.scheduling_policy)
 
     def observe_units(self, estimated_tokens: int, prompt_tokens: int) -> None:
         """A character-block prompt of ``estimated_tokens`` was ``prompt_tokens`` real tokens:

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.identity.hashing import VLLM_ALGOS
 from prefixroute.core.identity.identity import MIN_SECRET_BYTES
+from prefixroute.core.replica.engine import SCHEDULING_POLICIES
 from prefixroute.core.routing.registry import create_policy, policy_names
 from prefixroute.edges.yaml_reader import ConfigReader as _Reader
 from prefixroute.edges.yaml_reader import kind as _kind
@@ -87,6 +88,9 @@ class BackendConfig:
     capacity_blocks: int | None = None  # KV blocks of the replica, for the approximate view
     api_key_env: str | None = None  # the backend's own API key, read from this env var
     prefill_s_per_token: float | None = None  # the replica's prefill speed, if measured
+    # vllm serve --scheduling-policy of the replica: under "priority" the gateway sends the
+    # policy's priority with each request.
+    scheduling_policy: str = "fcfs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,9 +245,10 @@ def _backend(reader: _Reader, index: int) -> BackendConfig:
     prefill_speed = reader.number("prefill_s_per_token", 0.0) if reader.has(
         "prefill_s_per_token") else None
     reader.used.add("prefill_s_per_token")
+    scheduling = reader.string("scheduling_policy", "fcfs", choices=SCHEDULING_POLICIES)
     reader.finish()
     return BackendConfig(name, url, tuple(dict.fromkeys(models_raw)), dict(adapters_raw),
-                         kv_events, capacity, api_key_env, prefill_speed)
+                         kv_events, capacity, api_key_env, prefill_speed, scheduling)
 
 
 def _tenant(reader: _Reader) -> TenantConfig:

@@ -199,8 +199,13 @@ class Proxy:
             job.attempts += 1
             job.replica = backend.name
             job.predicted_cached_tokens = attempt.predicted_cached_tokens
+            send = payload
+            priority = self.router.upstream_priority(attempt, body)
+            if priority is not None:  # this replica orders its queue by it
+                attempt.record.priority = priority
+                send = encode_json({**body, "priority": priority})
             try:
-                outcome = await self._attempt(job, attempt, path, payload, on_done)
+                outcome = await self._attempt(job, attempt, path, send, on_done)
             except BaseException:
                 # Cancelled (the server is stopping, the caller left) or a bug: the replica's
                 # count, breaker trial and view must not keep this attempt forever.

@@ -79,6 +79,7 @@ class DecisionRecord:
     scores: dict[int, dict[str, Any]]
     reported_cached_tokens: int | None = None
     outcome: str = "pending"
+    priority: int | None = None  # sent to the replica (its scheduling policy is priority)
 
     def as_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self.__slots__ if name != "scores"}
@@ -164,6 +165,18 @@ class GatewayRouter:
         self._metrics.decisions.labels(self.policy_name, decision.branch).inc()
         ticket = backend.dispatch(prompt.block_keys, uncached)
         return Attempt(backend, request, decision, record, matched, predicted, uncached, ticket)
+
+    @staticmethod
+    def upstream_priority(attempt: Attempt, body: dict) -> int | None:
+        """The ``priority`` to add to the body sent for ``attempt``: the policy's, for a
+        replica started with ``--scheduling-policy priority``, when the caller set none (a
+        caller's own priority goes through unchanged: an operator who lets callers set it
+        chose to). ``None``: send the body as it is."""
+        priority = attempt.decision.priority
+        if (priority is None or "priority" in body
+                or attempt.backend.config.scheduling_policy != "priority"):
+            return None
+        return priority
 
     def first_byte(self, attempt: Attempt) -> None:
         if attempt.prefill_pending:
