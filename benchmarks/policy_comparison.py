@@ -434,17 +434,18 @@ def log(message: str) -> None:
 
 def read_settings(path: str, tool: str) -> list[dict] | None:
     """The settings (rows) of an earlier run's ``policy_comparison.json``, for the scripts
-    that replay them, whose replicas then get that run's scheduling policy (``fleet_for``);
-    ``None`` after saying why on stderr."""
-    global SCHEDULING
+    that replay them; ``None`` after saying why on stderr. It also sets ``SCHEDULING`` and
+    ``VIEW`` to that run's, so that the replays (``fleet_for``, ``VIEW``) run as it did."""
+    global SCHEDULING, VIEW
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         rows = data["rows"]
-        # Runs before 2026-12-01 kept vLLM's default and did not say so.
+        # Runs before 2026-12-01 kept vLLM's default and the default view, and did not say.
         scheduling = data.get("scheduling_policy", "fcfs")
-        if scheduling not in SCHEDULING_POLICIES:
-            raise ValueError(f"unknown scheduling policy {scheduling!r}")
-        SCHEDULING = scheduling
+        view = data.get("view", DEFAULT_VIEW)
+        if scheduling not in SCHEDULING_POLICIES or view not in VIEWS:
+            raise ValueError(f"unknown scheduling policy {scheduling!r} or view {view!r}")
+        SCHEDULING, VIEW = scheduling, view
         return rows
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(f"{tool}: cannot read settings from {path}: {exc}; run "

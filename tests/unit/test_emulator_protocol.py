@@ -139,10 +139,13 @@ def test_json_is_orjson_compact_and_utf8_like_vllms_answers():
     assert issubclass(protocol.JSONDecodeError, ValueError)
 
 
-def test_priority_is_an_int64_and_defaults_to_0():
+def test_priority_is_read_as_vllms_pydantic_reads_an_int64():
+    # Checked against vLLM 0.32's request model (pydantic, lax mode): numbers written as
+    # strings, booleans and whole floats are integers; null, fractions and text are not.
     assert completion(prompt=[1, 2]).priority == 0
-    assert completion(prompt=[1, 2], priority=-5).priority == -5
-    assert completion(prompt=[1, 2], priority=None).priority == 0
-    for bad in (1.5, "3", True, 1 << 63):
+    for given, read in ((-5, -5), ("3", 3), (" 4 ", 4), ("2.0", 2), (True, 1), (2.0, 2),
+                        ((1 << 63) - 1, (1 << 63) - 1)):
+        assert completion(prompt=[1, 2], priority=given).priority == read
+    for bad in (None, 1.5, "0x10", "three", 1 << 63, [1]):
         caught = error(completion, prompt=[1, 2], priority=bad)
         assert caught.param == "priority" and caught.status == 400

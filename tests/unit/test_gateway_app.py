@@ -111,14 +111,15 @@ def make_config(monkeypatch, **extra):
 class Harness:
     """A started gateway with two fake replicas, and clients for it."""
 
-    def __init__(self, config, clock=None):
+    def __init__(self, config, clock=None, wall_clock=None):
         self.replicas = {"r0.test": FakeReplica("r0"), "r1.test": FakeReplica("r1")}
 
         async def route(request):
             return await self.replicas[request.url.host].handle(request)
 
         self.gateway = Gateway(config, transport=httpx.MockTransport(route),
-                               clock=clock or ManualClock())
+                               clock=clock or ManualClock(),
+                               wall_clock=wall_clock or (lambda: 1_700_000_000.0))
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.gateway.app),
                                       base_url="http://gateway")
 
@@ -550,21 +551,23 @@ def _priority_config(monkeypatch, scheduling):
 def test_a_priority_replica_gets_the_policys_deadline_as_priority(monkeypatch):
     async def scenario():
         async with Harness(_priority_config(monkeypatch, "priority"),
-                           clock=ManualClock(100.0)) as h:
+                           clock=ManualClock(100.0), wall_clock=lambda: 1_700_000_000.0) as h:
             await h.openai().completions.create(model="tiny", prompt="hello there")
-            # The caller's own priority goes through as it is.
+            # A caller's own priority is replaced: no tenant can go ahead of the others.
             await h.openai().completions.create(model="tiny", prompt="other text",
-                                                extra_body={"priority": 7})
-            bodies = h.r("r0").bodies + h.r("r1").bodies
+                                                extra_body={"priority": -7})
+            by_prompt = {b["prompt"]: b for b in h.r("r0").bodies + h.r("r1").bodies}
             decisions = (await h.http.get("/debug/decisions?n=5", headers={
                 "authorization": "Bearer key-alice"})).json()["decisions"]
-            by_prompt = {b["prompt"]: b for b in bodies}
-            first = next(d for d in decisions if d["priority"] is not None)
-            # Its deadline: the clock (100 s) plus twice a few milliseconds of prefill, in ms.
-            assert 100_000 <= first["priority"] < 100_100
-            assert by_prompt["hello there"]["priority"] == first["priority"]
-            assert by_prompt["other text"]["priority"] == 7
-            assert [d["priority"] for d in decisions].count(None) == 1
+            for decision, prompt in zip(decisions, ("other text", "hello there")):
+                chosen = next(c for c in decision["candidates"]
+                              if c["replica"] == decision["replica"])
+                # The policy's deadline is 100 s (the gateway's clock) plus twice a few ms of
+                # prefill; sent as milliseconds of wall time from the request's arrival.
+                after_ms = round(chosen["scores"]["deadline_s"] * 1000) - 100_000
+                assert 0 < after_ms < 100
+                assert decision["priority"] == 1_700_000_000_000 + after_ms
+                assert by_prompt[prompt]["priority"] == decision["priority"]
     run(scenario())
 
 
@@ -587,3 +590,30 @@ def test_a_bad_scheduling_policy_names_the_field(monkeypatch):
     with pytest.raises(InputError, match=r"must be one of fcfs, priority, got 'sjf' \(field "
                                          r"'backends\[0\].scheduling_policy'\)"):
         _priority_config(monkeypatch, "sjf")
+
+
+def test_a_retry_keeps_the_place_its_arrival_gave_it(monkeypatch):
+    async def scenario():
+        clock = ManualClock(100.0)
+        async with Harness(_priority_config(monkeypatch, "priority"), clock=clock,
+                           wall_clock=lambda: 1_700_000_000.0) as h:
+            failed = []
+            for replica in h.replicas.values():
+                handle = replica.handle
+
+                async def flaky(request, handle=handle):
+                    if request.url.path.startswith("/v1/") and not failed:
+                        failed.append(request.url.host)
+                        clock.advance(5.0)  # the first attempt took 5 s to fail
+                        raise httpx.ConnectError("refused", request=request)
+                    return await handle(request)
+                replica.handle = flaky
+            await h.openai().completions.create(model="tiny", prompt="hello there")
+            retry, first = (await h.http.get("/debug/decisions?n=2", headers={
+                "authorization": "Bearer key-alice"})).json()["decisions"]
+            assert (first["attempt"], retry["attempt"]) == (0, 1)
+            chosen = next(c for c in retry["candidates"] if c["replica"] == retry["replica"])
+            # Routed at 105 s, its deadline a few ms later; dated from the arrival at 100 s.
+            after_ms = round(chosen["scores"]["deadline_s"] * 1000) - 105_000
+            assert retry["priority"] == 1_700_000_000_000 - 5_000 + after_ms
+    run(scenario())

@@ -688,3 +688,20 @@ def test_priority_hints_can_be_switched_off():
 def test_bad_priority_slack_is_a_config_error(slack):
     with pytest.raises(ConfigError, match="priority_slack"):
         create_policy(f"prefixroute:priority_slack={slack}")
+
+
+def test_a_short_request_never_passes_the_head_of_the_queue():
+    # "h" (1,000 tokens, due at 2 s) alone on the replica is the head: vLLM is prefilling it.
+    # "r" (100 tokens, due at 0.2 s) waits for it and goes behind it, passing nobody.
+    policy = create_policy(PLAIN)
+    decisions = {}
+    for rid, n, pending in (("h", 1000, 0), ("r", 100, 1000)):
+        request = RequestView(rid, n, B, blocks(rid.upper(), n // B), now=0.0)
+        replica = ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS,
+                              pending_prefill_tokens=pending, cache=Holds(),
+                              scheduling_policy="priority")
+        decisions[rid] = policy.route(request, [replica])
+        policy.on_routed(request, decisions[rid])
+    r = decisions["r"].scores[0]
+    assert (r["wait_s"], r["delay_others_s"]) == (pytest.approx(1.0), 0.0)
+    assert [entry[3] for entry in policy._replicas[0].queue] == ["h", "r"]

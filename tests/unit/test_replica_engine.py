@@ -150,10 +150,12 @@ def test_decode_runs_give_exactly_the_events_of_stepping_one_step_at_a_time(num_
                 == _replay(seed, False, num_blocks, "priority", True))
 
 
-def test_priority_scheduling_with_every_priority_0_is_first_come_first_served():
-    # With KV to spare nothing is preempted, and the order is the arrival order.
+@pytest.mark.parametrize("num_blocks", [25, 30, 400])
+def test_priority_scheduling_with_every_priority_0_is_first_come_first_served(num_blocks):
+    # The running requests are in arrival order, so the lowest priority is the last one, as
+    # first come, first served preempts; with KV to spare (400) nothing is preempted at all.
     for seed in range(5):
-        assert _replay(seed, True, 400, "priority") == _replay(seed, True, 400)
+        assert _replay(seed, True, num_blocks, "priority") == _replay(seed, True, num_blocks)
 
 
 def test_priority_scheduling_admits_the_lowest_priority_first_then_by_arrival():
@@ -176,8 +178,9 @@ def test_priority_scheduling_admits_the_lowest_priority_first_then_by_arrival():
 def test_priority_scheduling_preempts_the_lowest_priority_running_request():
     # 8 usable blocks; both prompts are 3 blocks and grow to 6 by decoding: one must go.
     # First come, first served preempts the last running request (b), and a finishes first;
-    # priority scheduling preempts a (priority 9 against b's 1), though a was admitted first
-    # and was already in the step being scheduled, and b finishes first.
+    # priority scheduling preempts a (priority 9 against b's 1), though a was admitted
+    # first, and b finishes first. Here a needs the block itself, so it preempts itself and
+    # the engine schedules again at once (vLLM's loop calls schedule() again).
     finished = {}
     for policy in ("fcfs", "priority"):
         engine = ReplicaEngine(PagedBlockPool(9, 16), SIMPLE, scheduling_policy=policy)
@@ -188,6 +191,35 @@ def test_priority_scheduling_preempts_the_lowest_priority_running_request():
         finished[policy] = [e.request_id for e in events if e.kind == "finished"]
         assert engine.pool.usage == 0.0
     assert finished == {"fcfs": ["a", "b"], "priority": ["b", "a"]}
+
+
+def test_a_victim_already_in_the_step_is_taken_out_of_it():
+    # 6 usable blocks. a (40 tokens, priority 9) and b (48 tokens, priority 1) hold 3 blocks
+    # each after their prompts. In the first step after b's prefill, a decodes first
+    # (running order) and is scheduled; then b needs a fourth block, none is free, and the
+    # lowest priority is a, already in the step: a is preempted and leaves the step, which
+    # then decodes b alone, 10 ms (a's token taken back: 20 ms with it).
+    engine = ReplicaEngine(PagedBlockPool(7, 16), SIMPLE, scheduling_policy="priority")
+    engine._decode_run_length = lambda running: 1  # every step on its own, to be seen
+    steps = []
+    original = engine._begin
+
+    def begin(start):
+        before = engine.preemptions
+        original(start)
+        if engine._step is not None:
+            steps.append(([(s.request_id, n) for s, n in engine._step.scheduled],
+                          round(engine._step.end - engine._step.start, 9),
+                          engine.preemptions - before))
+    engine._begin = begin
+    engine.submit("a", 40, 20, [], now=0.0, priority=9)
+    engine.submit("b", 48, 20, [], now=0.0, priority=1)
+    events = drain(engine)
+    assert steps[:3] == [([("a", 40)], 0.04, 0),              # a's prompt
+                         ([("a", 1), ("b", 48)], 0.058, 0),   # a decodes, b's prompt
+                         ([("b", 1)], 0.01, 1)]               # a preempted out of the step
+    assert [e.request_id for e in events if e.kind == "finished"] == ["b", "a"]
+    assert engine.pool.usage == 0.0
 
 
 def test_bad_scheduling_policy_or_priority_is_a_config_error():

@@ -149,6 +149,12 @@ class _PriorityQueue:
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vllm serve --scheduling-policy
 
 
+def _decodes(seq: _Seq, new: int, target: int) -> bool:
+    """Whether ``new`` tokens scheduled up to ``target`` are one decode step (else prefill,
+    or recompute after preemption): the step's cost counts them differently."""
+    return new == 1 and seq.generated > 0 and target == seq.prompt + seq.generated
+
+
 class _Step:
     """A begun step: what it scheduled and when it ends."""
 
@@ -464,8 +470,7 @@ class ReplicaEngine:
                                     del scheduled[k]
                                     budget += tokens
                                     end = done.computed + tokens
-                                    if (tokens == 1 and done.generated > 0
-                                            and end == done.prompt + done.generated):
+                                    if _decodes(done, tokens, end):
                                         decode_batch -= 1
                                         decode_context -= end
                                     else:
@@ -485,7 +490,7 @@ class ReplicaEngine:
                 self._cache_blocks(seq, target)
             scheduled.append((seq, new))
             budget -= new
-            if new == 1 and seq.generated > 0 and target == seq.prompt + seq.generated:
+            if _decodes(seq, new, target):
                 decode_batch += 1
                 decode_context += target
             else:
@@ -515,14 +520,14 @@ class ReplicaEngine:
                 self._cache_blocks(seq, target)
                 scheduled.append((seq, new))
                 budget -= new
-                if new == 1 and seq.generated > 0 and target == num_tokens:
+                if _decodes(seq, new, target):
                     decode_batch += 1
                     decode_context += target
                 else:
                     prefill_tokens += new
                     prefill_context += new * target
         if not scheduled:
-            if preempted and self._running:
+            if preempted and (self._running or self._waiting):
                 # Under priority scheduling the request being scheduled can be the one
                 # preempted before anyone was scheduled; vLLM's engine loop schedules again at
                 # once, and the running requests go ahead.

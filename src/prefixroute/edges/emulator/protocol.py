@@ -14,6 +14,7 @@ What the emulator does not model is refused with a clear 400 (``n`` > 1, ``use_b
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -161,6 +162,25 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_INT_TEXT = re.compile(r"[+-]?\d+(\.0*)?")
+
+
+def _lax_int64(value: Any) -> int | None:
+    """An ``int`` field as vLLM's pydantic models read it from JSON (lax mode): integers,
+    booleans, floats with no fraction and such numbers written as strings; ``None`` for
+    anything else (``null`` too) or outside int64."""
+    if isinstance(value, bool):
+        value = int(value)
+    elif isinstance(value, float):
+        value = int(value) if value.is_integer() else None
+    elif isinstance(value, str):
+        text = value.strip()
+        value = int(text.split(".")[0]) if _INT_TEXT.fullmatch(text) else None
+    if not _is_int(value) or not -(1 << 63) <= value < (1 << 63):
+        return None
+    return value
+
+
 def _optional_bool(body: dict, key: str) -> bool:
     value = body.get(key)
     if value is None:
@@ -301,12 +321,8 @@ def _common(body: dict, models: ServedModels, kind: str):
             session_id = xargs["session_id"]
     if session_id is not None and not isinstance(session_id, str):
         raise bad_request("session_id must be a string", "session_id")
-    priority = body.get("priority", 0)
+    priority = _lax_int64(body.get("priority", 0))
     if priority is None:
-        priority = 0
-    # vLLM's protocol: an integer within int64 (any value passes under fcfs, where the
-    # scheduler ignores it).
-    if not _is_int(priority) or not -(1 << 63) <= priority < (1 << 63):
         raise bad_request("priority must be an integer within int64", "priority")
     return GenerationRequest(
         kind=kind, model=model, adapter=adapter, lora_id=lora_id, prompts=[], max_tokens=[],

@@ -25,7 +25,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 import httpx
 from starlette.applications import Starlette
@@ -64,11 +65,13 @@ class Gateway:
     ``transport`` replaces the network to the backends (tests use ``httpx.MockTransport``);
     ``tokenizer`` is a loaded tokenizer (``edges.tokenization``) or ``None``; how prompts
     become keys is ``config.tokenization`` (``prompts``); ``clock`` drives rate limits,
-    breakers and latencies.
+    breakers and latencies; ``wall_clock`` (``time.time``) dates the priorities sent to
+    replicas with priority scheduling, which every gateway in front of them must share.
     """
 
     def __init__(self, config: GatewayConfig, *, tokenizer: Any = None,
-                 transport: httpx.AsyncBaseTransport | None = None, clock: Clock | None = None):
+                 transport: httpx.AsyncBaseTransport | None = None, clock: Clock | None = None,
+                 wall_clock: Callable[[], float] = time.time):
         self.config = config
         self.clock = clock or MonotonicClock()
         self.metrics = GatewayMetrics()
@@ -78,7 +81,7 @@ class Gateway:
                                num_replicas=len(config.backends),
                                block_size=config.hashing.block_size)
         self.router = GatewayRouter(policy, self.pool.backends, self.metrics, self.clock,
-                                    config.decisions_kept)
+                                    config.decisions_kept, wall_clock)
         self.renderer = RenderClient(config.timeouts.render_s, self.metrics.registry)
         mode = None if config.tokenization == "auto" else config.tokenization
         self.prompts = PromptPreparer(config.hashing, tokenizer, mode=mode,

@@ -200,10 +200,13 @@ class Proxy:
             job.replica = backend.name
             job.predicted_cached_tokens = attempt.predicted_cached_tokens
             send = payload
-            priority = self.router.upstream_priority(attempt, body)
+            priority = self.router.upstream_priority(attempt, job.started)
             if priority is not None:  # this replica orders its queue by it
                 attempt.record.priority = priority
-                send = encode_json({**body, "priority": priority})
+                if "priority" in body:  # the caller's is replaced
+                    send = encode_json({**body, "priority": priority})
+                else:  # appended to the encoded object: no second encoding of a long prompt
+                    send = payload[:-1] + b',"priority":%d}' % priority
             try:
                 outcome = await self._attempt(job, attempt, path, send, on_done)
             except BaseException:

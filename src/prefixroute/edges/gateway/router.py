@@ -13,9 +13,10 @@ The policy never learns it runs live: everything it sees is in the two views.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from prefixroute.core.clock import Clock
 from prefixroute.core.routing.base import Decision, RequestView, least_loaded
@@ -112,12 +113,14 @@ class Attempt:
 
 class GatewayRouter:
     def __init__(self, policy: Any, backends: list[Backend], metrics: GatewayMetrics,
-                 clock: Clock, decisions_kept: int = 1000):
+                 clock: Clock, decisions_kept: int = 1000,
+                 wall_clock: Callable[[], float] = time.time):
         self.policy = policy
         self.policy_name = getattr(policy, "name", type(policy).__name__)
         self.backends = backends
         self._metrics = metrics
         self._clock = clock
+        self._wall = wall_clock
         self.decisions: deque[DecisionRecord] = deque(maxlen=decisions_kept)
         # Optional hooks (BasePolicy has them; a bare Policy need not).
         self._on_unreported = getattr(policy, "on_unreported", None)
@@ -166,17 +169,19 @@ class GatewayRouter:
         ticket = backend.dispatch(prompt.block_keys, uncached)
         return Attempt(backend, request, decision, record, matched, predicted, uncached, ticket)
 
-    @staticmethod
-    def upstream_priority(attempt: Attempt, body: dict) -> int | None:
-        """The ``priority`` to add to the body sent for ``attempt``: the policy's, for a
-        replica started with ``--scheduling-policy priority``, when the caller set none (a
-        caller's own priority goes through unchanged: an operator who lets callers set it
-        chose to). ``None``: send the body as it is."""
+    def upstream_priority(self, attempt: Attempt, arrived: float) -> int | None:
+        """The ``priority`` to send with ``attempt`` to a replica started with
+        ``--scheduling-policy priority``, or ``None`` (send none). It is the policy's
+        deadline, dated from when the request reached the gateway (``arrived``, on the
+        gateway's clock; a retry keeps its place) in milliseconds of wall time, so that
+        several gateways in front of the same replicas agree. It replaces a caller's own
+        ``priority``: otherwise any tenant could put its requests ahead of everyone's."""
         priority = attempt.decision.priority
-        if (priority is None or "priority" in body
-                or attempt.backend.config.scheduling_policy != "priority"):
+        if priority is None or attempt.backend.config.scheduling_policy != "priority":
             return None
-        return priority
+        after_ms = priority - round(attempt.request.now * 1000.0)  # deadline - decision time
+        now = self._clock.now()
+        return round((self._wall() - (now - arrived)) * 1000.0) + after_ms
 
     def first_byte(self, attempt: Attempt) -> None:
         if attempt.prefill_pending:

@@ -404,6 +404,11 @@ from prefixroute.core.routing.registry import register
 _UNKNOWN_CAPACITY = 1 << 40
 
 
+def _to_ms(seconds: float) -> int:
+    """A deadline as the integer milliseconds sent as vLLM's ``priority``."""
+    return round(seconds * 1000.0)
+
+
 class _TrustMirror:
     """A cache view that vetoes nothing (for requests routed without a view at hand)."""
 
@@ -510,9 +515,12 @@ class ReplicaEstimate:
                 learn: bool = True, horizon_s: float = 30.0) -> None:
         """Reconcile the queue with the replica's pending prefill and learn its speed.
 
-        The runner's pending tokens belong to the most recently routed requests (the engine
-        prefills first come, first served), so the oldest entries beyond them are done and
-        the oldest one left is done in part. The work done since the last observation, over
+        The runner's pending tokens belong to the last entries in the order the replica
+        serves them (first come, first served: the most recently routed; under priority
+        scheduling: the latest deadlines), so the first entries beyond them are done and
+        the first one left is done in part. Under priority scheduling this is an
+        approximation: requests behind the head that vLLM admitted into a step's leftover
+        budget are already running, and a newcomer cannot pass them. The work done since the last observation, over
         the time, while the replica was busy all along, is one observation of its speed."""
         queue = self.queue
         if pending_prefill_tokens <= 0:
@@ -567,7 +575,7 @@ class ReplicaEstimate:
         before it admits anything)."""
         queue = self.queue
         entry = [units, uncached, work, request_id, key]
-        if not queue or queue[-1][4] <= key:
+        if len(queue) <= 1 or queue[-1][4] <= key:  # nothing to pass but the head
             queue.append(entry)
         else:
             at = len(queue) - 1
@@ -580,9 +588,10 @@ class ReplicaEstimate:
         self.busy = True
 
     def drop(self, request_id: str) -> None:
-        """A request ended while requests routed here before it are still queued: prefill is
-        first come, first served, so it never ran (the replica rejected it: longer than its
-        KV, or it was aborted) and has no work left. Without this, such a request stays the
+        """A request ended while requests ordered before it are still queued: it has no work
+        left (first come, first served it never ran: the replica rejected it, longer than
+        its KV, or it was aborted; under priority scheduling it may also have been admitted
+        into a step beside them). Without this, such a request stays the
         newest entry, and the reconciliation takes the pending tokens of the requests before
         it for its predicted work: a phantom queue of minutes. The head entry stays: it ran,
         and the reconciliation retires it."""
@@ -918,9 +927,11 @@ class PrefixRoute(BasePolicy):
             s = est.s_per_token
             prefill = self.prefill_work(uncached, cached) * s
             # A priority engine serves by deadline: the request's arrival plus priority_slack
-            # times its own prefill. It waits only for the work due before it.
-            deadline = (now + self.priority_slack * prefill if self.priority_slack
-                        and replica.scheduling_policy == "priority" else None)
+            # times its own prefill, in whole milliseconds as it is sent (so the queue's keys
+            # and the engine's order agree). It waits only for the work due before it.
+            deadline = (_to_ms(now + self.priority_slack * prefill) / 1000.0
+                        if self.priority_slack and replica.scheduling_policy == "priority"
+                        else None)
             deadlines[replica.index] = deadline
             wait, behind = est.wait_s(deadline)
             decode = self.decode_work(replica, uncached) * s
@@ -952,7 +963,7 @@ class PrefixRoute(BasePolicy):
         predicted_blocks = int(expected + 0.5)
         self._pending[request.request_id] = (choice, stamps, chosen["expected_cached_tokens"])
         deadline = deadlines[choice]
-        priority = None if deadline is None else round(deadline * 1000.0)
+        priority = None if deadline is None else _to_ms(deadline)
         if priority is not None:
             reason += f"; priority {priority} (deadline {deadline:.3f} s)"
         return Decision(choice, branch, reason, scores, predicted_blocks * block,
