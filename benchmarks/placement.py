@@ -33,8 +33,8 @@ turns come one after another, the request-count balance moves sessions off their
 and ``prefixroute``, which balances busy time, does far better.
 
 Run from the repository after ``benchmarks/policy_comparison.py``: ``python
-benchmarks/placement.py --workloads design-scenario`` (about half a minute; all four
-workloads take several minutes). Writes ``benchmarks/results/placement.md`` and ``.json``.
+benchmarks/placement.py`` (under a minute for every setting; ``--workloads design-scenario``
+for one workload). Writes ``benchmarks/results/placement.md`` and ``.json``.
 """
 
 from __future__ import annotations
