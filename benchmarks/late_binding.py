@@ -25,7 +25,6 @@ settings): ``python benchmarks/late_binding.py`` (about a minute, on one core). 
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import math
 import sys
@@ -112,20 +111,11 @@ def late_binding(workload: PreparedWorkload, fleet: FleetConfig,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", default=str(pc.RESULTS / "policy_comparison.json"),
-                        help="the policy comparison's JSON (its settings are replayed)")
-    parser.add_argument("--workloads", default="",
-                        help="comma-separated subset of the workloads (default: all there)")
-    parser.add_argument("--out", default=str(pc.RESULTS), help="output directory")
-    args = parser.parse_args()
-    rows = pc.read_settings(args.results, "late_binding.py")
-    if rows is None:
-        return 2
-    wanted = {n.strip() for n in args.workloads.split(",") if n.strip()}
-    rows = [r for r in rows if not wanted or r["workload"] in wanted]
     started = time.perf_counter()
-    pc.prepare(sorted({r["workload"] for r in rows}))
+    settings = pc.replay_settings(__doc__, "late_binding.py")
+    if settings is None:
+        return 2
+    args, rows = settings
     out_rows = []
     for row in rows:
         runs = {}

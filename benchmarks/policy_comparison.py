@@ -453,6 +453,26 @@ def read_settings(path: str, tool: str) -> list[dict] | None:
         return None
 
 
+def replay_settings(doc: str, tool: str) -> tuple[argparse.Namespace, list[dict]] | None:
+    """The command line of the scripts that replay this benchmark's settings (``--results``,
+    ``--workloads``, ``--out``), and the settings asked for, their workloads prepared;
+    ``None`` when the results cannot be read (said on stderr)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--results", default=str(RESULTS / "policy_comparison.json"),
+                        help="the policy comparison's JSON (its settings are replayed)")
+    parser.add_argument("--workloads", default="",
+                        help="comma-separated subset of the workloads (default: all there)")
+    parser.add_argument("--out", default=str(RESULTS), help="output directory")
+    args = parser.parse_args()
+    rows = read_settings(args.results, tool)
+    if rows is None:
+        return None
+    wanted = {n.strip() for n in args.workloads.split(",") if n.strip()}
+    rows = [r for r in rows if not wanted or r["workload"] in wanted]
+    prepare(sorted({r["workload"] for r in rows}))
+    return args, rows
+
+
 def write_results(out: str, stem: str, text: str, payload: dict) -> None:
     """``<out>/<stem>.md`` (``text``) and ``<out>/<stem>.json`` (``payload``)."""
     directory = Path(out)
