@@ -153,12 +153,10 @@ def main() -> int:
                       f"{w[other + '_ttft_s']:.0f} s | "
                       f"{w[ours + '_cached'] / max(1, w[ours + '_tokens']):.1%} | "
                       f"{w[other + '_cached'] / max(1, w[other + '_tokens']):.1%} |")
-    md += ["", f"Elapsed: {time.perf_counter() - started:.0f} s.", ""]
-    text = "\n".join(md)
-    pc.write_results(args.out, f"draws_{name}_{args.setting}", text,
+    pc.write_results(args.out, f"draws_{name}_{args.setting}", md,
                      {"workload": name, "setting": row["setting"], "replicas": replicas,
-                      "best_peer": peer, "draws": draws, "summary": summary, "windows": split})
-    print(text)
+                      "best_peer": peer, "draws": draws, "summary": summary, "windows": split},
+                     started)
     return 0
 
 

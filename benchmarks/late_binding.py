@@ -151,11 +151,7 @@ def main() -> int:
                   f"{lb[0]['ttft_p99_s']:.2f} / {lb[1]['ttft_p99_s']:.2f} s | "
                   f"{lb[0]['ttft_mean_s']:.3f} / {lb[1]['ttft_mean_s']:.3f} s | "
                   f"{lb[0]['token_hit_rate']:.1%} / {lb[1]['token_hit_rate']:.1%} |")
-    md += ["", f"Elapsed: {time.perf_counter() - started:.0f} s.", ""]
-    text = "\n".join(md)
-    pc.write_results(args.out, "late_binding", text,
-                     {"rows": out_rows, "elapsed_s": time.perf_counter() - started})
-    print(text)
+    pc.write_results(args.out, "late_binding", md, {"rows": out_rows}, started)
     return 0
 
 

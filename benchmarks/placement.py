@@ -176,11 +176,7 @@ def main() -> int:
                   f"{p['fleet LRU']['token_hit_rate']:.1%} | "
                   f"{p['affinity']['token_hit_rate']:.1%} | "
                   f"{p['foresight']['token_hit_rate']:.1%} | {dead} |")
-    md += ["", f"Elapsed: {time.perf_counter() - started:.0f} s.", ""]
-    text = "\n".join(md)
-    pc.write_results(args.out, "placement", text,
-                     {"rows": out_rows, "elapsed_s": time.perf_counter() - started})
-    print(text)
+    pc.write_results(args.out, "placement", md, {"rows": out_rows}, started)
     return 0
 
 

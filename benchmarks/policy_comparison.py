@@ -473,13 +473,18 @@ def replay_settings(doc: str, tool: str) -> tuple[argparse.Namespace, list[dict]
     return args, rows
 
 
-def write_results(out: str, stem: str, text: str, payload: dict) -> None:
-    """``<out>/<stem>.md`` (``text``) and ``<out>/<stem>.json`` (``payload``)."""
+def write_results(out: str, stem: str, md: list[str], payload: dict, started: float) -> None:
+    """A replay script's report: ``md`` and the time since ``started`` (``perf_counter``)
+    to ``<out>/<stem>.md``, ``payload`` and that time to ``<out>/<stem>.json``, and the
+    markdown to stdout."""
+    elapsed = time.perf_counter() - started
+    text = "\n".join(md + ["", f"Elapsed: {elapsed:.0f} s.", ""])
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{stem}.md").write_text(text, encoding="utf-8")
-    (directory / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n",
-                                            encoding="utf-8")
+    (directory / f"{stem}.json").write_text(
+        json.dumps({**payload, "elapsed_s": elapsed}, indent=1) + "\n", encoding="utf-8")
+    print(text)
 
 
 def find_load(runner: Runner, name: str, peers: list[str]) -> tuple[float, list[str], list]:
