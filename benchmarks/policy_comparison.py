@@ -440,7 +440,8 @@ def read_settings(path: str, tool: str) -> list[dict] | None:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         rows = data["rows"]
-        # Runs before 2026-12-01 kept vLLM's default and the default view, and did not say.
+        # Runs before 2026-12-01 recorded neither: they are taken as vLLM's default and the
+        # default view (an older --view events run needs its view given back by hand).
         scheduling = data.get("scheduling_policy", "fcfs")
         view = data.get("view", DEFAULT_VIEW)
         if scheduling not in SCHEDULING_POLICIES or view not in VIEWS:

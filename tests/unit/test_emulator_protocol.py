@@ -143,9 +143,9 @@ def test_priority_is_read_as_vllms_pydantic_reads_an_int64():
     # Checked against vLLM 0.32's request model (pydantic, lax mode): numbers written as
     # strings, booleans and whole floats are integers; null, fractions and text are not.
     assert completion(prompt=[1, 2]).priority == 0
-    for given, read in ((-5, -5), ("3", 3), (" 4 ", 4), ("2.0", 2), (True, 1), (2.0, 2),
-                        ((1 << 63) - 1, (1 << 63) - 1)):
+    for given, read in ((-5, -5), ("3", 3), (" 4 ", 4), ("2.0", 2), ("1_000", 1000),
+                        (True, 1), (2.0, 2), ((1 << 63) - 1, (1 << 63) - 1)):
         assert completion(prompt=[1, 2], priority=given).priority == read
-    for bad in (None, 1.5, "0x10", "three", 1 << 63, [1]):
+    for bad in (None, 1.5, "0x10", "three", "2.", "\u0663", 1 << 63, [1]):
         caught = error(completion, prompt=[1, 2], priority=bad)
         assert caught.param == "priority" and caught.status == 400

@@ -542,10 +542,10 @@ def test_an_unhealthy_replica_forgets_what_was_routed_to_it(config):
 
 
 # -- priority hints ---------------------------------------------------------------------------
-def _priority_config(monkeypatch, scheduling):
+def _priority_config(monkeypatch, scheduling, policy="prefixroute"):
     backends = [{"name": name, "url": f"http://{name}.test", "models": ["tiny"],
                  "scheduling_policy": scheduling} for name in ("r0", "r1")]
-    return make_config(monkeypatch, backends=backends, policy="prefixroute")
+    return make_config(monkeypatch, backends=backends, policy=policy)
 
 
 def test_a_priority_replica_gets_the_policys_deadline_as_priority(monkeypatch):
@@ -613,7 +613,23 @@ def test_a_retry_keeps_the_place_its_arrival_gave_it(monkeypatch):
                 "authorization": "Bearer key-alice"})).json()["decisions"]
             assert (first["attempt"], retry["attempt"]) == (0, 1)
             chosen = next(c for c in retry["candidates"] if c["replica"] == retry["replica"])
-            # Routed at 105 s, its deadline a few ms later; dated from the arrival at 100 s.
-            after_ms = round(chosen["scores"]["deadline_s"] * 1000) - 105_000
+            # Routed again at 105 s; its deadline is dated from the arrival at 100 s, and sent
+            # in wall time (the wall clock reads 1.7e9 s at 105 s on the gateway's).
+            after_ms = round(chosen["scores"]["deadline_s"] * 1000) - 100_000
+            assert 0 < after_ms < 100
             assert retry["priority"] == 1_700_000_000_000 - 5_000 + after_ms
+    run(scenario())
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "prefixroute:priority_slack=0"])
+def test_a_policy_without_an_order_sends_the_arrival_time_to_a_priority_replica(monkeypatch,
+                                                                                policy):
+    # First come, first served in wall-clock milliseconds; a caller's priority is replaced.
+    async def scenario():
+        async with Harness(_priority_config(monkeypatch, "priority", policy),
+                           clock=ManualClock(100.0), wall_clock=lambda: 1_700_000_000.0) as h:
+            await h.openai().completions.create(model="tiny", prompt="hello",
+                                                extra_body={"priority": -7})
+            body = (h.r("r0").bodies + h.r("r1").bodies)[0]
+            assert body["priority"] == 1_700_000_000_000
     run(scenario())

@@ -705,3 +705,13 @@ def test_a_short_request_never_passes_the_head_of_the_queue():
     r = decisions["r"].scores[0]
     assert (r["wait_s"], r["delay_others_s"]) == (pytest.approx(1.0), 0.0)
     assert [entry[3] for entry in policy._replicas[0].queue] == ["h", "r"]
+
+
+def test_the_deadline_counts_from_the_requests_arrival():
+    # Routed at 10 s (after a wait at the gateway, or again after a failed attempt), it
+    # arrived at 4 s: its deadline is 4 + 2 x 0.1 s.
+    policy = create_policy(PLAIN)
+    replica = ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS, cache=Holds(),
+                          scheduling_policy="priority")
+    request = RequestView("r", 100, B, blocks("R", 6), now=10.0, arrival=4.0)
+    assert policy.route(request, [replica]).priority == 4200

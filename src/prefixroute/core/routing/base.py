@@ -47,6 +47,9 @@ class RequestView:
     :mod:`prefixroute.core.identity.hashing`, already salted per trust group); ``token_ids`` is
     set when the router tokenized the prompt (SGLang-style routers match on tokens or text);
     ``routing_key`` is a session or ``prompt_cache_key``-style hint for hash policies.
+    ``arrival`` is when the request reached the router, on the same clock as ``now`` (the
+    gateway routes after reading, tokenizing and admitting it, and again on a retry);
+    ``None`` means ``now``.
     """
 
     request_id: str
@@ -58,6 +61,7 @@ class RequestView:
     routing_key: str | None = None
     output_tokens_hint: int | None = None
     now: float = 0.0
+    arrival: float | None = None
 
     @property
     def full_blocks(self) -> int:
@@ -112,9 +116,10 @@ class Decision:
     reason: str = ""
     scores: dict[int, dict[str, float]] = field(default_factory=dict)
     predicted_cached_tokens: int = 0
-    # The engine priority to send with the request (vLLM's ``priority``, lower first), for a
-    # replica whose scheduling policy is ``priority``; None sends none (0, first come first
-    # served).
+    # For a replica whose scheduling policy is ``priority``: the request's place in its
+    # queue, as whole milliseconds on the runner's clock (lower first; ``prefixroute``: a
+    # deadline). The simulator sends it as vLLM's ``priority``; the gateway moves it to wall
+    # time. None: the policy sets no order (the gateway sends the arrival time).
     priority: int | None = None
 
 

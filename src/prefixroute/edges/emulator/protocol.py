@@ -162,7 +162,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-_INT_TEXT = re.compile(r"[+-]?\d+(\.0*)?")
+_INT_TEXT = re.compile(r"[+-]?[0-9]+(_[0-9]+)*(\.0+)?")
 
 
 def _lax_int64(value: Any) -> int | None:
@@ -175,7 +175,8 @@ def _lax_int64(value: Any) -> int | None:
         value = int(value) if value.is_integer() else None
     elif isinstance(value, str):
         text = value.strip()
-        value = int(text.split(".")[0]) if _INT_TEXT.fullmatch(text) else None
+        value = (int(text.split(".")[0].replace("_", "")) if _INT_TEXT.fullmatch(text)
+                 else None)
     if not _is_int(value) or not -(1 << 63) <= value < (1 << 63):
         return None
     return value

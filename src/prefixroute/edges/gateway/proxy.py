@@ -193,7 +193,8 @@ class Proxy:
                 request_id=job.request_id, tenant=job.tenant, model=job.checked.model,
                 prompt=job.prompt, block_size=self.block_size, candidates=candidates,
                 attempt=attempt_no, routing_key=routing_key if isinstance(routing_key, str)
-                else None, max_tokens=max_tokens if isinstance(max_tokens, int) else None)
+                else None, max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+                arrival=job.started)
             backend = attempt.backend
             tried.add(backend.index)
             job.attempts += 1
@@ -203,8 +204,8 @@ class Proxy:
             priority = self.router.upstream_priority(attempt, job.started)
             if priority is not None:  # this replica orders its queue by it
                 attempt.record.priority = priority
-                if "priority" in body:  # the caller's is replaced
-                    send = encode_json({**body, "priority": priority})
+                if "priority" in body or not payload.endswith(b"}") or len(payload) < 3:
+                    send = encode_json({**body, "priority": priority})  # the caller's replaced
                 else:  # appended to the encoded object: no second encoding of a long prompt
                     send = payload[:-1] + b',"priority":%d}' % priority
             try:

@@ -130,13 +130,15 @@ class GatewayRouter:
 
     def route(self, *, request_id: str, tenant: str, model: str, prompt: PreparedPrompt,
               block_size: int, candidates: list[Backend], attempt: int,
-              routing_key: str | None = None, max_tokens: int | None = None) -> Attempt:
-        """Choose among ``candidates`` (non-empty) and count the request as sent there."""
+              routing_key: str | None = None, max_tokens: int | None = None,
+              arrival: float | None = None) -> Attempt:
+        """Choose among ``candidates`` (non-empty) and count the request as sent there;
+        ``arrival``: when the request reached the gateway (this clock)."""
         request = RequestView(request_id=request_id, num_tokens=prompt.num_tokens,
                               block_size=block_size, block_keys=prompt.block_keys,
                               token_ids=prompt.token_ids, tenant=tenant,
                               routing_key=routing_key, output_tokens_hint=max_tokens,
-                              now=self._clock.now())
+                              now=self._clock.now(), arrival=arrival)
         views = [b.replica_view() for b in candidates]
         by_index = {b.index: b for b in candidates}
         decision = self.policy.route(request, views)
@@ -171,17 +173,20 @@ class GatewayRouter:
 
     def upstream_priority(self, attempt: Attempt, arrived: float) -> int | None:
         """The ``priority`` to send with ``attempt`` to a replica started with
-        ``--scheduling-policy priority``, or ``None`` (send none). It is the policy's
-        deadline, dated from when the request reached the gateway (``arrived``, on the
-        gateway's clock; a retry keeps its place) in milliseconds of wall time, so that
-        several gateways in front of the same replicas agree. It replaces a caller's own
+        ``--scheduling-policy priority``, or ``None`` (send none): the policy's order
+        (:attr:`Decision.priority`, ms on the gateway's clock; ``prefixroute`` dates its
+        deadline from the request's arrival, so a retry keeps its place) moved to
+        milliseconds of wall time, so that several gateways in front of the same replicas
+        agree; a policy that sets no order gets the arrival time (``arrived``, on the
+        gateway's clock): first come, first served. Either way it replaces a caller's own
         ``priority``: otherwise any tenant could put its requests ahead of everyone's."""
-        priority = attempt.decision.priority
-        if priority is None or attempt.backend.config.scheduling_policy != "priority":
+        if attempt.backend.config.scheduling_policy != "priority":
             return None
-        after_ms = priority - round(attempt.request.now * 1000.0)  # deadline - decision time
-        now = self._clock.now()
-        return round((self._wall() - (now - arrived)) * 1000.0) + after_ms
+        priority = attempt.decision.priority
+        offset_ms = round((self._wall() - self._clock.now()) * 1000.0)  # gateway -> wall clock
+        if priority is None:
+            return round(arrived * 1000.0) + offset_ms
+        return priority + offset_ms
 
     def first_byte(self, attempt: Attempt) -> None:
         if attempt.prefill_pending:

@@ -30,13 +30,17 @@ minutes (below, "Cold requests on a quiet fleet")::
 **Priority hints** (``priority_slack``, 2026-12-01). A replica started with ``vllm serve
 --scheduling-policy priority`` (:attr:`ReplicaView.scheduling_policy`) admits waiting requests
 by the ``priority`` each carries, lower first, then by arrival (vLLM's
-``PriorityRequestQueue``). There the policy gives every request a deadline, its arrival plus
+``PriorityRequestQueue``). There the policy gives every request a deadline, its arrival
+(:attr:`RequestView.arrival`: in the gateway, when it reached the gateway, so a retry keeps
+its place) plus
 ``priority_slack`` times its own predicted prefill on that replica, and sends it in
 milliseconds as :attr:`Decision.priority`: a short prompt may pass a long one queued before
 it, but a long prompt is passed only until it has waited ``priority_slack`` times its own
 prefill (earliest deadline first, with no starvation). The queue it keeps for that replica
 is then ordered by deadline (never ahead of the head: vLLM serves a running prefill before
-it admits anyone), ``wait`` counts only the work due before the request's deadline, and the
+it admits anyone; if the head is still waiting for KV, vLLM would put an earlier deadline
+before it, which the record does not), ``wait`` counts only the work due before the
+request's deadline, and the
 delay to others also charges its prefill once for every queued request it would pass. On a
 replica without priority scheduling nothing changes, and vLLM ignores a priority there.
 
@@ -908,6 +912,7 @@ class PrefixRoute(BasePolicy):
 
     def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
         now = request.now
+        arrived = now if request.arrival is None else min(request.arrival, now)
         self._clock = max(self._clock, now)
         keys = request.block_keys
         block = request.block_size
@@ -939,7 +944,7 @@ class PrefixRoute(BasePolicy):
             # A priority engine serves by deadline: the request's arrival plus priority_slack
             # times its own prefill, in whole milliseconds as it is sent (so the queue's keys
             # and the engine's order agree). It waits only for the work due before it.
-            deadline = (_to_ms(now + self.priority_slack * prefill) / 1000.0
+            deadline = (_to_ms(arrived + self.priority_slack * prefill) / 1000.0
                         if self.priority_slack and replica.scheduling_policy == "priority"
                         else None)
             deadlines[replica.index] = deadline
