@@ -32,8 +32,8 @@ minutes (below, "Cold requests on a quiet fleet")::
 by the ``priority`` each carries, lower first, then by arrival (vLLM's
 ``PriorityRequestQueue``). There the policy gives every request a deadline, its arrival
 (:attr:`RequestView.arrival`: in the gateway, when it reached the gateway, so a retry keeps
-its place) plus
-``priority_slack`` times its own predicted prefill on that replica, and sends it in
+its place) plus ``priority_slack`` times its own predicted prefill on that replica, and sends
+it in
 milliseconds as :attr:`Decision.priority`: a short prompt may pass a long one queued before
 it, but a long prompt is passed only until it has waited ``priority_slack`` times its own
 prefill (earliest deadline first, with no starvation). The queue it keeps for that replica
@@ -534,8 +534,9 @@ class ReplicaEstimate:
         scheduling: the latest deadlines), so the first entries beyond them are done and
         the first one left is done in part. Under priority scheduling this is an
         approximation: requests behind the head that vLLM admitted into a step's leftover
-        budget are already running, and a newcomer cannot pass them. The work done since the last observation, over
-        the time, while the replica was busy all along, is one observation of its speed."""
+        budget are already running, and a newcomer cannot pass them. The work done since
+        the last observation, over the time, while the replica was busy all along, is one
+        observation of its speed."""
         queue = self.queue
         if pending_prefill_tokens <= 0:
             queue.clear()
@@ -605,8 +606,8 @@ class ReplicaEstimate:
         """A request ended while requests ordered before it are still queued: it has no work
         left (first come, first served it never ran: the replica rejected it, longer than
         its KV, or it was aborted; under priority scheduling it may also have been admitted
-        into a step beside them). Without this, such a request stays the
-        newest entry, and the reconciliation takes the pending tokens of the requests before
+        into a step beside them). Without this, such a request stays the newest entry, and
+        the reconciliation takes the pending tokens of the requests before
         it for its predicted work: a phantom queue of minutes. The head entry stays: it ran,
         and the reconciliation retires it."""
         queue = self.queue
