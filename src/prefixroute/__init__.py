@@ -1,7 +1,7 @@
 """prefixroute: prefix-cache identity, caches, routing, gateway, emulator, simulator,
 economics and diagnostics for LLM serving fleets.
 
-Layout (SPEC section 1): ``core/`` is the pure core (no I/O, time injected); ``edges/`` holds
+Layout: ``core/`` is the pure core (no I/O, time injected); ``edges/`` holds
 the adapters around it (CLI, HTTP gateway and emulator server, ZMQ KV events, trace files).
 """
 

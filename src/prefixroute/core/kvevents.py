@@ -158,7 +158,7 @@ _TYPE_NAMES: dict[type, str] = {cls: name for name, (cls, _) in _SCHEMAS.items()
 # Positional arrays from engines that predate a field simply end early; these are the fields
 # every positional BlockStored/BlockRemoved must carry (the vLLM 0.8 shape).
 _MIN_POSITIONAL = {"BlockStored": 4, "BlockRemoved": 1, "AllBlocksCleared": 0}
-# The positional encoder always writes the fields up to lora_name (the shape the SPEC names),
+# The positional encoder always writes the fields up to lora_name (the shape older vLLM sent),
 # then later fields only as far as the last one that is set.
 _POSITIONAL_ALWAYS = {"BlockStored": 7, "BlockRemoved": 2, "AllBlocksCleared": 0}
 

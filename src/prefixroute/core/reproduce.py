@@ -1,4 +1,4 @@
-"""SPEC section 3: the numbers the project must reproduce, computed by running the library.
+"""The worked examples of docs/concepts.md, computed by running the library.
 
 Each function builds real token sequences (or prefix families), hashes them with
 :mod:`prefixroute.core.identity.hashing`, runs them through the project's caches and routing
@@ -18,7 +18,7 @@ from prefixroute.core.identity.identity import Adapter, CacheIdentity, derive_tr
 from prefixroute.core.routing.base import ReplicaView, RequestView
 from prefixroute.core.routing.registry import create_policy
 
-# SPEC section 3 item 1: prompt sizes per turn and the assistant replies before turns 2..5.
+# Example 1: prompt sizes per turn and the assistant replies before turns 2..5.
 CONVERSATION_PROMPTS = (400, 700, 1000, 1400, 1700)
 CONVERSATION_REPLIES = (100, 100, 150, 100)
 CONVERSATION_BLOCK_SIZE = 16
@@ -82,7 +82,7 @@ def conversation(prompts=CONVERSATION_PROMPTS, replies=CONVERSATION_REPLIES,
 def universal_prefix(num_requests: int = 50, prefix_tokens: int = 200, replicas: int = 5,
                      suffix_tokens: int = 50, seed: int = 0,
                      policies: tuple[str, ...] = ("round_robin", "prefix_hash")) -> dict[str, Any]:
-    """One shared system prompt over several replicas with ample memory (SPEC 3 item 2).
+    """One shared system prompt over several replicas with ample memory (example 2).
 
     Every request is the shared prefix plus a unique suffix. Each replica is a token-granular
     radix tree; a request "hits" when its whole shared prefix is cached on the replica it was
@@ -137,7 +137,7 @@ def universal_prefix(num_requests: int = 50, prefix_tokens: int = 200, replicas:
 
 
 def isolation(prefix_tokens: int = 1024, block_size: int = 16, seed: int = 0) -> dict[str, Any]:
-    """Can tenant B learn, through a cache hit, that tenant A sent a prefix? (SPEC 3 item 6)
+    """Can tenant B learn, through a cache hit, that tenant A sent a prefix? (example 6)
 
     Tenant A's request warms one paged pool; tenant B then sends the identical tokens. Without
     salts B hits. With gateway-managed salts (HMAC of a server secret and the trust group) the
@@ -185,7 +185,7 @@ def isolation(prefix_tokens: int = 1024, block_size: int = 16, seed: int = 0) ->
 
 
 def reproduce_all() -> dict[str, Any]:
-    """Every SPEC section 3 figure this build can compute."""
+    """Every worked-example figure this build can compute."""
     from prefixroute.core.routing import section3
 
     out: dict[str, Any] = {"conversation": conversation()}

@@ -2,12 +2,13 @@
 
 Each key is cached or not on its own (no blocks, no pinning). Two uses:
 
-* provider prompt caching (SPEC section 2): an entry lives ``ttl`` seconds after its last
-  write, or after its last hit when ``refresh_on_hit`` (Anthropic-style 5-minute and 1-hour
-  caches refresh on every read);
-* the fleet exercises of SPEC section 3: a replica that holds at most N prefix families
-  (item 3), or an LRU of 400 blocks where "hit blocks move to the recent end; missed blocks are
-  inserted one by one, evicting the oldest" (item 4): :meth:`access` does exactly that.
+* provider prompt caching: an entry lives ``ttl`` seconds after its last write, or after its
+  last hit when ``refresh_on_hit`` (Anthropic-style 5-minute and 1-hour caches refresh on every
+  read);
+* the routing examples of docs/concepts.md: a replica that holds at most N prefix families
+  (the skewed routing trace), or an LRU of 400 blocks where "hit blocks move to the recent end;
+  missed blocks are inserted one by one, evicting the oldest" (the fleet hit rates):
+  :meth:`access` does exactly that.
 
 Time comes from the ``now`` argument (seconds), never from a clock of its own.
 """

@@ -1,9 +1,9 @@
 """Lint a request log for volatile content in the static region, and price it in cached tokens.
 
-SPEC section 2's layout rules: static first, volatile last; no timestamps, request ids, random
-few-shot order or user names in the static region; deterministic tool schemas; append to
-conversations, never rewrite them. This module checks a log of requests against those rules,
-per tenant:
+The layout rules (docs/concepts.md, "Prompt layout"): static first, volatile last; no
+timestamps, request ids, random few-shot order or user names in the static region;
+deterministic tool schemas; append to conversations, never rewrite them. This module checks a
+log of requests against those rules, per tenant:
 
 1. **Static region.** Every request is cut into *units*, one per line of each message (or of each
    paragraph of a completions prompt), plus one unit for the tool list. A unit's identity is its
@@ -55,7 +55,7 @@ from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.caches.base import cacheable_blocks
 from prefixroute.core.identity.hashing import BlockHasher
 
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs (SPEC section 2 uses 16 too)
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs (the worked examples use 16 too)
 ENCODE_CHUNK = 1000  # requests per tokenizer call: large enough for parallelism, small for progress
 CONTEXT_TOKENS = 12  # tokens decoded either side of a divergence to name what changed
 MAX_SHUFFLE_SEGMENTS = 64  # how far a reordered run of messages is followed

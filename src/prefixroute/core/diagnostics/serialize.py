@@ -1,4 +1,5 @@
-"""Deterministic serialisation of JSON and tool schemas (SPEC section 2, layout rules).
+"""Deterministic serialisation of JSON and tool schemas (a layout rule: serialise
+deterministically).
 
 Chat templates render tools with ``tojson``, which keeps the caller's key order, and most clients
 build tool lists from dicts and registries whose order depends on import order or a set. Two

@@ -1,10 +1,10 @@
 """Volatile values: the text that changes from request to request and breaks a cached prefix.
 
-SPEC section 2 (layout rules) names them: timestamps and dates, request ids and UUIDs,
-counters, user names and e-mail addresses. :func:`find_volatile_spans` finds candidates by
-shape; a candidate is only *volatile* when its value differs between requests at the same place,
-which the lint decides (a fixed "knowledge cutoff: 2024-06" date is static). :func:`classify_change`
-names what changed at a divergence, for the diff verdict.
+The layout rules (docs/concepts.md, "Prompt layout") name them: timestamps and dates, request ids
+and UUIDs, counters, user names and e-mail addresses. :func:`find_volatile_spans` finds candidates
+by shape; a candidate is only *volatile* when its value differs between requests at the same place,
+which the lint decides (a fixed "knowledge cutoff: 2024-06" date is static).
+:func:`classify_change` names what changed at a divergence, for the diff verdict.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
-"""Provider prompt-cache economics (SPEC section 2): write premium, read discount, TTL.
+"""Provider prompt-cache economics: write premium, read discount, TTL (docs/concepts.md,
+"Provider prompt caching and its cost").
 
 - :mod:`.formulas`: cost multiplier, break-even hit rate, Poisson P(hit), cost per day.
 - :mod:`.presets`: provider pricing as dated, overridable data; TTL parsing.
 - :mod:`.advice`: per-prefix TTL advice (cheapest option, "do not cache", pre-warming).
-- :mod:`.repro`: the SPEC section 3 item 5 report, as ``prefixroute economics --json`` prints it.
+- :mod:`.repro`: the economics worked example's report, as ``prefixroute economics --json``
+  prints it.
 
-Trace-driven accounting and the fleet planner (issue 5 items 2 and 5) build on these.
+Trace-driven accounting (:mod:`.accounting`) and the fleet planner (:mod:`.planner`) build on
+these.
 """
 
 from prefixroute.core.economics.advice import CacheOption, TTLAdvice, advise_ttl

@@ -1,4 +1,4 @@
-"""Exact trace-driven accounting of a provider prompt cache (issue 5 item 2).
+"""Exact trace-driven accounting of a provider prompt cache.
 
 Replays requests in arrival order against one provider cache and bills every prompt token as
 exactly one of three things, the way Anthropic-style usage fields do:
@@ -12,8 +12,8 @@ exactly one of three things, the way Anthropic-style usage fields do:
 
 ``written + read + uncached == input_tokens`` for every request. Totals are kept per prefix
 group (:attr:`Request.prefix_group`, or the request's first block key when it has none) and
-reported beside SPEC section 2's Poisson approximation for the same per-group rate, so a trace
-shows where ``1 - exp(-lambda*T)`` is right and where bursts, day/night cycles or growing
+reported beside the Poisson approximation for the same per-group rate, so a trace shows where
+``1 - exp(-lambda*T)`` is right and where bursts, day/night cycles or growing
 conversations make it wrong.
 
 The cache
@@ -24,7 +24,7 @@ A :class:`~prefixroute.core.caches.key_lru.KeyLRUCache` over the request's chain
 block ``p`` (chained keys make equal keys mean equal prefixes). Capacity is unlimited: provider
 caches evict by TTL, and their capacity eviction is not observable from outside. Every entry on
 the chain up to the position a request reads is refreshed by that read, since it is part of the
-prefix the request used (SPEC section 2: "each hit refreshes a TTL").
+prefix the request used (each hit refreshes the TTL).
 
 Where entries are written: two models
 =====================================
@@ -269,7 +269,7 @@ class PrefixLedger:
     uncached_tokens: int = 0
     storage_token_seconds: float = 0.0
     # Tokens every request of the group shares (their longest common block-aligned prefix):
-    # what SPEC section 2's "prefix" is, and what the Poisson approximation prices.
+    # the "prefix" of the cost formulas, and what the Poisson approximation prices.
     shared_tokens: int = 0
 
     def add(self, charge: RequestCharge) -> None:
@@ -287,7 +287,8 @@ class PrefixLedger:
 
     @property
     def token_hit_rate(self) -> float | None:
-        """Read tokens over cacheable tokens: SPEC section 2's ``h`` for this prefix."""
+        """Read tokens over cacheable tokens: the ``h`` of the cost formulas for this
+        prefix."""
         return self.read_tokens / self.cacheable_tokens if self.cacheable_tokens else None
 
     @property
@@ -508,7 +509,7 @@ def ledger_costs(ledger: PrefixLedger, policy: CachePolicy, price_per_mtok: floa
 
 def poisson_costs(ledger: PrefixLedger, policy: CachePolicy, price_per_mtok: float,
                   duration_s: float, min_tokens: int) -> dict:
-    """SPEC section 2's approximation for one prefix group, priced like the exact replay.
+    """The Poisson approximation for one prefix group, priced like the exact replay.
 
     The group's rate is ``requests / duration`` (the whole trace's span); each request reads the
     group's shared prefix with P(hit) = 1 - exp(-rate x TTL) and writes the rest of the tokens

@@ -1,7 +1,7 @@
 """Per-prefix TTL advice: which cache option is cheapest for one prefix's traffic.
 
 Given a prefix's request rate, length and base input price, every option is costed for one day of
-steady traffic (SPEC section 2: Poisson arrivals, each hit refreshes the TTL, no day/night cycle):
+steady traffic (Poisson arrivals, each hit refreshes the TTL, no day/night cycle):
 
 - ``no_cache``: every request pays the base price (multiplier 1).
 - each cache policy as is: P(hit) = 1 - exp(-lambda*T), multiplier ``h*r + (1-h)*w``; explicit
@@ -46,7 +46,7 @@ HOT_P_HIT = 0.99  # above this a prefix is "already hot": pre-warming can only a
 class CacheOption:
     """One option costed for one prefix and one day.
 
-    ``multiplier`` is SPEC section 2's per-request ``h*r + (1-h)*w`` for the real requests;
+    ``multiplier`` is the per-request cost multiplier ``h*r + (1-h)*w`` for the real requests;
     ``overhead_usd_per_day`` is what comes on top (storage, keep-alive pings, the daily warm-up
     write); ``usd_per_day`` is the total, the number options are compared by.
     """

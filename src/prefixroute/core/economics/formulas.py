@@ -1,4 +1,4 @@
-"""Provider prompt-cache formulas (SPEC section 2, "Provider prompt caching and economics").
+"""Provider prompt-cache formulas (docs/concepts.md, "Provider prompt caching and its cost").
 
 Prices are relative to the provider's base input price: a cache write costs ``w`` times it, a
 cache read ``r`` times it, a miss without caching 1 times it. Everything here is a pure function
@@ -48,7 +48,7 @@ def require_multipliers(write: float, read: float) -> tuple[float, float]:
 
 
 def cost_multiplier(hit_rate: float, write: float, read: float) -> float:
-    """Cost of a cached prefix relative to not caching: ``h*r + (1-h)*w`` (SPEC section 2).
+    """Cost of a cached prefix relative to not caching: ``h*r + (1-h)*w``.
 
     ``hit_rate`` is the token hit rate h in [0, 1]: hits are billed as reads, misses as writes.
     """
@@ -60,7 +60,7 @@ def cost_multiplier(hit_rate: float, write: float, read: float) -> float:
 
 
 def break_even_hit_rate(write: float, read: float) -> float:
-    """Token hit rate above which caching is cheaper: ``h* = max(0, (w-1)/(w-r))`` (SPEC section 2).
+    """Token hit rate above which caching is cheaper: ``h* = max(0, (w-1)/(w-r))``.
 
     Solving ``h*r + (1-h)*w = 1`` gives ``(w-1)/(w-r)``; with no write premium (w <= 1) caching
     never costs more, so h* is 0. When ``w == r > 1`` every token costs more than without caching
@@ -75,7 +75,7 @@ def break_even_hit_rate(write: float, read: float) -> float:
 
 
 def poisson_hit_probability(requests_per_hour: float, ttl_seconds: float) -> float:
-    """P(hit) = 1 - exp(-lambda*T) for Poisson arrivals with refresh-on-hit TTL (SPEC section 2).
+    """P(hit) = 1 - exp(-lambda*T) for Poisson arrivals with refresh-on-hit TTL.
 
     A request hits when the previous request for the same prefix came less than T ago (every
     request, hit or miss, leaves the prefix cached for T). Inter-arrival times of a Poisson process
@@ -106,7 +106,7 @@ def prefix_cost_per_day(requests_per_day: float, prefix_tokens: float, price_per
 def storage_cost(prefix_tokens: float, usd_per_mtok_hour: float, hours: float) -> float:
     """USD to keep an explicit cache object of ``prefix_tokens`` alive for ``hours``.
 
-    Explicit cache objects (Gemini-style, SPEC section 2) bill storage per million tokens per hour
+    Explicit cache objects (Gemini-style) bill storage per million tokens per hour
     on top of the writes and reads.
     """
     tokens = require_non_negative("prefix tokens", prefix_tokens)

@@ -1,5 +1,5 @@
-"""The fleet planner (issue 5 item 5): SPEC section 4's design scenario, answered by running the
-library rather than by prose.
+"""The fleet planner: the design scenario (docs/concepts.md), answered by running the library
+rather than by prose.
 
 A multi-tenant assistant: ``tenants`` prefixes of ``prefix_tokens`` tokens, one hot tenant, a
 Zipf tail that recurs less than hourly, ``requests_per_day`` requests over ``replicas`` shared
@@ -75,7 +75,7 @@ from prefixroute.core.simulator.simulation import (
 GIB = 1 << 30
 
 # Candidate policies when the caller names none: load-only baselines, a bounded-load hash, the
-# SPEC section 3 hybrid at two skew caps, SGLang's cache-aware router, and our default when it is
+# The hybrid baseline at two skew caps, SGLang's cache-aware router, and our default when it is
 # registered. Seven runs of a couple of seconds each.
 DEFAULT_CANDIDATES: tuple[str, ...] = (
     "round_robin", "least_loaded", "consistent_hash", "hybrid:max_skew=1", "hybrid:max_skew=8",
@@ -91,7 +91,7 @@ ROUTING_RULE = (
 )
 
 ACTIVE_WINDOW_S = SECONDS_PER_HOUR  # working set: prefixes expected to recur within an hour
-RARE_PER_HOUR = 1.0  # SPEC section 4: "some prefixes recur less than hourly"
+RARE_PER_HOUR = 1.0  # the design scenario: "some prefixes recur less than hourly"
 TTL_TIE = 0.01  # ours: options within 1% of the cheapest cost the same for planning purposes
 TTL_RULE = (
     "Prefixes are classed by the rate the provider sees (hot: the hot tenant; rare: fewer than "
@@ -107,12 +107,14 @@ _DEMO_SECRET = b"prefixroute-plan-demo-secret-not-for-production!!"
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """Everything the planner needs; defaults are SPEC section 4 and the presets they cite.
+    """Everything the planner needs; defaults are the design scenario and the presets they
+    cite.
 
-    Scenario: SPEC section 4 (200 tenants x 10,000 tokens, 50,000 requests/day, 8 replicas) and
-    the shape of :func:`~prefixroute.core.simulator.generators.design_scenario` (hot tenant 25%
-    of traffic, Zipf 1.2 tail, 100-600 user tokens, 50-400 output tokens). The rest is ours and
-    stated: ``kv_memory_gib`` 20 (a share of a shared 80 GB GPU), ``provider_share`` 0.25,
+    Scenario: the design scenario of docs/concepts.md (200 tenants x 10,000 tokens, 50,000
+    requests/day, 8 replicas) and the shape of
+    :func:`~prefixroute.core.simulator.generators.design_scenario` (hot tenant 25% of traffic, Zipf
+    1.2 tail, 100-600 user tokens, 50-400 output tokens). The rest is ours and stated:
+    ``kv_memory_gib`` 20 (a share of a shared 80 GB GPU), ``provider_share`` 0.25,
     ``gpu_usd_per_hour`` 2.50 (an on-demand H100 in the style of Oct 2026 cloud price lists),
     ``compress`` 4 (the simulated hour is a peak at 4x the daily mean rate).
     """

@@ -1,6 +1,6 @@
 """Provider cache pricing as data: TTL, write and read multipliers, storage price.
 
-The numbers are *example multipliers in the style of Oct 2026 price lists* (SPEC section 2), not
+The numbers are *example multipliers in the style of Oct 2026 price lists*, not
 quotes from any provider: prices change and differ by model. Each preset says when and where its
 numbers come from; every field can be overridden (``dataclasses.replace`` or :func:`preset`) and
 the CLI takes ``--write``, ``--read`` and ``--ttl``.
@@ -81,7 +81,7 @@ def format_multiplier(value: float) -> str:
 class CachePolicy:
     """One way a provider prices a cached prefix, relative to its base input price.
 
-    Every request that uses the prefix refreshes its TTL (SPEC section 2; for explicit cache
+    Every request that uses the prefix refreshes its TTL (for explicit cache
     objects that means the application extends the TTL on use). ``storage_usd_per_mtok_hour`` is
     0 for implicit caches and the hourly storage price for explicit cache objects. ``as_of`` and
     ``source`` say where the numbers come from; they are examples, never hard truths.
@@ -136,7 +136,7 @@ class CachePolicy:
         }
 
 
-_STYLE = f"Example multipliers in the style of {AS_OF} price lists (SPEC.md section 2), not a quote"
+_STYLE = f"Example multipliers in the style of {AS_OF} price lists, not a quote"
 
 FIVE_MINUTE = CachePolicy(
     name="5m_1.25x", ttl_seconds=300, write_multiplier=1.25, read_multiplier=0.1,
@@ -165,7 +165,7 @@ PRESETS: dict[str, CachePolicy] = {
     policy.name: policy for policy in (FIVE_MINUTE, ONE_HOUR, NO_WRITE_PREMIUM, EXPLICIT_OBJECT)
 }
 
-# The three policies of SPEC section 3 item 5, in its column order.
+# The three policies of the economics worked example, in its column order.
 RATE_TABLE_POLICIES: tuple[CachePolicy, ...] = (FIVE_MINUTE, ONE_HOUR, NO_WRITE_PREMIUM)
 
 # Options per-prefix advice weighs by default: the three above plus the explicit cache object.

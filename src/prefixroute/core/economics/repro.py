@@ -1,7 +1,8 @@
-"""The economics report of SPEC section 3 item 5, computed from the formulas.
+"""The economics worked example's report (docs/concepts.md, example 5), computed from the
+formulas.
 
 :func:`economics_report` builds it for any policies, rates and worked example (the CLI's flags);
-:func:`repro_economics` is it on SPEC defaults, for ``prefixroute repro``. Both return the
+:func:`repro_economics` is it on the example's defaults, for ``prefixroute repro``. Both return the
 structure ``prefixroute economics --json`` prints:
 
 ``policies``
@@ -36,7 +37,7 @@ from prefixroute.core.economics.formulas import (
 from prefixroute.core.economics.presets import RATE_TABLE_POLICIES, CachePolicy
 from prefixroute.core.errors import ConfigError
 
-# SPEC section 3 item 5: from "about once an hour" to "ten a minute", per prefix.
+# The economics example: from "about once an hour" to "ten a minute", per prefix.
 DEFAULT_RATES_PER_HOUR: tuple[float, ...] = (1, 6, 12, 60, 600)
 
 # Report fields that sit beside the per-policy entries, so no policy may take their names.
@@ -45,8 +46,8 @@ _RESERVED_KEYS = {"requests_per_hour", "inputs", "no_caching_usd_per_day"}
 
 @dataclass(frozen=True, slots=True)
 class WorkedExample:
-    """A fleet of equally popular prefixes; defaults are SPEC section 3 item 5 (and section 4's
-    design scenario): 200 tenant prefixes of 10,000 tokens, 50,000 requests a day, $3 per million
+    """A fleet of equally popular prefixes; defaults are the economics example's (and the
+    design scenario's): 200 tenant prefixes of 10,000 tokens, 50,000 requests a day, $3 per million
     input tokens. Traffic is spread evenly over the prefixes and over 24 hours."""
 
     prefixes: int = 200
@@ -138,5 +139,5 @@ def economics_report(policies: Sequence[CachePolicy] = RATE_TABLE_POLICIES,
 
 
 def repro_economics() -> dict:
-    """SPEC section 3 item 5 on its own defaults: the JSON of ``prefixroute economics --json``."""
+    """The economics example on its own defaults: the JSON of ``prefixroute economics --json``."""
     return economics_report()

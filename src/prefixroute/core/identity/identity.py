@@ -1,7 +1,8 @@
 """Cache identity: which requests may share KV state.
 
 A prefix hit is only sound between requests whose KV values would be bit-identical and whose
-callers may see each other's timing (SPEC section 2). :class:`CacheIdentity` binds everything
+callers may see each other's timing (docs/concepts.md, "Block keys and the
+compatibility key"). :class:`CacheIdentity` binds everything
 that changes either: model and its revision, tokenizer and chat-template revisions, the adapter,
 attention and position configuration, KV dtype and layout, and the trust-group salt.
 Multimodal media identities are per request and enter per block (see ``hashing``).

@@ -1,7 +1,7 @@
 """Model shapes that decide how much memory a token of KV takes.
 
-bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes (SPEC section 2);
-an FP8 KV cache (1 byte) halves a BF16 one (2 bytes).
+bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes (docs/concepts.md,
+"KV memory"); an FP8 KV cache (1 byte) halves a BF16 one (2 bytes).
 """
 
 from __future__ import annotations

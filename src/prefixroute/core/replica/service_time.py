@@ -21,7 +21,7 @@ So a lone prefill of ``u`` uncached tokens extending a sequence to ``context`` t
 ``a + b*u + c*u*context`` (:meth:`ServiceTimeModel.prefill_time`), and a pure decode step of
 ``D`` requests with ``C`` context tokens in total takes ``a + d1*D + d2*C``
 (:meth:`ServiceTimeModel.decode_step_time`). Cached prompt tokens cost nothing: a hit skips
-their prefill and does not speed up decode (SPEC section 2).
+their prefill and does not speed up decode.
 
 ``o`` (``request_overhead_s``, default 0)
     per request, outside engine steps: HTTP, tokenizing and detokenizing, inter-process hops.
@@ -31,7 +31,7 @@ their prefill and does not speed up decode (SPEC section 2).
     difference between the TTFT and decode-step intercepts.
 
 Presets are *derived* from published hardware and model figures with stated efficiencies, not
-measured; ``prefixroute calibrate`` (issue 7) fits a profile to a live engine and writes it as a
+measured; ``prefixroute calibrate`` fits a profile to a live engine and writes it as a
 dict that :func:`profile_from_dict` loads. Every field can be overridden.
 """
 

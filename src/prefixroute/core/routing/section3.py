@@ -1,4 +1,5 @@
-"""SPEC section 3 item 3, the skewed routing trace, replayed through the real policy objects.
+"""The skewed routing trace (docs/concepts.md, worked example 3), replayed through the real
+policy objects.
 
 Three replicas each hold at most two prefix *families* (an LRU counted in entries, one key per
 family: :class:`~prefixroute.core.caches.key_lru.KeyLRUCache`). Families have lengths A=1000,
@@ -10,7 +11,7 @@ replica whose ``cache`` is that replica's LRU (its ``match`` peeks without touch
 family it holds is a hit (its length is reused, the entry becomes most recent), otherwise it is
 inserted (an eviction when that pushes another family out); its assignments go up by one.
 
-Expected (SPEC section 3 item 3), round_robin / affinity_only / hybrid(max_skew=1):
+Expected, round_robin / affinity_only / hybrid(max_skew=1):
 reused tokens 10,000 / 13,800 / 12,000; assignments [7,7,6] / [10,5,5] / [7,7,6]; final max
 skew 1 / 5 / 1; evictions 2 / 0 / 0; hybrid's skew peaks at 2 mid-run.
 
@@ -26,8 +27,8 @@ requests:
   its first token (a hit ahead recomputes only its last token, counted as 0);
 * ``queued_ahead``: how many requests that is (the batch it shares for decode);
 * ``net_prefill_saved_tokens = reused_prefix_tokens - queue_penalty_tokens``: prefill skipped minus
-  prefill waited for, both in prompt tokens, a crude view of SPEC section 2's "hot replicas
-  whose queues can erase the prefill saved".
+  prefill waited for, both in prompt tokens, a crude view of pure affinity's cost: hot replicas
+  whose queues can erase the prefill saved.
 
 The same window fills ``ReplicaView.in_flight`` and ``pending_prefill_tokens``, so load-aware
 policies see the very queue the estimate charges.
@@ -175,7 +176,7 @@ def _summary(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def section3_exercises(policies: tuple[str, ...] = SECTION3_POLICIES) -> dict[str, Any]:
-    """The exercises on SPEC section 3 item 3's trace, each a full replay.
+    """The exercises on the skewed routing trace, each a full replay.
 
     Returns ``{exercise: {policy spec: run}}`` with three exercises:
 

@@ -5,15 +5,15 @@ order with real token ids (``array('I')``), so keys come from the one hashing mo
 ids are drawn from disjoint ranges (:class:`TokenSpace`), so two pieces of text share tokens
 only when the scenario says they are the same text.
 
-Scenarios (SPEC sections 3 and 4):
+Scenarios (the worked examples and the design scenario of docs/concepts.md):
 
-* :func:`five_turn_conversation`: section 3 item 1, one conversation growing over 5 turns;
-* :func:`universal_prefix`: section 3 item 2, 50 requests behind one 200-token system prompt;
-* :func:`skewed_trace`: section 3 item 3, prefix families A=1000, B=800, C=600, D=400 tokens
+* :func:`five_turn_conversation`: example 1, one conversation growing over 5 turns;
+* :func:`universal_prefix`: example 2, 50 requests behind one 200-token system prompt;
+* :func:`skewed_trace`: example 3, prefix families A=1000, B=800, C=600, D=400 tokens
   arriving ``AABACABDAACBADABCABA`` (optionally with a burst of a hot prefix E);
-* :func:`seed_fleet`: section 3 item 4, a 1,200-token system prompt, one of 8 tenants'
-  800-token documents and 60 user tokens, with the exact random stream of the SPEC;
-* :func:`design_scenario`: section 4, 200 tenants x 10,000-token prefixes, Zipf-skewed
+* :func:`seed_fleet`: example 4, a 1,200-token system prompt, one of 8 tenants'
+  800-token documents and 60 user tokens, with the example's exact random stream;
+* :func:`design_scenario`: the design scenario, 200 tenants x 10,000-token prefixes, Zipf-skewed
   popularity, one hot tenant, 50,000 requests/day (compressible), optionally a timestamp at
   the top of every prompt;
 * :func:`conversations`: many concurrent sessions whose prompts grow turn by turn;
@@ -60,8 +60,8 @@ class TokenSpace:
 
 
 class Vocabulary:
-    """Token strings to ids, a new id for each new string (SPEC section 3 item 4 tokens are
-    strings; the hashing wants ints)."""
+    """Token strings to ids, a new id for each new string (the fleet hit-rate example's tokens
+    are strings; the hashing wants ints)."""
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
@@ -93,14 +93,14 @@ def _check_positive(**values: float) -> None:
             raise ConfigError(f"{name} must be positive, got {value!r}")
 
 
-# -- SPEC section 3 item 1 ------------------------------------------------------------------------
+# -- example 1: five-turn conversation ------------------------------------------------------------
 def five_turn_conversation(prompts: Sequence[int] = (400, 700, 1000, 1400, 1700),
                            replies: Sequence[int] = (100, 100, 150, 100, 100),
                            gap_s: float = 60.0, block_size: int = 16,
                            identity: CacheIdentity = DEFAULT_IDENTITY) -> Iterator[Request]:
     """One conversation: turn k's prompt is turn k-1's prompt, its reply, and new user text.
 
-    The replies are known, so decode blocks get keys (the last sampled token has no KV: SPEC
+    The replies are known, so decode blocks get keys (the last sampled token has no KV:
     reuse by turn 0, 496, 784, 1136, 1488 with 16-token blocks on one replica).
     """
     space = TokenSpace()
@@ -117,7 +117,7 @@ def five_turn_conversation(prompts: Sequence[int] = (400, 700, 1000, 1400, 1700)
         sequence = sequence + reply
 
 
-# -- SPEC section 3 item 2 ------------------------------------------------------------------------
+# -- example 2: universal prefix ------------------------------------------------------------------
 def universal_prefix(requests: int = 50, prefix_tokens: int = 200, user_tokens: int = 40,
                      output_tokens: int = 32, rate: float = 5.0, block_size: int = 16,
                      seed: int = 0) -> Iterator[Request]:
@@ -132,7 +132,7 @@ def universal_prefix(requests: int = 50, prefix_tokens: int = 200, user_tokens: 
                       token_ids=tokens, prefix_group="system", prefix_tokens=prefix_tokens)
 
 
-# -- SPEC section 3 item 3 ------------------------------------------------------------------------
+# -- example 3: skewed routing trace --------------------------------------------------------------
 SKEWED_FAMILIES = {"A": 1000, "B": 800, "C": 600, "D": 400}
 SKEWED_ARRIVALS = "AABACABDAACBADABCABA"
 
@@ -158,15 +158,15 @@ def skewed_trace(arrivals: str = SKEWED_ARRIVALS, hot_burst: int = 0, hot_tokens
                       prefix_tokens=families[family])
 
 
-# -- SPEC section 3 item 4 ------------------------------------------------------------------------
+# -- example 4: fleet hit rates -------------------------------------------------------------------
 FLEET_TENANTS = "ABCDEFGH"
 FLEET_SYSTEM_TOKENS = 1200
 FLEET_DOCUMENT_TOKENS = 800
 FLEET_USER_TOKENS = 60
-# The SPEC leaves the static text open; ours is s0..s1199 and tenant T's document T0..T799.
+# The example leaves the static text open; ours is s0..s1199 and tenant T's document T0..T799.
 # With these strings the MD5 prefix-aware routing spreads the 8 tenants 2-2-2-2 over the 4
 # replicas, so every replica warms up once: 96.82% (a layout that left one replica empty
-# would give 96.84%; both print as the SPEC's 96.8%).
+# would give 96.84%; both print as the example's 96.8%).
 FLEET_SYSTEM = tuple(f"s{i}" for i in range(FLEET_SYSTEM_TOKENS))
 FLEET_DOCUMENTS = {t: tuple(f"{t}{i}" for i in range(FLEET_DOCUMENT_TOKENS))
                    for t in FLEET_TENANTS}
@@ -174,7 +174,7 @@ FLEET_DOCUMENTS = {t: tuple(f"{t}{i}" for i in range(FLEET_DOCUMENT_TOKENS))
 
 @dataclass(slots=True)
 class FleetPrompt:
-    """One SPEC section 3 item 4 prompt: ``[head] + system + document[tenant] + user``."""
+    """One fleet hit-rate example prompt: ``[head] + system + document[tenant] + user``."""
 
     tenant: str
     user: list[str]
@@ -190,7 +190,7 @@ class FleetPrompt:
 
 
 def draw_fleet_prompt(rng: random.Random, volatile: bool = False) -> FleetPrompt:
-    """Draw one prompt from ``rng`` exactly as the SPEC says: the tenant
+    """Draw one prompt from ``rng`` exactly as the example states it: the tenant
     (``choice("ABCDEFGH")``), 60 user tokens ``u{randint(0, 10**6)}``, then, for the volatile
     run only, a head token ``time={randint(0, 10**6)}``."""
     tenant = rng.choice(FLEET_TENANTS)
@@ -242,8 +242,8 @@ def seed_fleet(requests: int = 2000, seed: int = 3, volatile: bool = False, rate
                output_tokens: int = 16, block_size: int = 16,
                rng: random.Random | None = None,
                encoder: FleetEncoder | None = None) -> Iterator[Request]:
-    """SPEC section 3 item 4 prompts (same random stream as the SPEC for ``seed`` 3), arriving
-    as a Poisson process of ``rate`` requests/s with ``output_tokens`` each (the SPEC gives no
+    """The fleet hit-rate example's prompts (its random stream for ``seed`` 3), arriving as a
+    Poisson process of ``rate`` requests/s with ``output_tokens`` each (the example gives no
     timing; these are ours). Pass ``rng``/``encoder`` to continue a shared stream."""
     _check_positive(requests=requests, rate=rate, output_tokens=output_tokens)
     rng = rng if rng is not None else random.Random(seed)
@@ -260,7 +260,7 @@ def seed_fleet(requests: int = 2000, seed: int = 3, volatile: bool = False, rate
         t += timing.expovariate(rate)
 
 
-# -- SPEC section 4 -------------------------------------------------------------------------------
+# -- the design scenario --------------------------------------------------------------------------
 SECONDS_PER_DAY = 86_400.0
 
 
@@ -278,7 +278,7 @@ def design_scenario(requests: int = 5000, tenants: int = 200, prefix_tokens: int
                     output_tokens_min: int = 50, output_tokens_max: int = 400,
                     timestamp_at_top: bool = False, block_size: int = 16,
                     seed: int = 0) -> Iterator[Request]:
-    """SPEC section 4's multi-tenant assistant.
+    """The design scenario: a multi-tenant assistant (docs/concepts.md).
 
     ``tenants`` prefixes of ``prefix_tokens`` tokens; tenant 0 is the hot one and gets
     ``hot_tenant_share`` of the traffic, the others share the rest by Zipf
@@ -347,7 +347,7 @@ def conversations(sessions: int = 40, turns: int = 6, system_tokens: int = 400,
                   think_time_s: float = 20.0, session_rate: float = 0.5, block_size: int = 16,
                   seed: int = 0) -> Iterator[Request]:
     """Concurrent chat sessions behind one system prompt; each turn's prompt is the previous
-    prompt, the previous reply and a new user message (append-only, SPEC section 2).
+    prompt, the previous reply and a new user message (append-only, as the layout rules ask).
 
     Sessions start as a Poisson process (``session_rate``/s); a user thinks
     exponentially-distributed ``think_time_s`` (mean) between turns. Replies are known, so the
@@ -463,19 +463,19 @@ class Workload:
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("seed-fleet", seed_fleet, 4, 400,
-             "SPEC 3.4: 8 tenants' 2,000-token prefixes, 4 replicas of 400 x 16-token blocks"),
+             "fleet hit rates: 8 tenants' 2,000-token prefixes, 4 replicas x 400 16-token blocks"),
     Workload("design-scenario", design_scenario, 8, None,
-             "SPEC 4: 200 tenants x 10,000-token prefixes, Zipf + one hot tenant"),
+             "design scenario: 200 tenants x 10,000-token prefixes, Zipf + one hot tenant"),
     Workload("universal-prefix", universal_prefix, 5, None,
-             "SPEC 3.2: 50 requests behind one 200-token system prompt, 5 replicas"),
+             "universal prefix: 50 requests behind one 200-token system prompt, 5 replicas"),
     Workload("hot-burst", hot_burst, 4, 2000,
              "steady traffic over 8 prefixes plus bursts of one hot prefix"),
     Workload("conversations", conversations, 4, 2000,
              "concurrent multi-turn chats growing turn by turn"),
     Workload("skewed-trace", skewed_trace, 3, None,
-             "SPEC 3.3: families A-D arriving AABACABDAACBADABCABA"),
+             "skewed routing trace: families A-D arriving AABACABDAACBADABCABA"),
     Workload("five-turn", five_turn_conversation, 1, None,
-             "SPEC 3.1: one five-turn conversation"),
+             "one five-turn conversation growing by its replies"),
 )}
 
 

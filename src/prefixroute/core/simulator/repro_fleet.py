@@ -1,7 +1,7 @@
-"""SPEC section 3 item 4: fleet token hit rates 83.7% (random), 96.8% (prefix-aware), 0.0%
-(a timestamp at the top), computed by running the library.
+"""The fleet hit-rate example (docs/concepts.md, example 4): token hit rates 83.7% (random),
+96.8% (prefix-aware), 0.0% (a timestamp at the top), computed by running the library.
 
-Setup, as the SPEC states it: 4 replicas, each an LRU of 400 blocks of 16 tokens
+Setup, as the example states it: 4 replicas, each an LRU of 400 blocks of 16 tokens
 (:meth:`KeyLRUCache.access`: hit blocks move to the recent end, missed blocks are inserted one
 by one, evicting the oldest); 2,000 requests per run, each a shared 1,200-token system prompt,
 one of 8 tenants' 800-token documents and 60 fresh user tokens; one random stream
@@ -11,7 +11,7 @@ routing, ``randrange(4)``. Keys are the ``native`` block hashes of the token ids
 blocks are hashed); the hit rate is hit blocks x 16 over all prompt tokens.
 
 Routing goes through the policy interface (:class:`RequestView` in, :class:`Decision` out).
-The two routers are defined here rather than taken from the registry: the SPEC's random
+The two routers are defined here rather than taken from the registry: the example's random
 routing must draw from the workload's own stream, and its prefix-aware routing hashes the
 *text* of the first 1,280 tokens with MD5, where the registered ``prefix_hash`` hashes block
 keys.
@@ -51,7 +51,7 @@ class SharedStreamRandom(BasePolicy):
 
 
 class LeadingTextMD5(BasePolicy):
-    """Prefix-aware routing of the SPEC: ``int(md5(routing_key).hexdigest(), 16) % n``, where
+    """Prefix-aware routing of the example: ``int(md5(routing_key).hexdigest(), 16) % n``, where
     the routing key is the text of the first 1,280 tokens joined by spaces."""
 
     name = "spec_prefix_md5"

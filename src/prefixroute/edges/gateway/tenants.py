@@ -5,8 +5,9 @@ A tenant is found by the SHA-256 of the bearer key it presents (keys are stored 
 digests). Its trust group's cache salt is ``derive_trust_group_salt(server_secret, group)``
 (HMAC-SHA256, :mod:`prefixroute.core.identity.identity`): only requests of one trust group can
 share cached KV on the engines, and no caller can compute another group's salt from its name
-(SPEC section 2, "Tenant isolation"). Media identities are derived the same way, scoped to the
-trust group, so a caller cannot pick one that collides with another group's media.
+(docs/concepts.md, "Salts and trust groups"). Media identities are derived the same way,
+scoped to the trust group, so a caller cannot pick one that collides with another group's
+media.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class TenantRegistry:
     def media_uuid(self, tenant: Tenant, content_digest: str) -> str:
         """The identity a media item gets on the engines: HMAC of its content digest under the
         server secret and the trust group. Equal media share cache inside a group only; a
-        caller can neither choose nor predict it (SPEC section 2)."""
+        caller can neither choose nor predict it: a caller-chosen id would replace the media's own
+        hash in the engine's block keys (docs/concepts.md, "Media identity")."""
         message = f"prefixroute-media/v1/{tenant.trust_group}\x00{content_digest}".encode()
         return "pr-" + hmac.new(self._secret, message, hashlib.sha256).hexdigest()

@@ -1,9 +1,9 @@
 """The simulator's workloads as HTTP request bodies.
 
 The requests come from the simulator's own generator (``core/simulator/generators.py``), so a
-live run and a simulated run replay the same prompts: here SPEC section 4's design scenario with
-the timestamp fixed (out of the prefix), its tenants, prefixes, arrival times and output
-lengths. Two ways to put the tokens on the wire:
+live run and a simulated run replay the same prompts: here the design scenario
+(docs/concepts.md) with the timestamp fixed (out of the prefix), its tenants, prefixes, arrival
+times and output lengths. Two ways to put the tokens on the wire:
 
 ``token_ids``
     the prompt as token ids (``/v1/completions`` accepts them): exact, and the gateway hashes
@@ -89,7 +89,7 @@ def design_requests(requests: int, *, replicas: int, model: str,
                     prompt_format: str = TOKEN_IDS, rate_per_replica: float,
                     output_tokens: tuple[int, int], seed: int = 0,
                     **scenario: object) -> list[WireRequest]:
-    """The first ``requests`` of SPEC section 4's scenario (timestamp fixed: prefixes are
+    """The first ``requests`` of the design scenario (timestamp fixed: prefixes are
     shared), arriving at ``rate_per_replica * replicas`` per second of engine time."""
     per_day = 50_000.0  # the scenario's own traffic; ``compress`` speeds it up
     compress = rate_per_replica * replicas * 86_400 / per_day

@@ -1,22 +1,22 @@
 """``hybrid``: affinity, capped by assignment skew.
 
-SPEC section 3 item 3: pick a replica holding the prefix only if its cumulative assignments
-*before* this request are at most ``least + max_skew`` (``least`` = the fewest assignments of
-any candidate); otherwise the least-assigned replica. Ties go to the lowest index.
+Pick a replica holding the prefix only if its cumulative assignments *before* this request are
+at most ``least + max_skew`` (``least`` = the fewest assignments of any candidate); otherwise
+the least-assigned replica. Ties go to the lowest index.
 
 Among holders within the cap, the longest match comes first, then the fewest assignments, then
 the lowest index (as ``affinity_only``). The cap filters *before* the longest match is chosen,
 so a holder of a shorter prefix that is within the cap beats sending the request to a cold
-replica. On SPEC section 3's trace every holder matches the same one key, so this is exactly
-the rule stated there.
+replica. On the skewed routing trace (docs/concepts.md, worked example 3) every holder
+matches the same one key, so there this is exactly the rule stated with it.
 
 Because the check runs before the increment, the chosen replica may end one above the cap:
 assignment skew (max minus min) never exceeds ``max_skew + 1`` while every replica is a
-candidate, and touches it (2 with the default) mid-run in section 3 item 3.
+candidate, and touches it (2 with the default) mid-run on the skewed routing trace.
 
 Parameters:
 
-``max_skew`` (default 1, SPEC section 3 item 3)
+``max_skew`` (default 1, the cap of the skewed routing trace)
     how many assignments a holder may be above the least-assigned replica and still win;
     0 allows affinity only to replicas tied for least, and a very large value is
     ``affinity_only``.

@@ -16,7 +16,7 @@ Parameters:
 
 Load is :attr:`ReplicaView.load` (in-flight count, or waiting + running from engine metrics).
 Two distinct candidates are drawn (one when only one replica is offered); equal loads go to the
-lower index, the project's tie rule (SPEC section 3 item 3).
+lower index, the project's tie rule (reproducible runs).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``round_robin``: replicas in turn, ignoring caches and load.
 
 The baseline of every router (vLLM router, SGLang router ``round_robin``). It computes each
-prefix on every replica, so every cache must hold the whole working set (SPEC section 2).
+prefix on every replica, so every cache must hold the whole working set and small caches thrash.
 No parameters.
 """
 
