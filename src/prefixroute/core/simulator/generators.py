@@ -463,17 +463,17 @@ class Workload:
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("seed-fleet", seed_fleet, 4, 400,
-             "fleet hit rates: 8 tenants' 2,000-token prefixes, 4 replicas x 400 16-token blocks"),
+             "the fleet hit-rate example: 8 tenants' 2,000-token prefixes, 4 x 400-block LRUs"),
     Workload("design-scenario", design_scenario, 8, None,
-             "design scenario: 200 tenants x 10,000-token prefixes, Zipf + one hot tenant"),
+             "a multi-tenant assistant: 200 tenants x 10,000-token prefixes, Zipf + one hot tenant"),
     Workload("universal-prefix", universal_prefix, 5, None,
-             "universal prefix: 50 requests behind one 200-token system prompt, 5 replicas"),
+             "50 requests behind one 200-token system prompt, 5 replicas"),
     Workload("hot-burst", hot_burst, 4, 2000,
              "steady traffic over 8 prefixes plus bursts of one hot prefix"),
     Workload("conversations", conversations, 4, 2000,
              "concurrent multi-turn chats growing turn by turn"),
     Workload("skewed-trace", skewed_trace, 3, None,
-             "skewed routing trace: families A-D arriving AABACABDAACBADABCABA"),
+             "prefix families A-D arriving AABACABDAACBADABCABA, 3 replicas"),
     Workload("five-turn", five_turn_conversation, 1, None,
              "one five-turn conversation growing by its replies"),
 )}
