@@ -465,7 +465,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("seed-fleet", seed_fleet, 4, 400,
              "the fleet hit-rate example: 8 tenants' 2,000-token prefixes, 4 x 400-block LRUs"),
     Workload("design-scenario", design_scenario, 8, None,
-             "a multi-tenant assistant: 200 tenants x 10,000-token prefixes, Zipf + one hot tenant"),
+             "multi-tenant assistant: 200 tenants x 10,000-token prefixes, Zipf, one hot tenant"),
     Workload("universal-prefix", universal_prefix, 5, None,
              "50 requests behind one 200-token system prompt, 5 replicas"),
     Workload("hot-burst", hot_burst, 4, 2000,
