@@ -6,9 +6,10 @@ import json
 import httpx
 import pytest
 
+from prefixroute.core.caches.base import cacheable_tokens
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import CacheIdentity
-from prefixroute.edges.gateway.doctor import (FAIL, OK, PROBE_TOKENS, Doctor, expected_cached,
+from prefixroute.edges.gateway.doctor import (FAIL, OK, PROBE_TOKENS, Doctor,
                                               parse_cache_config)
 from prefixroute.edges.tokenization import load_tokenizer
 from tests.helpers.tiny_tokenizer import copy_with_template
@@ -60,7 +61,7 @@ class FakeEngine:
                 break
             hit += 1
         self.held.update(keys)
-        cached = min(hit * self.block_size, expected_cached(len(ids), self.block_size))
+        cached = min(hit * self.block_size, cacheable_tokens(len(ids), self.block_size))
         usage = {"prompt_tokens": len(ids), "completion_tokens": 1,
                  "prompt_tokens_details": {"cached_tokens": cached}
                  if self.report_cached else None}
@@ -148,7 +149,7 @@ def test_a_different_chat_template_is_caught_through_the_cache_without_render(
 
 
 def test_probe_length_separates_the_common_block_sizes():
-    hits = {b: expected_cached(PROBE_TOKENS, b) for b in (16, 32, 64, 128)}
+    hits = {b: cacheable_tokens(PROBE_TOKENS, b) for b in (16, 32, 64, 128)}
     assert hits == {16: 496, 32: 480, 64: 448, 128: 384}
 
 

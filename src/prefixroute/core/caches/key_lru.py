@@ -2,12 +2,13 @@
 
 Each key is cached or not on its own (no blocks, no pinning). Two uses:
 
-* provider prompt caching (SPEC section 2): an entry lives ``ttl`` seconds after its last
+* provider prompt caching: an entry lives ``ttl`` seconds after its last
   write, or after its last hit when ``refresh_on_hit`` (Anthropic-style 5-minute and 1-hour
   caches refresh on every read);
-* the fleet exercises of SPEC section 3: a replica that holds at most N prefix families
-  (item 3), or an LRU of 400 blocks where "hit blocks move to the recent end; missed blocks are
-  inserted one by one, evicting the oldest" (item 4): :meth:`access` does exactly that.
+* the fleet worked examples: a replica that holds at most N prefix families (the skewed
+  routing trace), or an LRU of 400 blocks where "hit blocks move to the recent end; missed
+  blocks are inserted one by one, evicting the oldest" (the fleet hit rates): :meth:`access`
+  does exactly that.
 
 Time comes from the ``now`` argument (seconds), never from a clock of its own.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Hashable, Sequence
 
-from prefixroute.core.caches.base import CacheEventListener, CacheStats
+from prefixroute.core.caches.base import CacheEventListener, CacheStats, cacheable_blocks
 from prefixroute.core.errors import ConfigError
 
 
@@ -206,7 +207,7 @@ class KeyLRUCache:
     def admit(self, owner: Hashable, keys: Sequence[Hashable], num_tokens: int,
               now: float = 0.0) -> int:
         """Key caches cannot run out of room for a request: hits are counted and touched."""
-        limit = (num_tokens - 1) // self.block_size if num_tokens else 0
+        limit = cacheable_blocks(num_tokens, self.block_size)
         hits = 0
         for key in keys[:limit]:
             if not self.lookup(key, now):

@@ -1,6 +1,6 @@
 """Lint a request log for volatile content in the static region, and price it in cached tokens.
 
-SPEC section 2's layout rules: static first, volatile last; no timestamps, request ids, random
+The prompt layout rules that keep a prefix cacheable: static first, volatile last; no timestamps, request ids, random
 few-shot order or user names in the static region; deterministic tool schemas; append to
 conversations, never rewrite them. This module checks a log of requests against those rules,
 per tenant:
@@ -52,10 +52,10 @@ from prefixroute.core.diagnostics.volatile import (CHANGED_CONTENT, COUNTER, EMA
                                                    TIMESTAMP, USER_NAME, UUID, Span,
                                                    classify_change, shape_of, with_article)
 from prefixroute.core.errors import ConfigError, InputError
-from prefixroute.core.caches.base import cacheable_blocks
+from prefixroute.core.caches.base import cacheable_tokens
 from prefixroute.core.identity.hashing import BlockHasher
 
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs (SPEC section 2 uses 16 too)
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs
 ENCODE_CHUNK = 1000  # requests per tokenizer call: large enough for parallelism, small for progress
 CONTEXT_TOKENS = 12  # tokens decoded either side of a divergence to name what changed
 MAX_SHUFFLE_SEGMENTS = 64  # how far a reordered run of messages is followed
@@ -732,8 +732,7 @@ class _BlockCache:
             matched += 1
         seen.update(keys[matched:])
         # vLLM recomputes the last prompt token even when every block is cached.
-        return min(matched * self.block_size, cacheable_blocks(len(ids), self.block_size)
-                   * self.block_size) if len(ids) else 0
+        return min(matched * self.block_size, cacheable_tokens(len(ids), self.block_size))
 
 
 def _encode(requests: Sequence[PromptRequest], encoder: PromptEncoder | None, stage: str,

@@ -1,22 +1,22 @@
 """``hybrid``: affinity, capped by assignment skew.
 
-SPEC section 3 item 3: pick a replica holding the prefix only if its cumulative assignments
-*before* this request are at most ``least + max_skew`` (``least`` = the fewest assignments of
-any candidate); otherwise the least-assigned replica. Ties go to the lowest index.
+Pick a replica holding the prefix only if its cumulative assignments *before* this request are
+at most ``least + max_skew`` (``least`` = the fewest assignments of any candidate); otherwise
+the least-assigned replica. Ties go to the lowest index.
 
 Among holders within the cap, the longest match comes first, then the fewest assignments, then
 the lowest index (as ``affinity_only``). The cap filters *before* the longest match is chosen,
 so a holder of a shorter prefix that is within the cap beats sending the request to a cold
-replica. On SPEC section 3's trace every holder matches the same one key, so this is exactly
-the rule stated there.
+replica. On the skewed routing trace (one key per prefix family) every holder matches the
+same one key, so there the cap is the whole rule.
 
 Because the check runs before the increment, the chosen replica may end one above the cap:
 assignment skew (max minus min) never exceeds ``max_skew + 1`` while every replica is a
-candidate, and touches it (2 with the default) mid-run in section 3 item 3.
+candidate, and touches it (2 with the default) mid-run on the skewed routing trace.
 
 Parameters:
 
-``max_skew`` (default 1, SPEC section 3 item 3)
+``max_skew`` (default 1, the value of the skewed routing worked example)
     how many assignments a holder may be above the least-assigned replica and still win;
     0 allows affinity only to replicas tied for least, and a very large value is
     ``affinity_only``.
@@ -30,9 +30,9 @@ from typing import Sequence
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
-from prefixroute.core.routing.policies.affinity_only import (affinity_scores, best_holder,
-                                                             cached_tokens, least_assigned,
-                                                             prefix_matches)
+from prefixroute.core.routing.policies.common import (affinity_scores, best_holder,
+                                                      expected_cached_tokens, least_assigned,
+                                                      prefix_matches)
 from prefixroute.core.routing.registry import register
 
 
@@ -55,7 +55,7 @@ class Hybrid(BasePolicy):
             return Decision(holder.index, "affinity",
                             f"replica {holder.index} holds {blocks} leading blocks with "
                             f"{holder.assignments} assignments <= {fallback.assignments} + "
-                            f"max_skew {self.max_skew}", scores, cached_tokens(request, blocks))
+                            f"max_skew {self.max_skew}", scores, expected_cached_tokens(request, blocks, request.block_size))
         if any(m > 0 for m in matches.values()):
             return Decision(fallback.index, "skew_cap",
                             f"every holder has more than {fallback.assignments} + max_skew "
