@@ -156,3 +156,16 @@ def test_probe_length_separates_the_common_block_sizes():
 def test_cache_config_labels_are_parsed():
     text = 'vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1.0\n'
     assert parse_cache_config(text) == {"block_size": "32", "num_gpu_blocks": "9"}
+
+
+def test_cache_config_labels_are_read_as_the_exposition_format_defines_them():
+    # Label values may hold '}' and escaped quotes (vLLM writes config fields with str()).
+    text = ('# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{kv_offloading="{\'size\': 4}",model="a \\"b\\"",'
+            'block_size="32"} 1.0\n')
+    assert parse_cache_config(text) == {"kv_offloading": "{'size': 4}", "model": 'a "b"',
+                                        "block_size": "32"}
+
+
+def test_a_page_the_parser_refuses_has_no_cache_config():
+    assert parse_cache_config('vllm:cache_config_info{block_size="32" 1.0\n') == {}

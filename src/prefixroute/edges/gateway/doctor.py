@@ -35,13 +35,13 @@ fresh random ``cache_salt`` (so they can neither hit nor pollute anyone's cache)
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from prefixroute.core.caches.base import cacheable_tokens
 from prefixroute.core.identity.hashing import BlockHasher
@@ -84,10 +84,15 @@ class ProbeError(Exception):
 
 def parse_cache_config(metrics_text: str) -> dict[str, str]:
     """Labels of ``vllm:cache_config_info`` (block_size, enable_prefix_caching,
-    prefix_caching_hash_algo, num_gpu_blocks...), or {} when the engine does not export it."""
-    for line in metrics_text.splitlines():
-        if line.startswith("vllm:cache_config_info{"):
-            return dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+    prefix_caching_hash_algo, num_gpu_blocks...), or {} when the engine does not export it
+    (or serves a page ``prometheus_client``'s exposition parser refuses)."""
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name == "vllm:cache_config_info":
+                    return dict(sample.labels)
+    except ValueError:
+        pass
     return {}
 
 
