@@ -135,7 +135,7 @@ def test_inline_media_gets_a_group_scoped_uuid_and_fetched_media_none():
     assert parts[0]["uuid"].startswith("pr-") and "uuid" not in parts[1]
 
 
-# One inline part of every content-part type vLLM takes as media (chat_utils MM_PARSER_MAP).
+# One inline part of every content-part type vLLM 0.32 takes as media (MM_PARSER_MAP).
 DATA_URL = "data:image/png;base64,AAAA"
 INLINE_MEDIA = {
     "image_url": {"type": "image_url", "image_url": {"url": DATA_URL}},
@@ -146,6 +146,7 @@ INLINE_MEDIA = {
     "input_audio": {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
     "audio_embeds": {"type": "audio_embeds", "audio_embeds": {"audio_embeds": "AAAA"}},
     "video_url": {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
+    "video_embeds": {"type": "video_embeds", "video_embeds": "AAAA"},
 }
 
 

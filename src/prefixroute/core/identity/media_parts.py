@@ -1,9 +1,9 @@
 """The chat content-part types an engine takes as media, in one list.
 
-Source: vLLM 0.32 ``vllm/entrypoints/chat_utils.py``: ``MM_PARSER_MAP`` and
-``_parse_chat_message_content_part``, which hand these types to the multimodal parser
-(everything else is text, a refusal, a thinking part, a tool reference, ``prompt_embeds``, or a
-400 "Unsupported chat content part type"):
+Source: vLLM 0.32 ``vllm/renderers/chat_utils.py`` (``vllm/entrypoints/chat_utils.py`` before
+it moved): ``MM_PARSER_MAP`` and ``_parse_chat_message_content_part``, which hand these types
+to the multimodal parser (everything else is text, a refusal, a thinking part, a tool
+reference, ``prompt_embeds``, or a 400 "Unsupported chat content part type"):
 
 ==================  ======================  =========  =================================
 type                payload key             modality   payload
@@ -16,16 +16,17 @@ type                payload key             modality   payload
 ``input_audio``     ``input_audio``         audio      ``{"data": base64, "format": ...}``
 ``audio_embeds``    ``audio_embeds``        audio      base64 tensor(s)
 ``video_url``       ``video_url``           video      ``{"url": ...}``
+``video_embeds``    ``video_embeds``        video      base64 tensor(s)
 ==================  ======================  =========  =================================
 
-There is no ``video_embeds`` part: vLLM refuses it. ``prompt_embeds`` parts are spliced into
-the prompt as embeddings, not multimodal items: they take no ``uuid`` and get no multimodal
-hash, so they are not listed.
+``prompt_embeds`` parts are spliced into the prompt as embeddings, not multimodal items: they
+take no ``uuid`` and get no multimodal hash, so they are not listed.
 
 Every media item enters vLLM's block hashes through its identity (a caller's ``uuid``, else a
 hash of the media), so whoever assigns identities (the gateway, per trust group) must see every
-type here: a media part it does not recognise keeps an identity the caller controls. The
-gateway's sanitizer, its prompt preparation and the emulator all read this table.
+type here: inline media it does not recognise keeps the engine's content hash, the same for
+every trust group. The gateway's sanitizer, its prompt preparation and the emulator all read
+this table.
 
 A part without ``type`` is still media to vLLM when it carries a payload key
 (``_parse_chat_message_content_mm_part`` looks for them in the order of
@@ -62,6 +63,7 @@ MEDIA_PART_TYPES: Mapping[str, MediaPartType] = {
         MediaPartType("input_audio", "input_audio", "audio", by_url=False),
         MediaPartType("audio_embeds", "audio_embeds", "audio", by_url=False),
         MediaPartType("video_url", "video_url", "video", by_url=True),
+        MediaPartType("video_embeds", "video_embeds", "video", by_url=False),
     )
 }
 
@@ -69,8 +71,8 @@ MEDIA_PART_TYPES: Mapping[str, MediaPartType] = {
 TEXT_PART_TYPES = ("text", "input_text")
 
 # vLLM's order of payload keys for a part with no ``type`` (or with a ``uuid``).
-UNTYPED_PAYLOAD_ORDER = ("image_url", "image_pil", "image_embeds", "audio_embeds", "audio_url",
-                         "input_audio", "video_url")
+UNTYPED_PAYLOAD_ORDER = ("image_url", "image_pil", "image_embeds", "audio_embeds",
+                         "video_embeds", "audio_url", "input_audio", "video_url")
 
 
 def media_part_type(part: Mapping[str, Any]) -> MediaPartType | None:
@@ -80,6 +82,6 @@ def media_part_type(part: Mapping[str, Any]) -> MediaPartType | None:
     if kind is not None:
         return MEDIA_PART_TYPES.get(kind) if isinstance(kind, str) else None
     for key in UNTYPED_PAYLOAD_ORDER:
-        if key in part and (key != "input_audio" or part[key] is not None):
+        if key in part:
             return MEDIA_PART_TYPES[key]
     return None
