@@ -11,11 +11,11 @@ opening (a system prompt) hashes alike, so one replica takes all of it; too long
 reaches per-request content (user turn, timestamps) and scatters requests that could have
 shared a cache. The default, 64 tokens (4 blocks at vLLM's default block size of 16), is short
 on purpose: ``prefix_hash`` is the pure hash-affinity baseline, grouping every request that
-shares its opening, so a universal system prompt lands on one replica, as SPEC section 3 item 2
-expects of a prefix-keyed policy. Longer values separate families that share a longer opening:
-the SGLang model gateway's ``prefix_hash`` uses ``prefix_token_count = 256``, SPEC section 3
-item 4's rule 1,280 (system prompt plus the start of each tenant's document). Set it to where
-your cache families start to differ (SPEC section 2 layout rules).
+shares its opening, so a universal system prompt lands on one replica, as one expects of a
+prefix-keyed policy. Longer values separate families that share a longer opening: the SGLang
+model gateway's ``prefix_hash`` uses ``prefix_token_count = 256``, the fleet hit-rate worked
+example's rule 1,280 (system prompt plus the start of each tenant's document). Set it to where
+your cache families start to differ (static content first, volatile content last).
 
 Parameters:
 
@@ -27,8 +27,8 @@ Parameters:
 ``hash_token_ids`` (default false)
     hash the request's token ids instead of its block keys, when it carries them:
     ``int(md5(" ".join(str(t) for t in token_ids[:prefix_tokens])).hexdigest(), 16) % n``.
-    With ``prefix_tokens=1280`` over 4 replicas that is exactly SPEC section 3 item 4's
-    prefix-aware rule (its tokens are strings, and ``str`` of a string is itself). A request
+    With ``prefix_tokens=1280`` over 4 replicas that is exactly the fleet hit-rate worked
+    example's prefix-aware rule (its tokens are strings, and ``str`` of a string is itself). A request
     without token ids falls back to its block keys.
 
 What is hashed, and why: by default the chained block keys (MD5 over each key's bytes, length
@@ -68,7 +68,7 @@ def md5_of_keys(keys: Sequence[Hashable]) -> int:
 
 
 def md5_of_tokens(tokens: Sequence[object]) -> int:
-    """``int(md5(" ".join(tokens)).hexdigest(), 16)``: SPEC section 3 item 4's formula."""
+    """``int(md5(" ".join(tokens)).hexdigest(), 16)``: the fleet hit-rate example's formula."""
     text = " ".join(str(t) for t in tokens)
     return int(hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest(), 16)
 
