@@ -1,9 +1,9 @@
 """Lint a request log for volatile content in the static region, and price it in cached tokens.
 
-The prompt layout rules that keep a prefix cacheable: static first, volatile last; no timestamps, request ids, random
-few-shot order or user names in the static region; deterministic tool schemas; append to
-conversations, never rewrite them. This module checks a log of requests against those rules,
-per tenant:
+The prompt layout rules that keep a prefix cacheable: static first, volatile last; no
+timestamps, request ids, random few-shot order or user names in the static region;
+deterministic tool schemas; append to conversations, never rewrite them. This module checks a
+log of requests against those rules, per tenant:
 
 1. **Static region.** Every request is cut into *units*, one per line of each message (or of each
    paragraph of a completions prompt), plus one unit for the tool list. A unit's identity is its

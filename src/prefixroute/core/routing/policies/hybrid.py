@@ -55,7 +55,8 @@ class Hybrid(BasePolicy):
             return Decision(holder.index, "affinity",
                             f"replica {holder.index} holds {blocks} leading blocks with "
                             f"{holder.assignments} assignments <= {fallback.assignments} + "
-                            f"max_skew {self.max_skew}", scores, expected_cached_tokens(request, blocks, request.block_size))
+                            f"max_skew {self.max_skew}", scores,
+                            expected_cached_tokens(request, blocks, request.block_size))
         if any(m > 0 for m in matches.values()):
             return Decision(fallback.index, "skew_cap",
                             f"every holder has more than {fallback.assignments} + max_skew "

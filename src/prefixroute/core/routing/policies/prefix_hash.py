@@ -28,8 +28,8 @@ Parameters:
     hash the request's token ids instead of its block keys, when it carries them:
     ``int(md5(" ".join(str(t) for t in token_ids[:prefix_tokens])).hexdigest(), 16) % n``.
     With ``prefix_tokens=1280`` over 4 replicas that is exactly the fleet hit-rate worked
-    example's prefix-aware rule (its tokens are strings, and ``str`` of a string is itself). A request
-    without token ids falls back to its block keys.
+    example's prefix-aware rule (its tokens are strings, and ``str`` of a string is itself).
+    A request without token ids falls back to its block keys.
 
 What is hashed, and why: by default the chained block keys (MD5 over each key's bytes, length
 prefixed), because they come from :mod:`prefixroute.core.identity.hashing` and already bind the
