@@ -42,6 +42,11 @@ def test_engine_gauges_are_summed_over_engines():
                       "vllm:kv_cache_usage_perc": 0.5, "num_gpu_blocks": 801.0}
 
 
+def test_the_kv_size_is_read_only_when_asked_for():
+    assert "num_gpu_blocks" not in parse_engine_metrics(METRICS, cache_config=False)
+    assert parse_engine_metrics(METRICS, cache_config=False)["vllm:num_requests_waiting"] == 4.0
+
+
 def test_a_page_the_parser_refuses_is_ignored_whole():
     # A truncated page must not half-update the gauges: the second line has no closing brace.
     broken = 'vllm:num_requests_waiting 3.0\nvllm:num_requests_running{engine="0 2.0\n'

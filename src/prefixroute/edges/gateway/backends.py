@@ -131,8 +131,8 @@ def parse_engine_metrics(text: str, cache_config: bool = True) -> dict[str, floa
     the event loop every poll, per backend; so only the sample lines of the families read
     here go to it (the format is line-based: a sample line starts with its metric name), and
     the long ``cache_config_info`` line (some 1,400 characters) only while the caller still
-    needs the KV size. A page it refuses gives ``{}``: the scrape is ignored, as when the
-    engine does not answer."""
+    needs the KV size. If it refuses one of those lines the result is ``{}``: the scrape is
+    ignored, as when the engine does not answer."""
     scraped = _SCRAPED if cache_config else ENGINE_GAUGES
     wanted = "\n".join(line for line in text.splitlines() if line.startswith(scraped))
     out: dict[str, float] = {}
