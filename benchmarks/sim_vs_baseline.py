@@ -1,4 +1,4 @@
-"""SPEC section 3 item 4 through the library vs a plain baseline script, side by side.
+"""The fleet hit-rate example through the library vs a plain baseline script, side by side.
 
 Both sides replay the same workload: 3 runs x 2,000 requests (random routing, prefix-aware
 MD5 routing, prefix-aware with a timestamp at the top) on one ``random.Random(3)`` stream,
@@ -8,14 +8,16 @@ MD5 routing, prefix-aware with a timestamp at the top) on one ``random.Random(3)
 * **library**: :func:`prefixroute.core.simulator.repro_fleet.repro_fleet` (native xxh3 block
   keys over token ids, shared-prefix keys hashed once per tenant, ``KeyLRUCache.access``,
   routing through the policy interface);
-* **baseline**: what one writes without the library: token strings, one ``OrderedDict`` per
-  replica, and for every block of every request the SHA-256 of the joined token strings of
-  the prompt up to the end of that block (a key that means "same prefix", without chaining);
-* **chained baseline** (for reference, not the target): the same, but each block's key is
-  the SHA-256 of the previous key and the block's joined tokens.
+* **chained baseline** (the comparison that counts): the plain script the project started
+  from: token strings, one ``OrderedDict`` per replica, and each block's key the SHA-256 of
+  ``parent + "|" + block`` (the previous block's key, then the block's joined tokens), so a
+  key means "same prefix" as vLLM's chained block hashes do;
+* **prefix re-hashing baseline** (a footnote): the same, but each block's key is the SHA-256
+  of the whole prompt up to the end of that block. It hashes every prefix again, so it is
+  slower than anyone would write it, and a ratio against it flatters the library.
 
 Usage: ``python benchmarks/sim_vs_baseline.py [--repeat N]``. Target: library >= 10x faster
-than the baseline.
+than the chained baseline.
 """
 
 from __future__ import annotations
@@ -31,7 +33,22 @@ DOCS = {t: [f"{t}{i}" for i in range(800)] for t in "ABCDEFGH"}
 BLOCK, CAPACITY, REPLICAS, REQUESTS = 16, 400, 4, 2000
 
 
-def baseline(chained: bool = False) -> dict[str, float]:
+def block_keys(tokens: list[str], chained: bool = True) -> list[str]:
+    """One key per full block: chained, SHA-256 of ``parent + "|" + block`` (the first
+    block's parent is ""); otherwise SHA-256 of the whole prompt up to the block's end."""
+    keys = []
+    parent = ""
+    for end in range(BLOCK, len(tokens) + 1, BLOCK):
+        if chained:
+            parent = hashlib.sha256((parent + "|" + " ".join(
+                tokens[end - BLOCK:end])).encode()).hexdigest()
+            keys.append(parent)
+        else:
+            keys.append(hashlib.sha256(" ".join(tokens[:end]).encode()).hexdigest())
+    return keys
+
+
+def baseline(chained: bool = True) -> dict[str, float]:
     rng = random.Random(3)
     out = {}
     for name, volatile, prefix_aware in (("random", False, False),
@@ -50,15 +67,7 @@ def baseline(chained: bool = False) -> dict[str, float]:
                     % REPLICAS
             else:
                 replica = rng.randrange(REPLICAS)
-            keys = []
-            previous = ""
-            for end in range(BLOCK, len(tokens) + 1, BLOCK):
-                if chained:
-                    previous = hashlib.sha256((previous + " ".join(
-                        tokens[end - BLOCK:end])).encode()).hexdigest()
-                    keys.append(previous)
-                else:
-                    keys.append(hashlib.sha256(" ".join(tokens[:end]).encode()).hexdigest())
+            keys = block_keys(tokens, chained)
             cache = caches[replica]
             hits, prefix = 0, True
             for key in keys:
@@ -98,18 +107,19 @@ def main() -> None:
     import prefixroute.core.simulator.repro_fleet  # noqa: F401  (import outside the timing)
 
     lib_s, lib = timed(library, args.repeat)
-    base_s, base = timed(baseline, max(1, args.repeat // 2))
-    chain_s, chain = timed(lambda: baseline(chained=True), args.repeat)
+    chain_s, chain = timed(baseline, args.repeat)
+    rehash_s, rehash = timed(lambda: baseline(chained=False), max(1, args.repeat // 2))
     for name in lib:
-        assert round(lib[name], 6) == round(base[name], 6) == round(chain[name], 6), \
-            (name, lib[name], base[name], chain[name])
+        assert round(lib[name], 6) == round(chain[name], 6) == round(rehash[name], 6), \
+            (name, lib[name], chain[name], rehash[name])
     rates = " / ".join(f"{lib[n]:.2%}" for n in lib)
     print(f"hit rates (all three agree): {rates}")
-    print(f"library:                         {lib_s:7.3f} s")
-    print(f"baseline (SHA-256 of prefix):    {base_s:7.3f} s   library is "
-          f"{base_s / lib_s:5.1f}x faster (target >= 10x)")
-    print(f"chained baseline (reference):    {chain_s:7.3f} s   library is "
-          f"{chain_s / lib_s:5.1f}x faster")
+    print(f"library:                              {lib_s:7.3f} s")
+    print(f"chained baseline (parent|block):      {chain_s:7.3f} s   library is "
+          f"{chain_s / lib_s:5.1f}x faster than the chained baseline (target >= 10x)")
+    print(f"footnote, prefix re-hashing baseline: {rehash_s:7.3f} s   library "
+          f"{rehash_s / lib_s:5.1f}x faster (each block re-hashes its whole prefix: not the "
+          "comparison that counts)")
 
 
 if __name__ == "__main__":

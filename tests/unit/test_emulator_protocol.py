@@ -149,3 +149,15 @@ def test_priority_is_read_as_vllms_pydantic_reads_an_int64():
     for bad in (None, 1.5, "0x10", "three", "2.", "\u0663", 1 << 63, [1]):
         caught = error(completion, prompt=[1, 2], priority=bad)
         assert caught.param == "priority" and caught.status == 400
+
+
+def test_an_input_image_part_is_media_with_its_url_as_payload():
+    # OpenAI Responses-style {"type": "input_image", "image_url": "<url>"}: vLLM reads the URL
+    # from "image_url", so two different pictures are two media identities.
+    def prompt(url):
+        content = [{"type": "input_image", "image_url": url}, {"type": "text", "text": "what"}]
+        return parse_chat({"messages": [{"role": "user", "content": content}]}, MODELS,
+                          ENCODER, None)
+    a, b = prompt("https://e/a.png"), prompt("https://e/b.png")
+    (item_a,), (item_b,) = a.prompts[0].media, b.prompts[0].media
+    assert item_a.identifier != item_b.identifier

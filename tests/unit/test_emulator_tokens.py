@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefixroute.core.identity.identity import MediaItem
+from prefixroute.core.identity.media_parts import MEDIA_PART_TYPES
 from prefixroute.edges.emulator.tokens import (
     DummyOutput,
     FallbackTokenizer,
@@ -40,7 +41,7 @@ def test_images_become_placeholder_runs_with_their_identities():
     prompt = encoder.encode_chat([{"role": "user", "content": content}])
     first, second = prompt.media
     assert first == MediaItem("img-1", first.offset, 8)
-    assert second.identifier == media_identity(content[3], "image_url")
+    assert second.identifier == media_identity(content[3], MEDIA_PART_TYPES["image_url"])
     for item in prompt.media:
         run = prompt.token_ids[item.offset:item.offset + 8]
         assert run == [FallbackTokenizer.MEDIA_ID] * 8
@@ -48,9 +49,9 @@ def test_images_become_placeholder_runs_with_their_identities():
 
 
 def test_a_media_identity_is_its_uuid_or_a_digest_of_its_payload():
-    assert media_identity({"uuid": "u"}, "image_url") == "u"
-    a = media_identity({"image_url": {"url": "https://e/a.png"}}, "image_url")
-    b = media_identity({"image_url": {"url": "https://e/b.png"}}, "image_url")
+    assert media_identity({"uuid": "u"}, MEDIA_PART_TYPES["image_url"]) == "u"
+    a = media_identity({"image_url": {"url": "https://e/a.png"}}, MEDIA_PART_TYPES["image_url"])
+    b = media_identity({"image_url": {"url": "https://e/b.png"}}, MEDIA_PART_TYPES["image_url"])
     assert a != b and len(a) == 64
 
 

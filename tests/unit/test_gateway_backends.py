@@ -42,6 +42,24 @@ def test_engine_gauges_are_summed_over_engines():
                       "vllm:kv_cache_usage_perc": 0.5, "num_gpu_blocks": 801.0}
 
 
+def test_the_kv_size_is_read_only_when_asked_for():
+    assert "num_gpu_blocks" not in parse_engine_metrics(METRICS, cache_config=False)
+    assert parse_engine_metrics(METRICS, cache_config=False)["vllm:num_requests_waiting"] == 4.0
+
+
+def test_a_page_the_parser_refuses_is_ignored_whole():
+    # A truncated page must not half-update the gauges: the second line has no closing brace.
+    broken = 'vllm:num_requests_waiting 3.0\nvllm:num_requests_running{engine="0 2.0\n'
+    assert parse_engine_metrics(broken) == {}
+
+
+def test_label_values_with_braces_and_quotes_do_not_hide_the_kv_size():
+    text = ('vllm:cache_config_info{note="x} 5",model="a \\"b\\"",num_gpu_blocks="801"} 1.0\n'
+            'vllm:num_requests_waiting{model_name="a} b"} 2.0\n')
+    assert parse_engine_metrics(text) == {"num_gpu_blocks": 801.0,
+                                          "vllm:num_requests_waiting": 2.0}
+
+
 def test_scrape_fills_load_and_sizes_the_approximate_view(monkeypatch):
     backend = make_backend(monkeypatch, ManualClock())
     asyncio.run(backend.scrape_metrics(client_answering(METRICS), 1.0))

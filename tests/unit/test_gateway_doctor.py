@@ -6,9 +6,10 @@ import json
 import httpx
 import pytest
 
+from prefixroute.core.caches.base import cacheable_tokens
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import CacheIdentity
-from prefixroute.edges.gateway.doctor import (FAIL, OK, PROBE_TOKENS, Doctor, expected_cached,
+from prefixroute.edges.gateway.doctor import (FAIL, OK, PROBE_TOKENS, Doctor,
                                               parse_cache_config)
 from prefixroute.edges.tokenization import load_tokenizer
 from tests.helpers.tiny_tokenizer import copy_with_template
@@ -60,7 +61,7 @@ class FakeEngine:
                 break
             hit += 1
         self.held.update(keys)
-        cached = min(hit * self.block_size, expected_cached(len(ids), self.block_size))
+        cached = min(hit * self.block_size, cacheable_tokens(len(ids), self.block_size))
         usage = {"prompt_tokens": len(ids), "completion_tokens": 1,
                  "prompt_tokens_details": {"cached_tokens": cached}
                  if self.report_cached else None}
@@ -148,10 +149,23 @@ def test_a_different_chat_template_is_caught_through_the_cache_without_render(
 
 
 def test_probe_length_separates_the_common_block_sizes():
-    hits = {b: expected_cached(PROBE_TOKENS, b) for b in (16, 32, 64, 128)}
+    hits = {b: cacheable_tokens(PROBE_TOKENS, b) for b in (16, 32, 64, 128)}
     assert hits == {16: 496, 32: 480, 64: 448, 128: 384}
 
 
 def test_cache_config_labels_are_parsed():
     text = 'vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1.0\n'
     assert parse_cache_config(text) == {"block_size": "32", "num_gpu_blocks": "9"}
+
+
+def test_cache_config_labels_are_read_as_the_exposition_format_defines_them():
+    # Label values may hold '}' and escaped quotes (vLLM writes config fields with str()).
+    text = ('# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{kv_offloading="{\'size\': 4}",model="a \\"b\\"",'
+            'block_size="32"} 1.0\n')
+    assert parse_cache_config(text) == {"kv_offloading": "{'size': 4}", "model": 'a "b"',
+                                        "block_size": "32"}
+
+
+def test_a_page_the_parser_refuses_has_no_cache_config():
+    assert parse_cache_config('vllm:cache_config_info{block_size="32" 1.0\n') == {}

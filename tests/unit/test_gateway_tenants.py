@@ -4,6 +4,7 @@ import pytest
 
 from prefixroute.core.clock import ManualClock
 from prefixroute.core.identity.identity import derive_trust_group_salt
+from prefixroute.core.identity.media_parts import MEDIA_PART_TYPES
 from prefixroute.edges.gateway.config import RateLimit, TenantConfig, hash_api_key
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
@@ -132,6 +133,45 @@ def test_inline_media_gets_a_group_scoped_uuid_and_fetched_media_none():
         {"type": "text", "text": "what is this"}]}]}
     parts = checked(CHAT, body).body["messages"][0]["content"]
     assert parts[0]["uuid"].startswith("pr-") and "uuid" not in parts[1]
+
+
+# One inline part of every content-part type vLLM 0.32 takes as media (MM_PARSER_MAP).
+DATA_URL = "data:image/png;base64,AAAA"
+INLINE_MEDIA = {
+    "image_url": {"type": "image_url", "image_url": {"url": DATA_URL}},
+    "input_image": {"type": "input_image", "image_url": DATA_URL},
+    "image_pil": {"type": "image_pil", "image_pil": "AAAA"},
+    "image_embeds": {"type": "image_embeds", "image_embeds": "AAAA"},
+    "audio_url": {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64,AAAA"}},
+    "input_audio": {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+    "audio_embeds": {"type": "audio_embeds", "audio_embeds": {"audio_embeds": "AAAA"}},
+    "video_url": {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
+    "video_embeds": {"type": "video_embeds", "video_embeds": "AAAA"},
+}
+
+
+def media_uuid_for(tenant_key, part):
+    reg = registry()
+    body = {"model": "m", "messages": [{"role": "user", "content": [dict(part)]}]}
+    checked_body = check_request(CHAT, body, reg.authenticate(f"Bearer {tenant_key}"), reg).body
+    return checked_body["messages"][0]["content"][0].get("uuid")
+
+
+def test_the_inline_examples_cover_every_media_part_type():
+    assert set(INLINE_MEDIA) == set(MEDIA_PART_TYPES)
+
+
+@pytest.mark.parametrize("kind", sorted(INLINE_MEDIA))
+def test_every_inline_media_type_gets_a_trust_group_scoped_uuid(kind):
+    part = INLINE_MEDIA[kind]
+    alice, bob, carol = (media_uuid_for(f"key-{n}", part) for n in ("alice", "bob", "carol"))
+    assert alice is not None and alice.startswith("pr-")
+    assert alice == bob and alice != carol  # team-1 shares, team-2 does not
+
+
+def test_a_media_part_without_type_is_still_given_an_identity():
+    # vLLM takes a part without "type" as media by its payload key.
+    assert media_uuid_for("key-alice", {"image_url": {"url": DATA_URL}}) is not None
 
 
 def test_streaming_asks_the_replica_for_usage():

@@ -245,7 +245,15 @@ def test_affinity_only_picks_the_holder_with_fewest_assignments():
              replica(2, assignments=5, holds=["A"])]
     decision = policy.route(request(keys=["A"], block_size=1000), views)
     assert (decision.replica, decision.branch) == (2, "affinity")
-    assert decision.predicted_cached_tokens == 1000
+
+
+def test_affinity_only_predicts_no_more_than_the_engine_serves_from_cache():
+    # 3 blocks of 16 tokens, all held: the engine recomputes the 48th token, so at most
+    # floor(47 / 16) = 2 blocks, 32 tokens, come from cache (as every other policy predicts).
+    views = [replica(0, holds=["b0", "b1", "b2"])]
+    for name in ("affinity_only", "hybrid"):
+        decision = create_policy(name).route(request(keys=["b0", "b1", "b2"]), views)
+        assert (decision.branch, decision.predicted_cached_tokens) == ("affinity", 32)
 
 
 def test_affinity_only_on_a_miss_picks_the_least_assigned_lowest_index():

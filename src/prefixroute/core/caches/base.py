@@ -112,7 +112,17 @@ def fits_kv(prompt_tokens: int, output_tokens: int, capacity_blocks: int,
 
 
 def cacheable_blocks(num_tokens: int, block_size: int) -> int:
-    """Blocks a request may hit: its last prompt token is always recomputed, so at most
-    ``floor((n - 1) / B)`` blocks (vLLM ``get_computed_blocks``: ``max_cache_hit_length =
-    num_tokens - 1``; SGLang matches ``input_ids[:-1]``)."""
+    """Blocks a request of ``num_tokens`` prompt tokens may hit: at most ``floor((n - 1) / B)``.
+
+    The engine needs the logits of the prompt's last token to sample, so it recomputes that
+    token even when every block of the prompt is cached (vLLM ``get_computed_blocks``:
+    ``max_cache_hit_length = num_tokens - 1``; SGLang matches ``input_ids[:-1]``). A prompt of
+    exactly ``k * B`` tokens therefore hits at most ``k - 1`` blocks. This is the one place the
+    rule is written; caches, policies, metrics, diagnostics and the gateway import it."""
     return (num_tokens - 1) // block_size if num_tokens > 0 else 0
+
+
+def cacheable_tokens(num_tokens: int, block_size: int) -> int:
+    """Prompt tokens a request may be served from cache: :func:`cacheable_blocks` whole blocks,
+    ``floor((n - 1) / B) * B`` tokens (what vLLM reports as ``cached_tokens`` at best)."""
+    return cacheable_blocks(num_tokens, block_size) * block_size

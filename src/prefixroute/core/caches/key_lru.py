@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Hashable, Sequence
 
-from prefixroute.core.caches.base import CacheEventListener, CacheStats
+from prefixroute.core.caches.base import CacheEventListener, CacheStats, cacheable_blocks
 from prefixroute.core.errors import ConfigError
 
 
@@ -207,7 +207,7 @@ class KeyLRUCache:
     def admit(self, owner: Hashable, keys: Sequence[Hashable], num_tokens: int,
               now: float = 0.0) -> int:
         """Key caches cannot run out of room for a request: hits are counted and touched."""
-        limit = (num_tokens - 1) // self.block_size if num_tokens else 0
+        limit = cacheable_blocks(num_tokens, self.block_size)
         hits = 0
         for key in keys[:limit]:
             if not self.lookup(key, now):

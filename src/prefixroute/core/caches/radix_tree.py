@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Hashable, Sequence
 
-from prefixroute.core.caches.base import CacheEventListener, CacheStats
+from prefixroute.core.caches.base import CacheEventListener, CacheStats, cacheable_blocks
 from prefixroute.core.errors import ConfigError
 
 
@@ -240,7 +240,7 @@ class RadixCache:
         reserve room for the rest; ``None`` when even eviction cannot make room."""
         if owner in self._reserved:
             raise ConfigError(f"request {owner!r} is already admitted")
-        limit_units = ((num_tokens - 1) // self.block_size) * self.page_size if num_tokens else 0
+        limit_units = cacheable_blocks(num_tokens, self.block_size) * self.page_size
         matched, node = self.match_prefix(keys[:limit_units], namespace)
         needed = max(0, -(-num_tokens // self.unit_tokens) - matched)
         free = self.capacity_units - self.total_units - self._reserved_units

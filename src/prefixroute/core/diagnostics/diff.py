@@ -1,11 +1,12 @@
 """Token- and block-level diff of two prompts: how much of the first one's cache the second reuses.
 
-Prefix caches match whole blocks, token for token, from the start (SPEC section 2): the first
+Prefix caches match whole blocks, token for token, from the start: the first
 differing token invalidates its block and every block after it, never the ones before. So the
 second prompt reuses exactly the *full* blocks that lie entirely before the first difference; a
 partial last block is never cached. For identical prompts every full block is reusable (an engine
 still recomputes the last token, so vLLM reports at most ``floor((n - 1) / B) * B`` cached
-tokens; :attr:`PromptDiff.engine_cached_tokens` gives that figure beside the block count).
+tokens, :func:`~prefixroute.core.caches.base.cacheable_tokens`;
+:attr:`PromptDiff.engine_cached_tokens` gives that figure beside the block count).
 
 Prompt A is the one already cached, prompt B the new one: totals and fractions are B's.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from prefixroute.core.caches.base import cacheable_tokens
 from prefixroute.core.diagnostics.volatile import CHANGED_CONTENT, with_article
 from prefixroute.core.errors import ConfigError
 
@@ -87,7 +89,7 @@ def diff_tokens(a: Sequence[int], b: Sequence[int], block_size: int) -> PromptDi
         reusable_blocks = min(shared // block_size, total_blocks)
     invalidated = total_blocks - reusable_blocks
     # vLLM never serves the prompt's last token from cache: it needs its logits.
-    engine_cap = (len(b) - 1) // block_size * block_size if b else 0
+    engine_cap = cacheable_tokens(len(b), block_size)
     return PromptDiff(
         block_size=block_size,
         tokens_a=len(a),

@@ -52,7 +52,7 @@ from prefixroute.core.diagnostics.volatile import (CHANGED_CONTENT, COUNTER, EMA
                                                    TIMESTAMP, USER_NAME, UUID, Span,
                                                    classify_change, shape_of, with_article)
 from prefixroute.core.errors import ConfigError, InputError
-from prefixroute.core.caches.base import cacheable_blocks
+from prefixroute.core.caches.base import cacheable_tokens
 from prefixroute.core.identity.hashing import BlockHasher
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs (the worked examples use 16 too)
@@ -732,8 +732,7 @@ class _BlockCache:
             matched += 1
         seen.update(keys[matched:])
         # vLLM recomputes the last prompt token even when every block is cached.
-        return min(matched * self.block_size, cacheable_blocks(len(ids), self.block_size)
-                   * self.block_size) if len(ids) else 0
+        return min(matched * self.block_size, cacheable_tokens(len(ids), self.block_size))
 
 
 def _encode(requests: Sequence[PromptRequest], encoder: PromptEncoder | None, stage: str,

@@ -1,6 +1,7 @@
 """What a simulation run measured, per policy, in stable JSON-ready form.
 
-Token-level first (SPEC section 2: measure token hit rate, not request hit rate):
+Token-level first (prefill saved is counted in tokens, so the token hit rate, not the request
+hit rate, is the headline):
 
 ``token_hit_rate``
     prompt tokens served from cache / all prompt tokens (vLLM ``prefix_cache_hits_total`` /
@@ -33,6 +34,7 @@ import math
 from array import array
 from typing import Iterable, Sequence
 
+from prefixroute.core.caches.base import cacheable_blocks
 from prefixroute.core.simulator.request import Request
 
 
@@ -58,8 +60,7 @@ def prompt_blocks(request: Request) -> int:
 
 def cacheable_prompt_blocks(request: Request) -> int:
     """Prompt blocks that can hit: the last prompt token is always recomputed."""
-    n = request.input_tokens
-    return min(prompt_blocks(request), (n - 1) // request.block_size if n > 0 else 0)
+    return min(prompt_blocks(request), cacheable_blocks(request.input_tokens, request.block_size))
 
 
 def ideal_reuse(requests: Iterable[Request]) -> array:

@@ -22,12 +22,8 @@ from typing import Any, Sequence
 import orjson
 
 from prefixroute.core.identity.identity import Adapter
-from prefixroute.edges.emulator.tokens import (
-    _TEXT_PART_TYPES,
-    MEDIA_PART_TYPES,
-    EncodedPrompt,
-    PromptEncoder,
-)
+from prefixroute.core.identity.media_parts import MEDIA_PART_TYPES, TEXT_PART_TYPES
+from prefixroute.edges.emulator.tokens import EncodedPrompt, PromptEncoder
 
 # orjson (a pinned dependency): for these small documents 4 to 10 times faster than the
 # standard json module, about 15% of the emulator's CPU per request (benchmarks/emulator_rps.py).
@@ -395,12 +391,13 @@ def _check_messages(messages: Any) -> list[dict]:
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise bad_request(f"{part_where} must be an object with a type", "messages")
             kind = part["type"]
-            if kind in _TEXT_PART_TYPES:
+            if kind in TEXT_PART_TYPES:
                 if not isinstance(part.get("text"), str):
                     raise bad_request(f"{part_where}.text must be a string", "messages")
             elif kind in MEDIA_PART_TYPES:
-                if part.get(kind) is None and part.get("uuid") is None:
-                    raise bad_request(f"{part_where} has no {kind} payload and no uuid",
+                payload = MEDIA_PART_TYPES[kind].payload
+                if part.get(payload) is None and part.get("uuid") is None:
+                    raise bad_request(f"{part_where} has no {payload} payload and no uuid",
                                       "messages")
             else:
                 raise bad_request(f"{part_where}: unknown content part type {kind!r}",

@@ -7,9 +7,10 @@ the result without them. Without a directory it uses :class:`FallbackTokenizer`,
 deterministic stand-in documented below, so the emulator runs anywhere; its token counts are
 plausible (about one token per word or punctuation run) but its ids match no real model.
 
-Multimodal content parts (``image_url``, ``input_audio``, ``video_url`` and the ``*_embeds``
-forms) become a run of ``mm_item_tokens`` placeholder tokens at their place in the rendered
-prompt, with a cache identity: the part's ``uuid`` when the caller gave one (vLLM uses a
+Multimodal content parts (every type of
+:data:`~prefixroute.core.identity.media_parts.MEDIA_PART_TYPES`) become a run of
+``mm_item_tokens`` placeholder tokens at their place in the rendered prompt, with a cache
+identity: the part's ``uuid`` when the caller gave one (vLLM uses a
 caller-supplied UUID instead of hashing the media), else the SHA-256 of the part's payload
 (vLLM hashes the decoded media bytes; the emulator never fetches or decodes media, so two
 URLs of the same picture are two identities here).
@@ -27,22 +28,11 @@ from typing import Sequence
 
 from prefixroute.core.errors import InputError
 from prefixroute.core.identity.identity import MediaItem
+from prefixroute.core.identity.media_parts import MEDIA_PART_TYPES, TEXT_PART_TYPES, MediaPartType
 
 # Multimodal defaults. 64 placeholder tokens per item: a 224x224 image in Qwen2-VL
 # (14-pixel patches, 16x16 = 256 patches, merged 2x2 -> 64 tokens).
 DEFAULT_MM_ITEM_TOKENS = 64
-MEDIA_PART_TYPES = {
-    "image_url": "image_url", "input_image": "image_url", "image_embeds": "image_embeds",
-    "input_audio": "input_audio", "audio_url": "audio_url", "audio_embeds": "audio_embeds",
-    "video_url": "video_url", "video_embeds": "video_embeds",
-}
-# vLLM's modality of each media part type: render answers key items by modality.
-MEDIA_MODALITIES = {
-    "image_url": "image", "input_image": "image", "image_embeds": "image",
-    "input_audio": "audio", "audio_url": "audio", "audio_embeds": "audio",
-    "video_url": "video", "video_embeds": "video",
-}
-_TEXT_PART_TYPES = ("text", "input_text")
 # A private-use character marks where a media item sits in the rendered chat text.
 _MEDIA_MARK = "\U000F0000"
 
@@ -203,14 +193,17 @@ class PromptEncoder:
         return self.tokenizer.decode(list(token_ids))
 
 
-def media_identity(part: dict, kind: str) -> str:
+def media_identity(part: dict, media: MediaPartType) -> str:
     """A media item's cache identity: its ``uuid``, else the SHA-256 of its payload."""
     uuid = part.get("uuid")
     if isinstance(uuid, str) and uuid:
         return uuid
-    payload = part.get(kind)
+    kind = media.type
+    payload = part.get(media.payload)
     if isinstance(payload, dict) and isinstance(payload.get("url"), str):
         material = payload["url"]
+    elif media.by_url and isinstance(payload, str):  # input_image: the URL itself
+        material = payload
     else:
         material = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(f"{kind}\x00{material}".encode()).hexdigest()
@@ -228,11 +221,12 @@ def _flatten_messages(messages: Sequence[dict]) -> tuple[list[dict], list[str], 
             texts = []
             for part in content:
                 kind = part["type"]
-                if kind in _TEXT_PART_TYPES:
+                if kind in TEXT_PART_TYPES:
                     texts.append(part["text"])
                 else:
-                    identities.append(media_identity(part, kind))
-                    modalities.append(MEDIA_MODALITIES.get(kind, kind))
+                    media = MEDIA_PART_TYPES[kind]
+                    identities.append(media_identity(part, media))
+                    modalities.append(media.modality)  # render answers key items by it
                     texts.append(_MEDIA_MARK)
             content = "\n".join(texts)
         elif content is None:

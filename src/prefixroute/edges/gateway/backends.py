@@ -28,11 +28,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 from collections import Counter
 from typing import Any, Callable, Hashable, Sequence
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from prefixroute.core.clock import Clock
 from prefixroute.core.identity.hashing import vllm_event_block_hash
@@ -53,9 +53,9 @@ _UNITS_STEP = 0.05  # see Backend.units_per_token
 # so a generous grace costs nothing when the events do come.
 EVENT_GRACE_S = 5.0
 _GPU_MEDIA = (None, "GPU")
-_NUM_GPU_BLOCKS = re.compile(r'num_gpu_blocks="(\d+)"')
 ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
                  "vllm:kv_cache_usage_perc")
+_SCRAPED = (*ENGINE_GAUGES, "vllm:cache_config_info")
 
 
 class LiveEventView:
@@ -120,25 +120,33 @@ class LiveEventView:
         return len(self.events)
 
 
-def parse_engine_metrics(text: str) -> dict[str, float]:
+def parse_engine_metrics(text: str, cache_config: bool = True) -> dict[str, float]:
     """The engine gauges routing reads, summed over label sets (one per engine in
-    data-parallel setups), and ``num_gpu_blocks`` from ``vllm:cache_config_info``."""
+    data-parallel setups), and with ``cache_config`` ``num_gpu_blocks`` from
+    ``vllm:cache_config_info``.
+
+    The samples are read by ``prometheus_client``'s exposition parser (escaped label values,
+    timestamps as the format defines them). It is pure Python, a few microseconds a
+    character, while an engine page has hundreds of lines (histogram buckets) and is read on
+    the event loop every poll, per backend; so only the sample lines of the families read
+    here go to it (the format is line-based: a sample line starts with its metric name), and
+    the long ``cache_config_info`` line (some 1,400 characters) only while the caller still
+    needs the KV size. If it refuses one of those lines the result is ``{}``: the scrape is
+    ignored, as when the engine does not answer."""
+    scraped = _SCRAPED if cache_config else ENGINE_GAUGES
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(scraped))
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in ENGINE_GAUGES:
-            rest = line.rsplit("}", 1)[1] if "}" in line else line[len(name):]
-            try:
-                value = float(rest.split()[0])  # "value [timestamp]"
-            except (IndexError, ValueError):
-                continue
-            out[name] = out.get(name, 0.0) + value
-        elif name == "vllm:cache_config_info":
-            found = _NUM_GPU_BLOCKS.search(line)
-            if found:
-                out["num_gpu_blocks"] = float(found.group(1))
+    try:
+        for family in text_string_to_metric_families(wanted):
+            for sample in family.samples:
+                if sample.name in ENGINE_GAUGES:
+                    out[sample.name] = out.get(sample.name, 0.0) + sample.value
+                elif sample.name == "vllm:cache_config_info":
+                    blocks = sample.labels.get("num_gpu_blocks", "")
+                    if blocks.isdigit():
+                        out["num_gpu_blocks"] = float(blocks)
+    except ValueError:
+        return {}
     return out
 
 
@@ -381,7 +389,7 @@ class Backend:
             return
         if response.status_code != 200:
             return
-        values = parse_engine_metrics(response.text)
+        values = parse_engine_metrics(response.text, cache_config=self.num_gpu_blocks is None)
         scraped_at, previous = self._clock.now(), self._last_scrape
         self._last_scrape = scraped_at
         if values.get("vllm:num_requests_waiting") == 0 and self._prefills:

@@ -10,7 +10,7 @@ fresh random ``cache_salt`` (so they can neither hit nor pollute anyone's cache)
 ``cached_tokens``    the engine reports ``usage.prompt_tokens_details.cached_tokens`` (vLLM
                      needs ``--enable-prompt-tokens-details``).
 ``prefix_hit``       a repeated token-id prompt of 505 tokens hits ``floor(504 / B) * B``
-                     tokens (SPEC section 2's last-token rule); 504 = 3*128 + 64 + 32 + 16 + 8
+                     tokens (the engine recomputes the last token); 504 = 3*128 + 64 + 32 + 16 + 8
                      gives a different answer for B = 16, 32, 64 and 128, so the engine's real
                      block size can be read off the hit.
 ``salt_isolation``   the same prompt under another salt does not hit (the engine honours
@@ -35,14 +35,15 @@ fresh random ``cache_salt`` (so they can neither hit nor pollute anyone's cache)
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
+from prefixroute.core.caches.base import cacheable_tokens
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import CacheIdentity
 
@@ -81,16 +82,17 @@ class ProbeError(Exception):
     """The backend cannot be probed at all (unreachable, no model)."""
 
 
-def expected_cached(num_tokens: int, block_size: int) -> int:
-    return (num_tokens - 1) // block_size * block_size if num_tokens > 0 else 0
-
-
 def parse_cache_config(metrics_text: str) -> dict[str, str]:
     """Labels of ``vllm:cache_config_info`` (block_size, enable_prefix_caching,
-    prefix_caching_hash_algo, num_gpu_blocks...), or {} when the engine does not export it."""
-    for line in metrics_text.splitlines():
-        if line.startswith("vllm:cache_config_info{"):
-            return dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+    prefix_caching_hash_algo, num_gpu_blocks...), or {} when the engine does not export it
+    (or serves a page ``prometheus_client``'s exposition parser refuses)."""
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name == "vllm:cache_config_info":
+                    return dict(sample.labels)
+    except ValueError:
+        pass
     return {}
 
 
@@ -222,7 +224,7 @@ class Doctor:
                                      "tokens: the engine may not honour cache_salt"))
         second = self._complete(probe, salt)
         cached = _cached(second) if second is not None else None
-        expected = expected_cached(PROBE_TOKENS, self.block_size)
+        expected = cacheable_tokens(PROBE_TOKENS, self.block_size)
         data = {"prompt_tokens": PROBE_TOKENS, "cached_tokens": cached,
                 "expected": expected, "block_size": self.block_size}
         if cached == expected:
@@ -233,7 +235,7 @@ class Doctor:
             self.checks.append(Check("prefix_hit", FAIL, "the repeat hit nothing: prefix "
                                      "caching is off, or the cache is too small", data))
         else:
-            sizes = [b for b in CANDIDATE_BLOCK_SIZES if expected_cached(PROBE_TOKENS, b)
+            sizes = [b for b in CANDIDATE_BLOCK_SIZES if cacheable_tokens(PROBE_TOKENS, b)
                      == cached]
             if sizes and self.block_size_source == "assumed":
                 self.block_size = sizes[0]
@@ -362,7 +364,7 @@ class Doctor:
             return
         cached = _cached(response)
         engine_tokens = (response.get("usage") or {}).get("prompt_tokens")
-        expected = expected_cached(len(local), self.block_size)
+        expected = cacheable_tokens(len(local), self.block_size)
         data.update({"engine_prompt_tokens": engine_tokens, "cached_tokens": cached,
                      "expected": expected})
         via = "render endpoint and cache" if rendered is not None else "cache"

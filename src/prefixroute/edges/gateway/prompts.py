@@ -48,6 +48,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from prefixroute.core.errors import PrefixRouteError
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import Adapter, CacheIdentity, MediaItem
+from prefixroute.core.identity.media_parts import TEXT_PART_TYPES, media_part_type
 from prefixroute.edges.gateway.config import HashingConfig
 from prefixroute.edges.gateway.render import Rendered, RenderError
 from prefixroute.edges.gateway.sanitize import CHAT, CheckedRequest, encode_json
@@ -64,10 +65,6 @@ HASH_MEMO_BLOCKS = 65_536
 TOKENIZER, TOKEN_IDS, CHARS, BACKEND = "tokenizer", "token_ids", "chars", "backend"
 MODES = (TOKENIZER, BACKEND, CHARS)
 
-_TEXT_PARTS = ("text", "input_text")
-# Content-part types that carry media (vLLM's, and the OpenAI Responses-style input_image).
-MEDIA_PARTS = ("image_url", "input_image", "image_pil", "image_embeds", "input_audio",
-               "audio_url", "audio_embeds", "video_url", "video_embeds")
 # A private-use character standing for a media item while a chat template renders.
 _MEDIA_MARK = "\U000F0000"
 MEDIA_PLACEHOLDER_ID = 0  # the one token a media item takes in tokenizer mode
@@ -306,16 +303,18 @@ def _render_body(request: CheckedRequest) -> dict | None:
 def media_routing_id(part: dict, salt: str | None) -> str:
     """A media part's routing identity in the local modes: the trust group's salt with the
     part's ``uuid`` (the gateway's HMAC for inline media) or its payload as written."""
-    kind = part.get("type")
+    media = media_part_type(part)
+    kind = media.type if media is not None else part.get("type")
+    payload = part.get(media.payload) if media is not None else None
     uuid = part.get("uuid")
     material = uuid if isinstance(uuid, str) else json.dumps(
-        part.get(kind), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+        payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     text = f"prefixroute-route-media/v1\x00{salt or ''}\x00{kind}\x00{material}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _has_media(messages: list) -> bool:
-    return any(isinstance(p, dict) and p.get("type") in MEDIA_PARTS
+    return any(isinstance(p, dict) and media_part_type(p) is not None
                for m in messages if isinstance(m.get("content"), list) for p in m["content"])
 
 
@@ -335,9 +334,9 @@ def _text_only(messages: list, salt: str | None = None, digests: list[str] | Non
                 if not isinstance(p, dict):
                     continue
                 kind = p.get("type")
-                if kind in _TEXT_PARTS and isinstance(p.get("text"), str):
+                if kind in TEXT_PART_TYPES and isinstance(p.get("text"), str):
                     texts.append(p["text"])
-                elif kind in MEDIA_PARTS:
+                elif media_part_type(p) is not None:
                     identity = media_routing_id(p, salt)
                     if digests is not None:
                         digests.append(identity)

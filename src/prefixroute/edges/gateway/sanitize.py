@@ -4,7 +4,8 @@ The gateway is the only party that sets cache identity: it injects the trust gro
 ``cache_salt``, refuses (or strips, by config) a salt the caller sent, refuses caller-supplied
 multimodal ``uuid`` overrides (in vLLM they replace media-byte hashing, so a colliding id could
 reuse KV derived from someone else's media), and gives inline media (``data:`` URLs, base64
-audio) a trust-group-scoped identity of its own (SPEC section 2). Media fetched by URL keeps the
+audio, embeddings) a trust-group-scoped identity of its own. Which content parts are media is
+:data:`~prefixroute.core.identity.media_parts.MEDIA_PART_TYPES`. Media fetched by URL keeps the
 engine's own content hashing: the gateway does not fetch it, and naming it by URL would go stale
 when the bytes behind the URL change.
 """
@@ -18,15 +19,13 @@ from typing import Any
 
 import orjson
 
+from prefixroute.core.identity.media_parts import MediaPartType, media_part_type
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.tenants import Tenant, TenantRegistry
 
 COMPLETIONS = "completions"
 CHAT = "chat"
 
-# Content-part types that carry media, and where their payload sits.
-_MEDIA_PARTS = {"image_url": "image_url", "video_url": "video_url", "audio_url": "audio_url",
-                "input_audio": "input_audio", "image_pil": None, "image_embeds": None}
 # Top-level fields through which a caller could set media identity directly.
 _IDENTITY_FIELDS = ("multi_modal_uuids", "mm_uuids", "multi_modal_hashes")
 
@@ -161,10 +160,10 @@ def _check_media_part(part: dict, tenant: Tenant, registry: TenantRegistry) -> N
         raise GatewayError(400, "caller-supplied multimodal 'uuid' is not accepted: media "
                            "identities are assigned by the gateway", param="uuid",
                            code="caller_media_uuid")
-    kind = part.get("type")
-    if kind not in _MEDIA_PARTS:
+    media = media_part_type(part)
+    if media is None:
         return
-    digest = _inline_media_digest(part, _MEDIA_PARTS[kind])
+    digest = _inline_media_digest(part, media)
     if digest is not None:
         part["uuid"] = registry.media_uuid(tenant, digest)
 
@@ -177,18 +176,22 @@ def _has_uuid(value: Any, depth: int = 0) -> bool:
     return any(_has_uuid(v, depth + 1) for v in value.values())
 
 
-def _inline_media_digest(part: dict, field: str | None) -> str | None:
-    """SHA-256 of media that travels inside the request (a ``data:`` URL or base64 audio);
-    ``None`` for media the engine fetches itself."""
-    payload = part.get(field) if field else None
-    if isinstance(payload, dict):
-        url = payload.get("url")
+def _inline_media_digest(part: dict, media: MediaPartType) -> str | None:
+    """SHA-256 of media that travels inside the request (a ``data:`` URL, base64 audio,
+    embeddings); ``None`` for media the engine fetches itself (a URL) or a part without
+    payload."""
+    payload = part.get(media.payload)
+    if payload is None:
+        return None
+    if media.by_url:
+        url = payload.get("url") if isinstance(payload, dict) else payload
         if isinstance(url, str) and url.startswith("data:"):
             return hashlib.sha256(url.encode()).hexdigest()
-        data = payload.get("data")
-        if isinstance(data, str):  # input_audio: {"data": base64, "format": "wav"}
-            text = f"{payload.get('format', '')}\x00{data}"
-            return hashlib.sha256(text.encode()).hexdigest()
-    elif isinstance(payload, str) and payload.startswith("data:"):
-        return hashlib.sha256(payload.encode()).hexdigest()
-    return None
+        return None
+    if isinstance(payload, dict) and isinstance(payload.get("data"), str):
+        # input_audio: {"data": base64, "format": "wav"}
+        text = f"{payload.get('format', '')}\x00{payload['data']}"
+        return hashlib.sha256(text.encode()).hexdigest()
+    material = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          default=str)
+    return hashlib.sha256(f"{media.modality}\x00{material}".encode()).hexdigest()

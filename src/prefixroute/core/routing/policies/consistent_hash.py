@@ -44,7 +44,7 @@ from typing import Hashable, Sequence
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
-from prefixroute.core.routing.policies.prefix_hash import stable_key_bytes
+from prefixroute.core.routing.policies.common import stable_key_bytes
 from prefixroute.core.routing.registry import register
 
 

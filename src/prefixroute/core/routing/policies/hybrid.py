@@ -30,9 +30,9 @@ from typing import Sequence
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
-from prefixroute.core.routing.policies.affinity_only import (affinity_scores, best_holder,
-                                                             cached_tokens, least_assigned,
-                                                             prefix_matches)
+from prefixroute.core.routing.policies.common import (affinity_scores, best_holder,
+                                                      expected_cached_tokens, least_assigned,
+                                                      prefix_matches)
 from prefixroute.core.routing.registry import register
 
 
@@ -55,7 +55,8 @@ class Hybrid(BasePolicy):
             return Decision(holder.index, "affinity",
                             f"replica {holder.index} holds {blocks} leading blocks with "
                             f"{holder.assignments} assignments <= {fallback.assignments} + "
-                            f"max_skew {self.max_skew}", scores, cached_tokens(request, blocks))
+                            f"max_skew {self.max_skew}", scores,
+                            expected_cached_tokens(request, blocks, request.block_size))
         if any(m > 0 for m in matches.values()):
             return Decision(fallback.index, "skew_cap",
                             f"every holder has more than {fallback.assignments} + max_skew "

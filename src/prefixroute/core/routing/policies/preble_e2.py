@@ -55,7 +55,7 @@ from typing import Hashable, Sequence
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
-from prefixroute.core.routing.policies.sglang_cache_aware import expected_cached_tokens
+from prefixroute.core.routing.policies.common import expected_cached_tokens
 from prefixroute.core.routing.registry import register
 
 

@@ -51,23 +51,10 @@ from typing import Hashable, Sequence
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import (BasePolicy, Decision, ReplicaView, RequestView,
                                            least_loaded)
+from prefixroute.core.routing.policies.common import stable_key_bytes
 from prefixroute.core.routing.registry import register
 
 DEFAULT_PREFIX_TOKENS = 64  # 4 blocks of vLLM's default 16 tokens: group by the opening
-
-
-def stable_key_bytes(key: Hashable) -> bytes:
-    """Bytes of a block key or routing key that are the same in every process.
-
-    Python's ``hash()`` is salted per process, so hash policies cannot use it. Keys in this
-    project are ints (native block hashes, trace block ids), bytes (vLLM digests) or strings
-    (session keys, prefix family names); anything else is taken by its ``repr``.
-    """
-    if isinstance(key, bytes):
-        return key
-    if isinstance(key, str):
-        return key.encode("utf-8")
-    return repr(key).encode("utf-8")
 
 
 def md5_of_keys(keys: Sequence[Hashable]) -> int:

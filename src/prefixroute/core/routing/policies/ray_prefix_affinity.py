@@ -48,9 +48,8 @@ from typing import Sequence
 from prefixroute.core.caches.radix_tree import RadixCache
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
-from prefixroute.core.routing.policies.sglang_cache_aware import (PeriodicTimer,
-                                                                  expected_cached_tokens,
-                                                                  request_units)
+from prefixroute.core.routing.policies.common import (PeriodicTimer, expected_cached_tokens,
+                                                      request_units)
 from prefixroute.core.routing.registry import register
 
 _UNBOUNDED = 1 << 62

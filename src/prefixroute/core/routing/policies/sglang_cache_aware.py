@@ -51,48 +51,17 @@ Parameters: ``cache_threshold``, ``balance_abs_threshold``, ``balance_rel_thresh
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Sequence
 
 from prefixroute.core.caches.radix_tree import RadixCache
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
+from prefixroute.core.routing.policies.common import (PeriodicTimer, expected_cached_tokens,
+                                                      request_units)
 from prefixroute.core.routing.registry import register
 
 _UNBOUNDED = 1 << 62
 LOW_MATCH_RULES = ("min_load", "smallest_tree")
-
-
-def request_units(request: RequestView) -> tuple[str, tuple[Hashable, ...], int]:
-    """What an approximate text tree stores for a request: (kind, units, tokens per unit)."""
-    if request.token_ids is not None:
-        return "tokens", tuple(request.token_ids), 1
-    return "blocks", tuple(request.block_keys), request.block_size
-
-
-class PeriodicTimer:
-    """Says when a periodic job is due: first one interval after the first call, then at most
-    once per interval (both routers' background tree eviction, run here on request time)."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self._last: float | None = None
-
-    def due(self, now: float) -> bool:
-        if self._last is None:
-            self._last = now
-            return False
-        if now - self._last < self.interval_s:
-            return False
-        self._last = now
-        return True
-
-
-def expected_cached_tokens(request: RequestView, matched_units: int, unit_tokens: int) -> int:
-    """Tokens an engine would reuse for a predicted match: whole blocks only, and never the
-    prompt's last token (SPEC section 2: at most ``floor((n - 1) / B) * B``)."""
-    block = request.block_size
-    limit = max(0, (request.num_tokens - 1) // block * block)
-    return min(matched_units * unit_tokens // block * block, limit)
 
 
 @register("sglang_cache_aware")
