@@ -22,8 +22,8 @@ import tempfile
 from typing import Any
 
 from prefixroute.core.errors import ConfigError
-from prefixroute.edges.cli.common import (non_negative_float, positive_int, print_json,
-                                           stdout_console)
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          non_negative_float, positive_int, stdout_console)
 
 # The comparison the README shows: ours, the load-only baseline, and the most used peer.
 DEFAULT_POLICIES = ("prefixroute", "round_robin", "sglang_cache_aware")
@@ -61,7 +61,7 @@ def register(subparsers) -> None:
                    metavar="F", help="replicas run F x real time, arrivals alike "
                                      f"(default {DEFAULT_TIME_SCALE})")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_argument(p, "the results")
     p.set_defaults(handler=run)
 
 
@@ -73,6 +73,7 @@ def check_policies(specs: list[str], replicas: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json_destination(args.json)
     from rich.console import Console
 
     from prefixroute.edges.loadtest.workload import design_requests
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                            "times": "engine seconds (wall / time_scale)"},
               "policies": results}
     if args.json:
-        print_json(result)
+        emit_json(result, args.json)
     else:
         print_table(result, stdout_console())
     return 0

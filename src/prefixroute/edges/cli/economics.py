@@ -46,7 +46,8 @@ from prefixroute.core.economics.presets import (
 )
 from prefixroute.core.economics.repro import DEFAULT_RATES_PER_HOUR, WorkedExample, economics_report
 from prefixroute.core.errors import ConfigError
-from prefixroute.edges.cli.common import print_json, stdout_console
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          stdout_console)
 
 _EXAMPLE = WorkedExample()
 _TRACE_FORMATS = ("jsonl", "mooncake", "kvtester", "azure")
@@ -114,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trace.add_argument("--groups", metavar="N", default="10",
                        help="prefix groups to print, most input tokens first (default "
                             "%(default)s; --json has all)")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_json_argument(parser, "the report")
     parser.set_defaults(handler=run)
 
 
@@ -169,6 +170,7 @@ def _rates(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json_destination(args.json)
     policies = _policies(args, RATE_TABLE_POLICIES)
     rates = _rates(args.rates)
     price = _number(args.price_per_mtok, "--price-per-mtok")
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         }
 
     if args.json:
-        print_json(report)
+        emit_json(report, args.json)
     else:
         _print_report(report, policies, example, advice)
         if accounting:

@@ -17,13 +17,14 @@ from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.identity.hashing import (PROFILES, VLLM_ALGOS, BlockHasher,
                                               resolve_vllm_none_hash_seed)
 from prefixroute.core.identity.identity import Adapter, CacheIdentity, MediaItem
-from prefixroute.edges.cli.common import print_json
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          take_positional_from_json)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("hash", help="block hashes of a prompt, as an engine computes them",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("tokens", metavar="TOKENS",
+    p.add_argument("tokens", metavar="TOKENS", nargs="?",
                    help="a JSON file holding a list of token ids, or a text file with --tokenizer")
     p.add_argument("--profile", default="vllm", help=f"one of {', '.join(PROFILES)} (default vllm)")
     p.add_argument("--algo", default=None,
@@ -40,7 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--none-hash-seed", default=None,
                    help="seed of the first parent hash (default: PYTHONHASHSEED if set, else "
                         "vLLM's 'vllm-none-hash')")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json_argument(p, "the hashes")
     p.set_defaults(handler=run)
 
 
@@ -79,6 +80,8 @@ def read_token_ids(path: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    take_positional_from_json(args, "tokens")
+    check_json_destination(args.json)
     if args.block_size < 1:
         raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
     if args.profile not in PROFILES:
@@ -103,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     digests = [k.hex() if isinstance(k, bytes) else f"{k:016x}" for k in keys]
     events = [hasher.event_block_hash(k) for k in keys]
     if args.json:
-        print_json({"block_digests": digests, "event_block_hashes": events})
+        emit_json({"block_digests": digests, "event_block_hashes": events}, args.json)
         return 0
     print(f"{len(token_ids)} tokens, {len(keys)} full blocks of {args.block_size} "
           f"({args.profile}/{hasher.algo}); {len(token_ids) % args.block_size} tokens in the "

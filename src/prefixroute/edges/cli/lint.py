@@ -15,19 +15,20 @@ import argparse
 from prefixroute.core.diagnostics.lint import DEFAULT_BLOCK_SIZE, LintReport, lint_requests
 from prefixroute.core.diagnostics.prompts import parse_log
 from prefixroute.core.errors import InputError
-from prefixroute.edges.cli.common import positive_int, print_json, stdout_console
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          positive_int, stdout_console, take_positional_from_json)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "lint", help="lint a request log for volatile content in the static region",
         description=__doc__.splitlines()[0])
-    parser.add_argument("log", metavar="LOG", help="JSONL of OpenAI chat or completions bodies")
+    parser.add_argument("log", metavar="LOG", nargs="?", help="JSONL of OpenAI chat or completions bodies")
     parser.add_argument("--tokenizer", metavar="DIR",
                         help="Hugging Face tokenizer directory (needed for text prompts)")
     parser.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                         help="KV block size in tokens (default 16, vLLM's GPU default)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_argument(parser, "the report")
     parser.set_defaults(handler=run)
 
 
@@ -44,6 +45,8 @@ def read_log(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    take_positional_from_json(args, "log")
+    check_json_destination(args.json)
     tokenizer = None
     if args.tokenizer:
         from prefixroute.edges.tokenization import load_tokenizer
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {"log": args.log, "tokenizer": args.tokenizer}
         out.update(report.to_dict())
-        print_json(out)
+        emit_json(out, args.json)
     else:
         print_report(report, args.log)
     return 0

@@ -33,7 +33,8 @@ from prefixroute.core.economics.planner import (
 from prefixroute.core.economics.presets import PRESETS
 from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.identity.model_config import DTYPE_BYTES, MODEL_PRESETS
-from prefixroute.edges.cli.common import print_json, write_atomic
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          write_atomic)
 
 _DEFAULTS = PlanInputs.__dataclass_fields__
 
@@ -124,12 +125,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "(2,000)")
     simulation.add_argument("--seed", type=int, metavar="N", help="seed (0)")
     parser.add_argument("--out", metavar="DIR", help="write plan.md and PNG plots to DIR")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_json_argument(parser, "the plan")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json_destination(args.json)
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ConfigError(f"--out: {args.out} exists and is not a directory")
     inputs = build_inputs(args)
@@ -142,9 +144,9 @@ def run(args: argparse.Namespace) -> int:
         outputs["plan.json"] = json.dumps(plan, indent=2) + "\n"
         outputs.update(plots)
     for name, data in outputs.items():
-        write_atomic(Path(args.out) / name, data)
+        write_atomic(Path(args.out) / name, data, make_parents=True)
     if args.json:
-        print_json(plan)
+        emit_json(plan, args.json)
     elif args.out:
         for name in outputs:
             print(f"wrote {Path(args.out) / name}")

@@ -21,7 +21,6 @@ import argparse
 import io
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -37,7 +36,8 @@ from prefixroute.core.simulator.simulation import (DEFAULT_MAX_THINK_S, DEFAULT_
                                                    PreparedWorkload, prepare_workload, report,
                                                    simulate_policy)
 from prefixroute.edges.profiles import load_model_config, load_profile
-from prefixroute.edges.cli.common import print_json, stdout_console, write_atomic
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, print_json,
+                                          stdout_console, write_atomic)
 
 DEFAULT_TRACE_REPLICAS = 8  # the issue's benchmark fleet
 GIB = 1 << 30
@@ -273,8 +273,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default all)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="run policies in N worker processes (default 1)")
-    parser.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-': "
-                        "standard output)")
+    add_json_argument(parser, "the report")
     parser.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
@@ -300,15 +299,7 @@ def _progress(enabled: bool, console) -> tuple[Any, Callable[[str, int, int], No
 
 def check_output_paths(json_path: str | None, plot_dir: str | None) -> None:
     """Refuse unwritable destinations before any work, so a failure writes nothing."""
-    if json_path and json_path != "-":
-        if os.path.isdir(json_path):
-            raise ConfigError(f"--json: {json_path} is a directory")
-        parent = Path(json_path).resolve().parent
-        for ancestor in (parent, *parent.parents):
-            if ancestor.exists():
-                if not ancestor.is_dir():
-                    raise ConfigError(f"--json: {ancestor} is not a directory")
-                break
+    check_json_destination(json_path)
     if plot_dir:
         for ancestor in (Path(plot_dir).resolve(), *Path(plot_dir).resolve().parents):
             if ancestor.exists():
@@ -318,9 +309,11 @@ def check_output_paths(json_path: str | None, plot_dir: str | None) -> None:
 
 
 def write_outputs(outputs: list[tuple[str, str | bytes]]) -> None:
+    """Write rendered files; a ``.png`` goes into the ``--plot`` directory, created if needed
+    (the JSON file's directory was checked to exist before the run)."""
     for path, data in outputs:
         try:
-            write_atomic(path, data)
+            write_atomic(path, data, make_parents=path.endswith(".png"))
         except OSError as exc:
             raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -22,7 +22,7 @@ from typing import Any
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.registry import create_policy, expand_specs, parse_spec
 from prefixroute.core.simulator.simulation import simulate_policy, split_view
-from prefixroute.edges.cli.common import print_json, stdout_console
+from prefixroute.edges.cli.common import add_json_argument, print_json, stdout_console
 from prefixroute.edges.cli.simulate import (_pct, _png, _secs, add_workload_arguments,
                                             check_output_paths, describe, load_workload,
                                             resolve_fleet, workloads_epilog, write_outputs)
@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "'all' is every registered policy (default hybrid and round_robin)")
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, metavar="N",
                         help="worker processes (default %(default)s)")
-    parser.add_argument("--json", metavar="FILE", help="write the JSON results ('-': stdout)")
+    add_json_argument(parser, "the results")
     parser.add_argument("--plot", metavar="DIR", help="write sweep.png to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)

@@ -1,0 +1,64 @@
+"""Output files and the one ``--json [FILE]`` convention, as a user on a shared machine meets them."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+
+def prefixroute(*args, cwd=None, umask=None):
+    def preexec():
+        if umask is not None:
+            os.umask(umask)
+    return subprocess.run([sys.executable, "-m", "prefixroute", *args], capture_output=True,
+                          text=True, timeout=180, cwd=cwd, preexec_fn=preexec)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_simulate_and_sweep_files_get_the_umask_permissions_not_private_ones(tmp_path):
+    report, plots = tmp_path / "report.json", tmp_path / "plots"
+    result = prefixroute("simulate", "--workload", "universal-prefix", "--policy",
+                         "round_robin", "--json", str(report), "--plot", str(plots),
+                         umask=0o022)
+    assert result.returncode == 0, result.stderr
+    assert mode(report) == 0o644
+    assert {mode(p) for p in plots.iterdir()} == {0o644}
+    sweep = tmp_path / "sweep.json"
+    result = prefixroute("sweep", "--workload", "universal-prefix", "--policy", "round_robin",
+                         "--jobs", "1", "--json", str(sweep), umask=0o027)
+    assert result.returncode == 0, result.stderr
+    assert mode(sweep) == 0o640
+
+
+def test_sweep_json_into_a_missing_directory_exits_2_and_creates_nothing(tmp_path):
+    target = tmp_path / "missing" / "dir" / "x.json"
+    result = prefixroute("sweep", "--workload", "universal-prefix", "--policy", "round_robin",
+                         "--jobs", "1", "--json", str(target))
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr and str(tmp_path / "missing" / "dir") in result.stderr
+    assert not (tmp_path / "missing").exists()
+
+
+def test_json_without_a_file_prints_and_with_a_file_writes_for_every_command(tmp_path):
+    printed = prefixroute("repro", "--json")
+    assert printed.returncode == 0, printed.stderr
+    written = tmp_path / "repro.json"
+    result = prefixroute("repro", "--json", str(written))
+    assert result.returncode == 0 and result.stdout == ""
+    assert json.loads(written.read_text()) == json.loads(printed.stdout)
+    result = prefixroute("simulate", "--workload", "universal-prefix", "--policy",
+                         "round_robin", "--json")
+    assert json.loads(result.stdout)["policies"]["round_robin"]["assignments"] == [10] * 5
+
+
+def test_old_flag_style_json_before_the_input_still_reads_the_input(tmp_path):
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(list(range(40))))
+    result = prefixroute("hash", "--json", str(tokens))
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["block_digests"]) == 2
+    assert tokens.read_text() == json.dumps(list(range(40)))  # not overwritten
