@@ -36,8 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("a", metavar="A", nargs="?", help="the cached prompt (text, chat JSON or token ids)")
     parser.add_argument("b", metavar="B", nargs="?", help="the new prompt")
     parser.add_argument("--tokenizer", metavar="DIR",
-                        help="Hugging Face tokenizer directory (tokenizer.json, "
-                             "tokenizer_config.json); needed unless both are token ids")
+                        help="your model's tokenizer directory (tokenizer.json, "
+                             "tokenizer_config.json), needed unless both are token ids; "
+                             "offline: 'prefixroute tokenizer --tiny DIR' makes a small one")
     parser.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                         help="KV block size in tokens (default 16, vLLM's GPU default)")
     parser.add_argument("--format", choices=FORMATS, default="auto",

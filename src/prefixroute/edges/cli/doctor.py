@@ -28,7 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--backend", required=True, metavar="URL",
                    help="the engine's base URL, e.g. http://127.0.0.1:8001")
     p.add_argument("--tokenizer", metavar="DIR",
-                   help="the tokenizer directory the gateway is configured with")
+                   help="the tokenizer directory the gateway is configured with (the "
+                        "served model's; 'prefixroute tokenizer --tiny DIR' makes a small "
+                        "offline one for trials)")
     p.add_argument("--model", help="model to probe (default: the first the engine lists)")
     p.add_argument("--block-size", type=positive_int,
                    help="the gateway's block size (default: the engine's, from /metrics)")

@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0])
     parser.add_argument("log", metavar="LOG", nargs="?", help="JSONL of OpenAI chat or completions bodies")
     parser.add_argument("--tokenizer", metavar="DIR",
-                        help="Hugging Face tokenizer directory (needed for text prompts)")
+                        help="your model's tokenizer directory (tokenizer.json, "
+                             "tokenizer_config.json), needed for text prompts; offline: "
+                             "'prefixroute tokenizer --tiny DIR' makes a small one")
     parser.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                         help="KV block size in tokens (default 16, vLLM's GPU default)")
     add_json_argument(parser, "the report")
