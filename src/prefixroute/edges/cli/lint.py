@@ -124,7 +124,18 @@ def print_report(report: LintReport, source: str) -> None:
                       Text(str(len(tenant.findings)), style=style))
     console.print(table)
     if not report.findings:
-        console.print(Text("no volatile content found in any static region", style="green"))
+        unexplained = [t for t in report.tenants
+                       if not t.static_region_units and t.first_divergence["pairs"]]
+        if not unexplained:
+            console.print(Text("no volatile content found in any static region", style="green"))
+        for tenant in unexplained:
+            # No static region: the prompts differ from the start, but by nothing this lint
+            # recognises; say so rather than "nothing found" beside a divergence at token 1.
+            console.print(Text(
+                f"tenant {tenant.tenant}: its requests differ from about token "
+                f"{tenant.first_divergence['median_token']:g} on, so no static region was "
+                f"found and nothing could be checked; compare two of them with 'prefixroute "
+                f"diff' to see what changes there", style="yellow"))
     for tenant in report.tenants:
         if not tenant.findings:
             continue
