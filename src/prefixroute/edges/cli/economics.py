@@ -1,6 +1,6 @@
 """``prefixroute economics``: provider prompt-cache cost, break-even and P(hit) by request rate.
 
-With no flags it prints SPEC section 3 item 5: break-even per policy, P(hit) and cost multiplier
+With no flags it prints the reference economics: break-even per policy, P(hit) and cost multiplier
 at 1/6/12/60/600 requests per hour, and the worked example (200 prefixes x 10,000 tokens, 50,000
 requests/day, $3 per million input tokens). Every figure comes from
 :mod:`prefixroute.core.economics`; this module only parses flags and formats.
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "economics",
         help="provider prompt-cache cost: break-even, P(hit) by request rate, cost per day",
         description="Provider prompt-cache cost: break-even, P(hit) and cost multiplier by "
-                    "request rate, and cost per day for a fleet of prefixes (SPEC section 3 item 5)."
+                    "request rate, and cost per day for a fleet of prefixes."
                     " Policies: 5m_1.25x (5-minute TTL, write 1.25x, "
                     "read 0.1x), 1h_2x (1-hour TTL, write 2x, read 0.1x), 5m_1.0x (no write "
                     "premium); example multipliers in the style of Oct 2026 price lists.",
@@ -76,8 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"(default {FIVE_MINUTE.ttl})")
     parser.add_argument("--rates", metavar="LIST",
                         default=",".join(f"{rate:g}" for rate in DEFAULT_RATES_PER_HOUR),
-                        help="requests per hour per prefix, comma-separated (default %(default)s, "
-                             "SPEC section 3 item 5)")
+                        help="requests per hour per prefix, comma-separated (default %(default)s)")
     parser.add_argument("--price-per-mtok", metavar="USD", default=f"{_EXAMPLE.price_per_mtok:g}",
                         help="base input price in USD per million tokens (default %(default)s)")
     parser.add_argument("--prefixes", metavar="N", default=str(_EXAMPLE.prefixes),
@@ -376,7 +375,7 @@ def _print_trace(trace: dict, policies: tuple[CachePolicy, ...], group_limit: in
                       _usd(totals["usd"]), _usd(poisson["usd"]), _usd(totals["no_cache_usd"]))
     console.print(table)
     console.print("x = cost of the written and read tokens relative to sending them uncached "
-                  "(SPEC section 2's h*r + (1-h)*w).", soft_wrap=True)
+                  "(h*r + (1-h)*w for hit probability h, read price r, write price w).", soft_wrap=True)
     names = list(first["groups"])
     shown = names[:max(0, group_limit)]
     if not shown:

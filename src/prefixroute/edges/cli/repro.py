@@ -1,4 +1,5 @@
-"""``prefixroute repro``: SPEC section 3's figures, computed by running the library."""
+"""``prefixroute repro``: the reference figures (hashing, hit rates, economics), computed by running
+the library."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from prefixroute.edges.cli.common import (add_json_argument, check_json_destinat
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("repro", help="reproduce SPEC section 3's numbers from the library",
+    p = subparsers.add_parser("repro", help="reproduce the reference numbers (hashing, hit rates, economics) from the library",
                               description=__doc__)
     add_json_argument(p, "the figures")
     p.set_defaults(handler=run)

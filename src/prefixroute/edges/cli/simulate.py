@@ -39,7 +39,7 @@ from prefixroute.edges.profiles import load_model_config, load_profile
 from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, print_json,
                                           stdout_console, write_atomic)
 
-DEFAULT_TRACE_REPLICAS = 8  # the benchmark fleet
+DEFAULT_TRACE_REPLICAS = 8  # the benchmark fleet of the design scenario
 GIB = 1 << 30
 
 
@@ -87,7 +87,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
                         help="block size of generated workloads (default 16, vLLM's)")
     source.add_argument("--seed", type=int, metavar="N",
                         help="seed of generated workloads and randomised policies (default: "
-                             "each generator's own, e.g. 3 for seed-fleet as in the SPEC; "
+                             "each generator's own, e.g. 3 for seed-fleet; "
                              "policies 0)")
     fleet = parser.add_argument_group("fleet")
     if grid:
