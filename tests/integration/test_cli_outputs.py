@@ -62,3 +62,39 @@ def test_old_flag_style_json_before_the_input_still_reads_the_input(tmp_path):
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["block_digests"]) == 2
     assert tokens.read_text() == json.dumps(list(range(40)))  # not overwritten
+
+
+def test_every_table_column_is_explained_in_help_and_in_docs_metrics():
+    from pathlib import Path
+
+    from prefixroute.edges.cli.columns import POLICY_COLUMNS
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    help_text = " ".join(prefixroute("sweep", "--help").stdout.split())
+    for column in POLICY_COLUMNS:
+        assert f"| `{column.name}` | `{column.key}` | {column.meaning} |" in docs, column.name
+        assert " ".join(column.meaning.split()) in help_text, column.name
+
+
+def test_tables_fit_100_columns_and_print_as_markdown_and_csv():
+    import csv
+    import io
+    env_width = {"COLUMNS": "100"}
+    result = subprocess.run([sys.executable, "-c", (
+        "import sys; from rich.console import Console; "
+        "from prefixroute.edges.cli import simulate, main; "
+        "simulate.stdout_console = lambda: Console(width=100); "
+        "sys.exit(main.main(sys.argv[1:]))"), "simulate", "--workload", "universal-prefix",
+        "--policy", "sglang_cache_aware", "--policy", "round_robin"],
+        capture_output=True, text=True, timeout=180, env={**os.environ, **env_width})
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if "round_robin" in line
+            or "sglang_cache_aware" in line]
+    assert len(rows) == 2 and all(len(line.rstrip()) <= 100 for line in result.stdout.splitlines())
+    markdown = prefixroute("simulate", "--workload", "universal-prefix", "--policy",
+                           "round_robin", "--format", "markdown").stdout
+    assert "| round_robin | 72.0% | 90.0% |" in markdown
+    table = list(csv.DictReader(io.StringIO(prefixroute(
+        "simulate", "--workload", "universal-prefix", "--policy", "round_robin", "--format",
+        "csv", "--columns", "policy,token hit,assignments").stdout)))
+    assert table == [{"policy": "round_robin", "token hit": "0.72",
+                      "assignments": "10 10 10 10 10"}]

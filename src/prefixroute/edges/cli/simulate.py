@@ -36,6 +36,8 @@ from prefixroute.core.simulator.simulation import (DEFAULT_MAX_THINK_S, DEFAULT_
                                                    PreparedWorkload, prepare_workload, report,
                                                    simulate_policy)
 from prefixroute.edges.profiles import load_model_config, load_profile
+from prefixroute.edges.cli.columns import (POLICY_COLUMNS, SIMULATE_DEFAULT, add_table_arguments,
+                                           choose_columns, metrics_epilog, pct, print_rows, secs)
 from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, print_json,
                                           stdout_console, write_atomic)
 
@@ -263,7 +265,9 @@ def workloads_epilog() -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate", help="replay a workload or trace through replicas under routing policies",
-        description=describe(__doc__), epilog=workloads_epilog(),
+        description=describe(__doc__),
+        epilog=workloads_epilog() + "\n\n" + metrics_epilog(
+            [c for c in POLICY_COLUMNS if c.name not in ("replicas", "cache blocks")]),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser)
     parser.add_argument("--replicas", type=int, metavar="N",
@@ -274,6 +278,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="run policies in N worker processes (default 1)")
     add_json_argument(parser, "the report")
+    add_table_arguments(parser, POLICY_COLUMNS, SIMULATE_DEFAULT)
     parser.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
@@ -321,6 +326,7 @@ def write_outputs(outputs: list[tuple[str, str | bytes]]) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     specs = expand_specs(args.policy or ["all"])
+    choose_columns(args.columns, POLICY_COLUMNS, SIMULATE_DEFAULT)  # a typo fails first
     check_output_paths(args.json, args.plot)
     workload, defaults = load_workload(args)
     fleet = resolve_fleet(args, workload, defaults)
@@ -358,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         print_json(result)
     else:
-        print_table(result, stdout_console())
+        print_table(result, stdout_console(), args.table_format, args.columns)
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0
@@ -402,45 +408,35 @@ def run_policies(workload: PreparedWorkload, fleet: FleetConfig, specs: list[str
     return runs
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
+_pct, _secs = pct, secs  # the names sweep and older callers import
 
 
-def _secs(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
-
-
-def print_table(result: dict, console) -> None:
-    from rich.table import Table
+def print_table(result: dict, console, fmt: str = "table", columns: str | None = None) -> None:
+    """The workload and fleet lines, then one row per policy (``--format``, ``--columns``)."""
+    rows = list(result["policies"].values())
+    chosen = choose_columns(columns, POLICY_COLUMNS, SIMULATE_DEFAULT,
+                            present=set(rows[0]) if rows else None)
+    if fmt == "csv":
+        print_rows(rows, chosen, fmt)
+        return
     w = result["workload"]
     f = result["fleet"]
     name = w.get("name") or w.get("trace", "")
     # A closed loop's arrivals depend on the run: no fixed duration to state.
     span = "closed loop (each turn sent after the previous reply)" if w.get("closed_loop") \
         else f"{w['duration_s']:.1f} s"
-    console.print(f"workload {name}: {w['requests']:,} requests, {w['input_tokens']:,} prompt "
-                  f"tokens, {span}; ideal token hit rate "
-                  f"{_pct(result['ideal_token_hit_rate'])} (one infinite cache)")
-    console.print(f"fleet: {f['replicas']} replicas x {f['cache_blocks']:,} blocks of "
-                  f"{f['block_size']} tokens ({f['cache_tokens']:,} tokens), engine profile "
-                  f"{f['engine_profile']}")
-    table = Table()
-    for column, justify in (("policy", "left"), ("token hit", "right"), ("req hit", "right"),
-                            ("reused tok", "right"), ("lost vs ideal", "right"),
-                            ("TTFT p50", "right"), ("p90", "right"), ("p99", "right"),
-                            ("e2e p50", "right"), ("assignments", "left"), ("skew", "right"),
-                            ("evictions", "right"), ("util max", "right")):
-        table.add_column(column, justify=justify)
-    for spec, p in result["policies"].items():
-        table.add_row(spec, _pct(p["token_hit_rate"]), _pct(p["request_hit_rate"]),
-                      f"{p['reused_prefix_tokens']:,}", f"{p['recomputed_prefill_tokens']:,}",
-                      _secs(p["ttft_p50_s"]), _secs(p["ttft_p90_s"]), _secs(p["ttft_p99_s"]),
-                      _secs(p["e2e_p50_s"]), " ".join(map(str, p["assignments"])),
-                      str(p["max_assignment_skew"]), f"{p['evictions']:,}",
-                      _pct(max(p["utilisation"]) if p["utilisation"] else None))
-    console.print(table)
+    say = console.print if fmt == "table" else print
+    say(f"workload {name}: {w['requests']:,} requests, {w['input_tokens']:,} prompt "
+        f"tokens, {span}; ideal token hit rate {_pct(result['ideal_token_hit_rate'])} (one "
+        f"infinite cache)")
+    say(f"fleet: {f['replicas']} replicas x {f['cache_blocks']:,} blocks of "
+        f"{f['block_size']} tokens ({f['cache_tokens']:,} tokens), engine profile "
+        f"{f['engine_profile']}")
+    if fmt == "markdown":
+        print()
+    print_rows(rows, chosen, fmt, console)
+    if fmt == "table":
+        console.print("columns: see --help; more with --columns all", style="dim")
 
 
 # -- plots ----------------------------------------------------------------------------------------

@@ -22,8 +22,10 @@ from typing import Any
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.registry import create_policy, expand_specs, parse_spec
 from prefixroute.core.simulator.simulation import simulate_policy, split_view
+from prefixroute.edges.cli.columns import (POLICY_COLUMNS, SWEEP_DEFAULT, add_table_arguments,
+                                           choose_columns, metrics_epilog, print_rows)
 from prefixroute.edges.cli.common import add_json_argument, print_json, stdout_console
-from prefixroute.edges.cli.simulate import (_pct, _png, _secs, add_workload_arguments,
+from prefixroute.edges.cli.simulate import (_pct, _png, add_workload_arguments,
                                             check_output_paths, describe, load_workload,
                                             resolve_fleet, workloads_epilog, write_outputs)
 
@@ -36,7 +38,8 @@ _SHARED: dict[str, Any] = {}
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sweep", help="run a grid of replicas, cache sizes and policy parameters in parallel",
-        description=describe(__doc__), epilog=workloads_epilog(),
+        description=describe(__doc__),
+        epilog=workloads_epilog() + "\n\n" + metrics_epilog(POLICY_COLUMNS),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser, grid=True)
     parser.add_argument("--replicas", metavar="N,N,...",
@@ -47,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, metavar="N",
                         help="worker processes (default %(default)s)")
     add_json_argument(parser, "the results")
+    add_table_arguments(parser, POLICY_COLUMNS, SWEEP_DEFAULT)
     parser.add_argument("--plot", metavar="DIR", help="write sweep.png to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     blocks_grid = _int_list(args.cache_blocks, "--cache-blocks")
     if args.kv_memory_gib is not None and blocks_grid != [None]:
         raise ConfigError("give --cache-blocks or --kv-memory-gib, not both")
+    choose_columns(args.columns, POLICY_COLUMNS, SWEEP_DEFAULT)  # a typo fails first
     specs = [s for spec in expand_specs(args.policy or ["hybrid", "round_robin"])
              for s in expand_alternatives(spec)]
     check_output_paths(args.json, args.plot)
@@ -152,28 +157,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         print_json(result)
     else:
-        print_sweep_table(result, stdout_console())
+        print_sweep_table(result, stdout_console(), args.table_format, args.columns)
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0
 
 
-def print_sweep_table(result: dict, console) -> None:
-    from rich.table import Table
-    console.print(f"ideal token hit rate {_pct(result['ideal_token_hit_rate'])} over "
-                  f"{result['workload']['requests']:,} requests")
-    table = Table()
-    for column in ("replicas", "cache blocks", "policy", "token hit", "TTFT p50", "TTFT p99",
-                   "skew", "evictions"):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for row in sorted(result["results"], key=lambda r: (r["replicas"], r["cache_blocks"],
-                                                        result["grid"]["policies"].index(
-                                                            r["policy"]))):
-        table.add_row(str(row["replicas"]), f"{row['cache_blocks']:,}", row["policy"],
-                      _pct(row["token_hit_rate"]), _secs(row["ttft_p50_s"]),
-                      _secs(row["ttft_p99_s"]), str(row["max_assignment_skew"]),
-                      f"{row['evictions']:,}")
-    console.print(table)
+def print_sweep_table(result: dict, console, fmt: str = "table",
+                      columns: str | None = None) -> None:
+    order = result["grid"]["policies"]
+    rows = sorted(result["results"], key=lambda r: (r["replicas"], r["cache_blocks"],
+                                                    order.index(r["policy"])))
+    chosen = choose_columns(columns, POLICY_COLUMNS, SWEEP_DEFAULT,
+                            present=set(rows[0]) if rows else None)
+    if fmt != "csv":
+        line = (f"ideal token hit rate {_pct(result['ideal_token_hit_rate'])} over "
+                f"{result['workload']['requests']:,} requests")
+        console.print(line) if fmt == "table" else print(line + "\n")
+    print_rows(rows, chosen, fmt, console)
 
 
 def render_sweep_plot(result: dict) -> bytes:
