@@ -96,7 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trace.add_argument("--trace", metavar="FILE", help="a trace file (kvtester: a file or a "
                        "directory), as 'prefixroute simulate' reads it")
     trace.add_argument("--trace-format", choices=_TRACE_FORMATS, default=None,
-                       help="format of --trace (default jsonl; docs/trace-format.md)")
+                       help="format of --trace (default: detected from the first record; "
+                            "docs/trace-format.md)")
     trace.add_argument("--trace-block-size", metavar="N",
                        help="block size of the trace's block ids (default: the format's)")
     trace.add_argument("--requests", metavar="N", help="replay only the first N requests")
@@ -244,7 +245,9 @@ def _trace_options(args: argparse.Namespace) -> dict | None:
     with _flag("--min-cacheable-tokens"):
         minimum = min_cacheable_tokens(DEFAULT_MIN_CACHEABLE_TOKENS if args.min_cacheable_tokens
                                        is None else args.min_cacheable_tokens)
-    return {"format": args.trace_format or "jsonl", "block_size": block_size, "limit": limit,
+    from prefixroute.edges.traces import resolve_format
+    fmt = resolve_format(args.trace, args.trace_format)
+    return {"format": fmt, "block_size": block_size, "limit": limit,
             "model": CacheModel(breakpoints, lookback, minimum),
             "groups": _non_negative_integer(args.groups, "--groups")}
 

@@ -54,7 +54,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
     source.add_argument("--trace", metavar="FILE", help="a trace file (kvtester: a file or a "
                         "directory of session files)")
     source.add_argument("--trace-format", choices=("mooncake", "kvtester", "jsonl", "azure"),
-                        help="format of --trace")
+                        help="format of --trace (default: detected from the first record; "
+                             "docs/trace-format.md)")
     source.add_argument("--trace-block-size", type=int, metavar="N",
                         help="block size of the trace's block ids (default: the format's: "
                              "mooncake 512, kvtester from the file, jsonl from the file or 16, "
@@ -147,9 +148,8 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         raise ConfigError("give --workload or --trace, not both")
     defaults: dict[str, Any] = {}
     if args.trace:
-        if not args.trace_format:
-            raise ConfigError("--trace needs --trace-format (mooncake, kvtester, jsonl, azure)")
-        from prefixroute.edges.traces import read_trace
+        from prefixroute.edges.traces import read_trace, resolve_format
+        args.trace_format = resolve_format(args.trace, args.trace_format)
         if args.azure_prefixes and args.trace_format != "azure":
             raise ConfigError("--azure-prefixes applies to --trace-format azure only")
         prefixes = _key_values(args.azure_prefixes, "--azure-prefixes")
