@@ -23,6 +23,7 @@ from prefixroute.core.diagnostics.volatile import CHANGED_CONTENT, classify_chan
 from prefixroute.core.errors import InputError
 from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
                                           positive_int, stdout_console, take_positional_from_json)
+from prefixroute.edges.cli.lint import show_notes
 
 FORMATS = ("auto", "text", "chat", "ids")
 CONTEXT_TOKENS = 12  # decoded tokens shown either side of the divergence
@@ -77,6 +78,7 @@ def read_prompt(path: str, fmt: str) -> tuple[str, Any]:
         raise InputError("expected a JSON list of token ids", where=path)
     if isinstance(data, (list, dict)):
         request = parse_body(data, where=path)
+        show_notes([request.notes])
         if request.kind == "chat":
             if fmt not in ("auto", "chat"):
                 raise InputError(f"holds chat messages, not {fmt}", where=path)

@@ -272,15 +272,41 @@ def _account(args: argparse.Namespace, options: dict,
 
     from prefixroute.edges.traces import read_trace
 
-    requests = read_trace(args.trace, options["format"], options["block_size"])
+    longest = [0]
+
+    def measured(stream):
+        for request in stream:
+            longest[0] = max(longest[0], request.input_tokens)
+            yield request
+
+    requests = measured(read_trace(args.trace, options["format"], options["block_size"]))
     if not sys.stderr.isatty() or args.json:
-        return account_policies(requests, policies, options["model"], limit=options["limit"])
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-    with Progress(SpinnerColumn(), TextColumn("replaying {task.fields[done]:,} requests"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("replay", total=None, done=0)
-        return account_policies(requests, policies, options["model"], limit=options["limit"],
-                                progress=lambda done: progress.update(task, done=done))
+        result = account_policies(requests, policies, options["model"], limit=options["limit"])
+    else:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        with Progress(SpinnerColumn(), TextColumn("replaying {task.fields[done]:,} requests"),
+                      TimeElapsedColumn(), console=Console(stderr=True),
+                      transient=True) as progress:
+            task = progress.add_task("replay", total=None, done=0)
+            result = account_policies(requests, policies, options["model"],
+                                      limit=options["limit"],
+                                      progress=lambda done: progress.update(task, done=done))
+    _warn_unreached_breakpoints(options["model"].breakpoints, longest[0])
+    return result
+
+
+def _warn_unreached_breakpoints(breakpoints, longest_prompt: int) -> None:
+    """A token position beyond every prompt is clamped to the prompt's end: the breakpoint then
+    duplicates ``end`` (or is the only one), which is rarely what was meant."""
+    from prefixroute.edges.traces.common import warn
+
+    positions = [b.tokens for b in breakpoints or () if b.kind == "absolute"]
+    beyond = [p for p in positions if p >= longest_prompt]
+    if beyond and longest_prompt:
+        warn(f"--breakpoints {','.join(map(str, beyond))}: every prompt of the trace is shorter "
+             f"(the longest has {longest_prompt:,} tokens), so "
+             f"{'this breakpoint sits' if len(beyond) == 1 else 'these breakpoints sit'} at "
+             f"each prompt's end")
 
 
 def _percent(fraction: float | None, digits: int) -> str:

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = load_tokenizer(args.tokenizer)
     requests = read_log(args.log)
+    show_notes(request.notes for request in requests)
     if tokenizer is None:
         text = next((r for r in requests if r.prompt_token_ids is None), None)
         if text is not None:
@@ -68,6 +69,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(report, args.log)
     return 0
+
+
+def show_notes(groups, limit: int = 5) -> None:
+    """Likely mistakes in the input, on stderr: the first ``limit``, then how many more."""
+    import sys
+
+    notes = [note for group in groups for note in group]
+    for note in notes[:limit]:
+        print(f"prefixroute: warning: {note}", file=sys.stderr)
+    if len(notes) > limit:
+        print(f"prefixroute: warning: {len(notes) - limit} more like these", file=sys.stderr)
 
 
 def _lint_with_progress(requests, tokenizer, block_size: int) -> LintReport:
