@@ -448,6 +448,37 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
+TIMELINE_BINS = 300  # points per replica line: a 12,000-request run stays readable
+
+
+def binned_load(times: list[float], rows: list[list[int]], bins: int = TIMELINE_BINS):
+    """Mean requests in flight per replica over ``bins`` equal time bins.
+
+    The timeline has a point per event (tens of thousands in a long run); drawn as is, eight
+    replicas' lines fill the panel with ink. The mean over a bin keeps the level and the
+    bursts a reader compares, where every n-th point would keep whichever spike it hit.
+    Returns (bin centres, array of shape bins x replicas); empty bins repeat the last value.
+    """
+    import numpy as np
+
+    t = np.asarray(times, dtype=float)
+    values = np.asarray(rows, dtype=float)
+    if len(t) < 2 or t[-1] <= t[0]:
+        return t, values
+    edges = np.linspace(t[0], t[-1], min(bins, len(t)) + 1)
+    index = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 2)
+    sums = np.zeros((len(edges) - 1, values.shape[1]))
+    np.add.at(sums, index, values)
+    counts = np.bincount(index, minlength=len(edges) - 1)
+    out = np.empty_like(sums)
+    last = values[0]
+    for b in range(len(sums)):
+        if counts[b]:
+            last = sums[b] / counts[b]
+        out[b] = last
+    return (edges[:-1] + edges[1:]) / 2, out
+
+
 def render_plots(workload: PreparedWorkload, runs: dict[str, PolicyRun]) -> dict[str, bytes]:
     """PNG bytes by file name: TTFT CDF per policy, hit rates, load per replica over time."""
     import matplotlib
@@ -455,22 +486,29 @@ def render_plots(workload: PreparedWorkload, runs: dict[str, PolicyRun]) -> dict
     import matplotlib.pyplot as plt
 
     out = {}
+    names = list(runs)
+    # Up to 20 distinct colours, and a second line style beyond 10, so that 15 policies stay
+    # distinguishable (the default cycle repeats after 10).
+    colours = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
     fig, ax = plt.subplots(figsize=(8, 5))
-    for spec, run in runs.items():
+    for index, (spec, run) in enumerate(runs.items()):
         values = sorted(v for v in run.ttft_s if v > 0)
         if not values:
             continue
         n = len(values)
-        ax.plot(values, [(i + 1) / n for i in range(n)], label=spec, linewidth=1.2)
+        step = max(1, n // 2000)  # a CDF needs no more points than pixels
+        xs = values[::step] + [values[-1]]
+        ys = [(i + 1) / n for i in range(0, n, step)] + [1.0]
+        ax.plot(xs, ys, label=spec, linewidth=1.2, color=colours(index % colours.N),
+                linestyle="-" if index < 10 else "--")
     ax.set_xscale("log")
-    ax.set_xlabel("time to first token (s)")
+    ax.set_xlabel("time to first token (s, log scale)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT CDF per policy")
+    ax.set_title(f"TTFT CDF per policy ({len(workload.requests):,} requests)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right", ncol=2 if len(names) > 8 else 1)
     out["ttft_cdf.png"] = _png(fig)
 
-    names = list(runs)
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names) + 2), 4.5))
     token = [runs[n].summary["token_hit_rate"] for n in names]
     request = [runs[n].summary["request_hit_rate"] for n in names]
@@ -483,30 +521,42 @@ def render_plots(workload: PreparedWorkload, runs: dict[str, PolicyRun]) -> dict
     ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("hit rate")
-    ax.set_title("Hit rates per policy")
-    ax.legend(fontsize=8)
+    ax.set_title("Hit rates per policy", pad=28)
+    # Above the bars, never over them.
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     out["hit_rates.png"] = _png(fig)
 
     cols = min(3, len(names)) or 1
     rows = -(-len(names) // cols) or 1
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 2.6 * rows), squeeze=False,
-                             sharex=True)
+    # Shared axes: the panels compare policies on one workload, so one scale for all.
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 2.6 * rows + 0.6), squeeze=False,
+                             sharex=True, sharey=True)
+    replicas = 0
     for index, spec in enumerate(names):
         ax = axes[index // cols][index % cols]
         run = runs[spec]
         if run.timeline_t:
-            step = max(1, len(run.timeline_t) // 2000)
-            t = run.timeline_t[::step]
-            rows_ = run.timeline_in_flight[::step]
-            for replica in range(len(rows_[0])):
-                ax.plot(t, [r[replica] for r in rows_], linewidth=0.8)
+            t, load = binned_load(run.timeline_t, run.timeline_in_flight)
+            replicas = max(replicas, load.shape[1])
+            for replica in range(load.shape[1]):
+                ax.plot(t, load[:, replica], linewidth=0.8, color=f"C{replica % 10}",
+                        label=f"replica {replica}")
         ax.set_title(spec, fontsize=9)
-        ax.set_ylabel("in flight", fontsize=8)
+        ax.grid(True, alpha=0.3)
+        if index % cols == 0:
+            ax.set_ylabel("requests in flight", fontsize=8)
     for index in range(len(names), rows * cols):
         axes[index // cols][index % cols].axis("off")
-    for ax in axes[-1]:
+    for col in range(cols):  # the lowest panel of each column carries the time axis
+        last = max(i for i in range(len(names)) if i % cols == col)
+        ax = axes[last // cols][col]
+        ax.xaxis.set_tick_params(labelbottom=True)
         ax.set_xlabel("time (s)", fontsize=8)
-    fig.suptitle("Requests in flight per replica over time", y=1.0)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(replicas, 8), fontsize=8,
+                   frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(f"Requests in flight per replica (mean over {TIMELINE_BINS} time bins)")
+    fig.tight_layout(rect=(0, 0.06 if rows < 3 else 0.03, 1, 1))
     out["load_over_time.png"] = _png(fig)
     return out

@@ -177,32 +177,81 @@ def print_sweep_table(result: dict, console, fmt: str = "table",
     print_rows(rows, chosen, fmt, console)
 
 
+def sweep_axes(grid: dict) -> tuple[str, str | None]:
+    """(x axis, panel dimension) of the sweep plot: the grid dimension with the most values is
+    the x axis, so that every line has points to join; the other one, if it varies, makes the
+    panels. With one fleet size and one cache size the policies are the x axis."""
+    sizes = {"cache_blocks": len(grid["cache_blocks"]), "replicas": len(grid["replicas"])}
+    if max(sizes.values()) == 1:
+        return "policy", None
+    x = "cache_blocks" if sizes["cache_blocks"] >= sizes["replicas"] else "replicas"
+    other = "replicas" if x == "cache_blocks" else "cache_blocks"
+    return x, other if sizes[other] > 1 else None
+
+
+_LABELS = {"cache_blocks": "cache blocks per replica", "replicas": "replicas",
+           "policy": "policy"}
+
+
 def render_sweep_plot(result: dict) -> bytes:
+    """Token hit rate (top) and TTFT p99 (bottom) against the grid's longest dimension, one
+    line per policy, one column of panels per value of the other dimension; panels share
+    their y scales so that columns compare at a glance."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    replicas = result["grid"]["replicas"]
-    policies = result["grid"]["policies"]
-    fig, axes = plt.subplots(2, len(replicas), figsize=(4.5 * len(replicas), 7), squeeze=False)
-    for col, n in enumerate(replicas):
-        for spec in policies:
-            rows = sorted((r for r in result["results"]
-                           if r["replicas"] == n and r["policy"] == spec),
-                          key=lambda r: r["cache_blocks"])
-            xs = [r["cache_blocks"] for r in rows]
-            axes[0][col].plot(xs, [r["token_hit_rate"] for r in rows], marker="o", label=spec)
-            axes[1][col].plot(xs, [r["ttft_p99_s"] or 0 for r in rows], marker="o", label=spec)
+    import matplotlib.ticker
+    grid = result["grid"]
+    policies = grid["policies"]
+    x_dim, panel_dim = sweep_axes(grid)
+    panels = grid[panel_dim] if panel_dim else [None]
+    fig, axes = plt.subplots(2, len(panels), figsize=(max(6.0, 4.5 * len(panels)), 7),
+                             squeeze=False, sharey="row")
+    for col, panel in enumerate(panels):
+        rows_here = [r for r in result["results"] if panel_dim is None or r[panel_dim] == panel]
+        if x_dim == "policy":
+            xs = list(range(len(policies)))
+            by_policy = {r["policy"]: r for r in rows_here}
+            hit = [by_policy[p]["token_hit_rate"] for p in policies]
+            p99 = [by_policy[p]["ttft_p99_s"] or 0 for p in policies]
+            axes[0][col].bar(xs, hit)
+            axes[1][col].bar(xs, p99)
+            for ax in axes[:, col]:
+                ax.set_xticks(xs)
+                ax.set_xticklabels(policies, rotation=45, ha="right", fontsize=8)
+        else:
+            for spec in policies:
+                rows = sorted((r for r in rows_here if r["policy"] == spec),
+                              key=lambda r: r[x_dim])
+                xs = [r[x_dim] for r in rows]
+                axes[0][col].plot(xs, [r["token_hit_rate"] for r in rows], marker="o",
+                                  label=spec)
+                axes[1][col].plot(xs, [r["ttft_p99_s"] or 0 for r in rows], marker="o",
+                                  label=spec)
+            for ax in axes[:, col]:
+                ax.set_xticks(grid[x_dim])
+                if x_dim == "cache_blocks" and grid[x_dim][-1] >= 8 * grid[x_dim][0]:
+                    ax.set_xscale("log")
+                    ax.set_xticks(grid[x_dim])
+                    ax.set_xticklabels([f"{v:,}" for v in grid[x_dim]])
+                    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axes[0][col].axhline(result["ideal_token_hit_rate"], color="black", linestyle="--",
-                             linewidth=1)
-        axes[0][col].set_title(f"{n} replicas")
-        axes[0][col].set_ylabel("token hit rate")
+                             linewidth=1, label="ideal (one infinite cache)")
+        if panel_dim:
+            axes[0][col].set_title(f"{panel:,} {_LABELS[panel_dim]}")
         axes[0][col].set_ylim(0, 1)
-        axes[1][col].set_ylabel("TTFT p99 (s)")
-        axes[1][col].set_xlabel("cache blocks per replica")
         axes[1][col].set_yscale("log")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("Sweep: token hit rate and TTFT p99 against cache capacity")
-    fig.tight_layout()
+        axes[1][col].set_xlabel(_LABELS[x_dim])
+        for ax in axes[:, col]:
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("token hit rate")
+    axes[1][0].set_ylabel("TTFT p99 (s, log scale)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8,
+               frameon=False)
+    fig.suptitle(f"Sweep: token hit rate and TTFT p99 against {_LABELS[x_dim]} "
+                 f"({result['workload']['requests']:,} requests)")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return _png(fig)
 
 
