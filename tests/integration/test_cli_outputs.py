@@ -67,12 +67,13 @@ def test_old_flag_style_json_before_the_input_still_reads_the_input(tmp_path):
 def test_every_table_column_is_explained_in_help_and_in_docs_metrics():
     from pathlib import Path
 
-    from prefixroute.edges.cli.columns import POLICY_COLUMNS
+    from prefixroute.edges.cli.columns import LINT_COLUMNS, POLICY_COLUMNS
     docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
-    help_text = " ".join(prefixroute("sweep", "--help").stdout.split())
-    for column in POLICY_COLUMNS:
-        assert f"| `{column.name}` | `{column.key}` | {column.meaning} |" in docs, column.name
-        assert " ".join(column.meaning.split()) in help_text, column.name
+    for command, columns in (("sweep", POLICY_COLUMNS), ("lint", LINT_COLUMNS)):
+        help_text = " ".join(prefixroute(command, "--help").stdout.split())
+        for column in columns:
+            assert f"| `{column.name}` | `{column.key}` | {column.meaning} |" in docs, column.name
+            assert " ".join(column.meaning.split()) in help_text, (command, column.name)
 
 
 def test_tables_fit_100_columns_and_print_as_markdown_and_csv():
@@ -98,3 +99,17 @@ def test_tables_fit_100_columns_and_print_as_markdown_and_csv():
         "csv", "--columns", "policy,token hit,assignments").stdout)))
     assert table == [{"policy": "round_robin", "token hit": "0.72",
                       "assignments": "10 10 10 10 10"}]
+
+
+def test_lint_prints_its_table_as_csv_with_raw_rates(tmp_path):
+    import csv
+    import io
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"tenant": "acme", "prompt": list(range(40)) + [n]})
+                           + "\n" for n in range(100, 104)))
+    result = prefixroute("lint", str(log), "--format", "csv", "--columns",
+                         "tenant,requests,hit now")
+    assert result.returncode == 0, result.stderr
+    # 41 tokens each, 2 full 16-token blocks shared: requests 2-4 reuse 32 of 41.
+    assert list(csv.DictReader(io.StringIO(result.stdout))) == [
+        {"tenant": "acme", "requests": "4", "hit now": str(3 * 32 / (4 * 41))}]

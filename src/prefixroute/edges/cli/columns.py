@@ -109,6 +109,44 @@ SWEEP_DEFAULT = ("replicas", "cache blocks", "policy", "token hit", "TTFT p50", 
                  "skew", "evictions")
 
 
+def _static_region(row: dict) -> str:
+    units = row.get("static_region_units")
+    if not units:
+        return "-"
+    text = f"{units} line{'' if units == 1 else 's'}"
+    if row.get("static_region_tokens") is not None:
+        text += f", ~{row['static_region_tokens']} tok"
+    return text
+
+
+def _divergence(row: dict) -> str:
+    divergence = row["first_divergence"]
+    if not divergence.get("pairs"):
+        return "-"
+    cause = next(iter(divergence["causes"]))
+    return f"token {divergence['median_token']:g} ({cause})"
+
+
+# The lint table: one row per tenant of the log (LintReport.to_dict()["tenants"]).
+LINT_COLUMNS: tuple[Column, ...] = (
+    Column("tenant", "tenant", "who sent the requests (the log's tenant field)", left=True),
+    Column("requests", "requests", "requests of the tenant in the log", count),
+    Column("tokens", "total_tokens", "their prompt tokens, as the tokenizer counts them", count),
+    Column("static region", "static_region_units",
+           "lines at the start of the prompt every request shares in shape (JSON also "
+           "static_region_tokens)", left=True, value=_static_region),
+    Column("first divergence", "first_divergence",
+           "median token where consecutive requests first differ, and what differs there",
+           left=True, value=_divergence),
+    Column("hit now", "token_hit_rate_now", "token hit rate of the log as it is", pct),
+    Column("hit after", "token_hit_rate_after",
+           "token hit rate after moving the volatile values behind the static region", pct),
+    Column("findings", "findings", "volatile values or unstable structure in the static region",
+           value=lambda row: len(row["findings"])),
+)
+LINT_DEFAULT = tuple(c.name for c in LINT_COLUMNS)
+
+
 def by_name(columns: Sequence[Column]) -> dict[str, Column]:
     return {c.name: c for c in columns}
 
