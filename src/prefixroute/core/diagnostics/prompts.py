@@ -39,6 +39,9 @@ class PromptRequest:
     model: str = ""
     cache_salt: str | None = None
     where: str = ""
+    # Likely mistakes that do not stop the lint (a user message without ``content``), for the
+    # edge to show; see :func:`_content_notes`.
+    notes: tuple[str, ...] = ()
 
     @property
     def cache_partition(self) -> tuple[str, str, str | None]:
@@ -95,6 +98,28 @@ def flatten_content(content: Any, where: str = "", field: str = "content") -> st
     raise InputError("content must be a string or a list of parts", where=where, field=field)
 
 
+# Messages that may carry no content: an assistant turn that only calls tools, and (legacy)
+# function results; every other role without ``content`` renders as an empty turn.
+_MAY_OMIT_CONTENT = ("assistant",)
+
+
+def _content_notes(messages: list, where: str) -> tuple[str, ...]:
+    """A message without ``content`` is rendered as an empty turn, so a typo ("contnet") goes
+    unnoticed and the lint measures the wrong prompt; name it, with the key that is there."""
+    import difflib
+
+    notes = []
+    for i, message in enumerate(messages):
+        if "content" in message or message.get("role") in _MAY_OMIT_CONTENT:
+            continue
+        others = [key for key in message if key != "role"]
+        close = difflib.get_close_matches("content", others, n=1, cutoff=0.6)
+        hint = f" (is {close[0]!r} a misspelt 'content'?)" if close else ""
+        notes.append(f"{where}: messages[{i}] ({message.get('role')}) has no content; rendered "
+                     f"as an empty message{hint}")
+    return tuple(notes)
+
+
 def _messages(value: Any, where: str) -> tuple[dict, ...]:
     if not isinstance(value, list) or not value:
         raise InputError("messages must be a non-empty list", where=where, field="messages")
@@ -138,8 +163,10 @@ def parse_body(body: Any, where: str = "") -> PromptRequest:
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise InputError("tools must be a list", where=where, field="tools")
-        return PromptRequest(CHAT, tenant, messages=_messages(body["messages"], where),
-                             tools=tools, model=model, cache_salt=salt, where=where)
+        messages = _messages(body["messages"], where)
+        return PromptRequest(CHAT, tenant, messages=messages, tools=tools, model=model,
+                             cache_salt=salt, where=where,
+                             notes=_content_notes(body["messages"], where))
     if "prompt" in body:
         prompt = body["prompt"]
         if isinstance(prompt, str):

@@ -31,7 +31,9 @@ _TIME = r"\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:\s?[AaPp]\.?[Mm]\.?)?(?:\s?(?:Z
 _ISO_DATE = r"\d{4}-\d{2}(?:-\d{2}(?:[T ]" + _TIME + r")?)?"
 
 # Alternatives in priority order: at one position the first that matches wins, so a UUID is not
-# read as a date and an e-mail address not as a user name. Named groups give the kind; for user
+# read as a date and an e-mail address not as a user name. Bare hex ids of 8 to 15 digits (the
+# 12 of a short trace id, a git-style short hash) need a digit and a letter a-f, so that neither
+# a word ("deadbeef", "facade") nor a plain number (a counter) reads as one. Named groups give the kind; for user
 # names only the ``name`` group (after a cue word) is the value.
 _PATTERN = re.compile(
     r"(?P<uuid>\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
@@ -45,6 +47,7 @@ _PATTERN = re.compile(
     r"|(?P<request_id>\b(?:req|request|trace|span|session|sess|conv|msg|chatcmpl|cmpl|run|call|txn|job)"
     r"[-_:]?(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{6,}\b"
     r"|\b[0-9a-fA-F]{16,}\b"
+    r"|\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,15}\b"
     r"|\b(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{20,}\b)"
     r"|(?P<user_cue>\b(?:[Uu]ser(?:name)?|[Nn]ame|[Cc]ustomer|[Cc]lient|[Aa]ccount|[Hh]ello|[Hh]i|[Dd]ear"
     r"|talking to|speaking with|logged in as|signed in as)\b[:=,]?[ \t]+)(?P<name>@?[A-Z][\w'-]+(?: [A-Z][\w'-]+)?)"

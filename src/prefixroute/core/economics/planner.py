@@ -360,8 +360,12 @@ def make_plan(inputs: PlanInputs, progress: Progress | None = None) -> dict:
     ttl = _ttl_classes(inputs, rates)
     kv = _kv_memory(inputs, rates, fleet, chosen_run, fp8_model, fp8_run)
     cost = _cost_per_day(inputs, fixed, chosen_run, stamped, stamped_run, ttl, accounting)
+    _price_on_the_day(accounting, cost["provider"]["no_cache_usd_per_day"])
+    # The inputs as run: the candidate policies actually simulated, not the empty default.
+    used_inputs = inputs.as_dict()
+    used_inputs["policies"] = list(specs)
     plan = {
-        "inputs": inputs.as_dict(),
+        "inputs": used_inputs,
         "summary": {},
         "layout": layout,
         "keys_and_salts": _keys_and_salts(inputs),
@@ -752,6 +756,25 @@ def _provider_accounting(inputs: PlanInputs) -> dict:
     out["note"] = ("a sample from the start of the day: every prefix starts cold, so the "
                    "figures include warm-up writes that a steady day amortises")
     return out
+
+
+def _price_on_the_day(accounting: dict, no_cache_usd_per_day: float) -> None:
+    """Price each replayed layout on the plan's one no-caching day.
+
+    The replay's own dollars scale a 2,000-request sample to a day, so its no-caching bill
+    differs from the cost section's expected one by the sample's draw of prefixes and user
+    turns (a few percent); two "no caching" figures for one day read as a contradiction. The
+    replay's measured cost multiplier is what it contributes: ``usd_per_day`` is that
+    multiplier times the day's no-caching bill, the same product the cost section uses for
+    "today". The sample's own figures stay, as ``sample_usd_per_day`` and
+    ``sample_no_cache_usd_per_day``.
+    """
+    for entry in accounting.get("layouts", {}).values():
+        for result in entry["policies"].values():
+            result["sample_usd_per_day"] = result.pop("usd_per_day")
+            result["sample_no_cache_usd_per_day"] = result.pop("no_cache_usd_per_day")
+            result["usd_per_day"] = result["input_multiplier"] * no_cache_usd_per_day
+            result["no_cache_usd_per_day"] = no_cache_usd_per_day
 
 
 def _summary(plan: dict) -> dict:

@@ -34,7 +34,8 @@ import time
 from datetime import datetime, timezone
 
 from prefixroute.core.errors import ConfigError, InputError
-from prefixroute.edges.cli.common import positive_int, print_json, write_atomic
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          positive_int, write_atomic)
 
 DEFAULT_SIZES = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DECODE_TOKENS = 64
@@ -58,12 +59,13 @@ def register(subparsers) -> None:
                    help="decode probe batch sizes (default 1,4, with two contexts each: "
                         "four points for three unknowns; empty: skip decode probes)")
     p.add_argument("--timeout", type=float, default=300.0, help="per request (default 300 s)")
-    p.add_argument("--json", action="store_true",
-                   help="print the profile, the fit summary and the samples as JSON")
+    add_json_argument(p, "the profile, the fit summary and the samples")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    check_json_destination(args.out, "--out")
+    check_json_destination(args.json)
     from prefixroute.core.replica.calibration import calibrated_profile
 
     url = args.backend.rstrip("/")
@@ -87,11 +89,11 @@ def run(args) -> int:
     if args.out:
         write_atomic(args.out, text)
     if args.json:
-        print_json({"profile": profile.to_dict(), "fit": summary, "model": probe["model"],
+        emit_json({"profile": profile.to_dict(), "fit": summary, "model": probe["model"],
                     "cache_reset": probe["reset"],
                     "prefill_samples": [[s.uncached_tokens, s.ttft_s] for s in probe["prefill"]],
                     "decode_samples": [[s.batch, s.context_tokens, s.itl_s]
-                                       for s in probe["decode"]]})
+                                       for s in probe["decode"]]}, args.json)
     elif not args.out:
         sys.stdout.write(text)
     # Only timings are measured: the KV size fields stay the base profile's, which say nothing

@@ -1,4 +1,4 @@
-"""``prefixroute demo``: emulator replicas, the gateway, and SPEC section 4's scenario over HTTP.
+"""``prefixroute demo``: emulator replicas, the gateway, and the design scenario over HTTP.
 
 One command starts ``--replicas`` emulator replicas and a gateway in front of them (child
 processes on free 127.0.0.1 ports, stopped by their ids at the end, on errors and on Ctrl-C),
@@ -22,14 +22,14 @@ import tempfile
 from typing import Any
 
 from prefixroute.core.errors import ConfigError
-from prefixroute.edges.cli.common import (non_negative_float, positive_int, print_json,
-                                           stdout_console)
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          non_negative_float, positive_int, stdout_console)
 
 # The comparison the README shows: ours, the load-only baseline, and the most used peer.
 DEFAULT_POLICIES = ("prefixroute", "round_robin", "sglang_cache_aware")
 # 200 requests x 3 policies take about 40 s here (2 cores) at the defaults below.
 DEFAULT_REQUESTS = 200
-DEFAULT_REPLICAS = 4  # SPEC section 4 has 8; 4 processes fit a 2-core laptop
+DEFAULT_REPLICAS = 4  # the design scenario has 8; 4 processes fit a 2-core laptop
 DEFAULT_TIME_SCALE = 0.5
 # Engine-time arrivals per replica per second. At 2.9 the simulator puts round robin's busiest
 # replica at ~85% utilisation over the first 200 requests (cache misses cost 0.5 s of prefill
@@ -61,7 +61,7 @@ def register(subparsers) -> None:
                    metavar="F", help="replicas run F x real time, arrivals alike "
                                      f"(default {DEFAULT_TIME_SCALE})")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_argument(p, "the results")
     p.set_defaults(handler=run)
 
 
@@ -73,6 +73,7 @@ def check_policies(specs: list[str], replicas: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json_destination(args.json)
     from rich.console import Console
 
     from prefixroute.edges.loadtest.workload import design_requests
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                            "times": "engine seconds (wall / time_scale)"},
               "policies": results}
     if args.json:
-        print_json(result)
+        emit_json(result, args.json)
     else:
         print_table(result, stdout_console())
     return 0
@@ -177,7 +178,7 @@ def print_table(result: dict, console) -> None:
     from rich.table import Table
 
     scenario = result["scenario"]
-    console.print(f"design scenario (SPEC section 4): {scenario['requests']} requests from "
+    console.print(f"design scenario (multi-tenant assistant): {scenario['requests']} requests from "
                   f"{scenario['tenants']} tenants, {scenario['prompt_tokens']:,} prompt tokens")
     console.print(f"through the gateway to {scenario['replicas']} emulator replicas "
                   f"({scenario['engine_profile']} at time scale {scenario['time_scale']:g}); "

@@ -21,7 +21,9 @@ from prefixroute.core.diagnostics.lint import DEFAULT_BLOCK_SIZE
 from prefixroute.core.diagnostics.prompts import parse_body
 from prefixroute.core.diagnostics.volatile import CHANGED_CONTENT, classify_change
 from prefixroute.core.errors import InputError
-from prefixroute.edges.cli.common import positive_int, print_json, stdout_console
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          positive_int, stdout_console, take_positional_from_json)
+from prefixroute.edges.cli.lint import show_notes
 
 FORMATS = ("auto", "text", "chat", "ids")
 CONTEXT_TOKENS = 12  # decoded tokens shown either side of the divergence
@@ -32,16 +34,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "diff", help="diff two prompts at token and block level",
         description=__doc__.splitlines()[0])
-    parser.add_argument("a", metavar="A", help="the cached prompt (text, chat JSON or token ids)")
-    parser.add_argument("b", metavar="B", help="the new prompt")
+    parser.add_argument("a", metavar="A", nargs="?", help="the cached prompt (text, chat JSON or token ids)")
+    parser.add_argument("b", metavar="B", nargs="?", help="the new prompt")
     parser.add_argument("--tokenizer", metavar="DIR",
-                        help="Hugging Face tokenizer directory (tokenizer.json, "
-                             "tokenizer_config.json); needed unless both are token ids")
+                        help="your model's tokenizer directory (tokenizer.json, "
+                             "tokenizer_config.json), needed unless both are token ids; "
+                             "offline: 'prefixroute tokenizer --tiny DIR' makes a small one")
     parser.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                         help="KV block size in tokens (default 16, vLLM's GPU default)")
     parser.add_argument("--format", choices=FORMATS, default="auto",
                         help="format of A and B (default: detect)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_argument(parser, "the diff")
     parser.set_defaults(handler=run)
 
 
@@ -75,6 +78,7 @@ def read_prompt(path: str, fmt: str) -> tuple[str, Any]:
         raise InputError("expected a JSON list of token ids", where=path)
     if isinstance(data, (list, dict)):
         request = parse_body(data, where=path)
+        show_notes([request.notes])
         if request.kind == "chat":
             if fmt not in ("auto", "chat"):
                 raise InputError(f"holds chat messages, not {fmt}", where=path)
@@ -108,6 +112,8 @@ def _context(tokenizer: Any, ids: list[int], at: int) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    take_positional_from_json(args, "a", "b")
+    check_json_destination(args.json)
     tokenizer = None
     if args.tokenizer:
         from prefixroute.edges.tokenization import load_tokenizer
@@ -135,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         out["change"] = None if diff.identical or diff.extends else change
         out["verdict"] = sentence
         out["context"] = context
-        print_json(out)
+        emit_json(out, args.json)
         return 0
     _print_human(args, diff, sentence, context, fmt_a, fmt_b)
     return 0

@@ -16,7 +16,8 @@ import httpx
 
 from prefixroute.core.errors import InputError
 from prefixroute.core.identity.hashing import VLLM_ALGOS
-from prefixroute.edges.cli.common import positive_int, print_json
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          positive_int)
 
 MARKS = {"ok": "ok  ", "fail": "FAIL", "warn": "warn", "skip": "skip"}
 
@@ -27,7 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--backend", required=True, metavar="URL",
                    help="the engine's base URL, e.g. http://127.0.0.1:8001")
     p.add_argument("--tokenizer", metavar="DIR",
-                   help="the tokenizer directory the gateway is configured with")
+                   help="the tokenizer directory the gateway is configured with (the "
+                        "served model's; 'prefixroute tokenizer --tiny DIR' makes a small "
+                        "offline one for trials)")
     p.add_argument("--model", help="model to probe (default: the first the engine lists)")
     p.add_argument("--block-size", type=positive_int,
                    help="the gateway's block size (default: the engine's, from /metrics)")
@@ -44,11 +47,12 @@ def register(subparsers) -> None:
                    help="environment variable holding the engine's API key, if it needs one")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds per request (default 60: CPU engines are slow)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json_argument(p, "the checks")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    check_json_destination(args.json)
     from prefixroute.edges.gateway.doctor import Doctor, ProbeError
 
     tokenizer = None
@@ -89,9 +93,9 @@ def run(args) -> int:
         if events is not None:
             events.stop()
     if args.json:
-        print_json({"backend": args.backend, "model": doctor.model,
+        emit_json({"backend": args.backend, "model": doctor.model,
                     "block_size": doctor.block_size, "ok": doctor.ok,
-                    "checks": [c.as_dict() for c in checks]})
+                    "checks": [c.as_dict() for c in checks]}, args.json)
     else:
         print(f"prefixroute doctor: {args.backend} model {doctor.model!r}, block size "
               f"{doctor.block_size}")

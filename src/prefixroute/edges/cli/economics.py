@@ -1,6 +1,6 @@
 """``prefixroute economics``: provider prompt-cache cost, break-even and P(hit) by request rate.
 
-With no flags it prints SPEC section 3 item 5: break-even per policy, P(hit) and cost multiplier
+With no flags it prints the reference economics: break-even per policy, P(hit) and cost multiplier
 at 1/6/12/60/600 requests per hour, and the worked example (200 prefixes x 10,000 tokens, 50,000
 requests/day, $3 per million input tokens). Every figure comes from
 :mod:`prefixroute.core.economics`; this module only parses flags and formats.
@@ -46,7 +46,8 @@ from prefixroute.core.economics.presets import (
 )
 from prefixroute.core.economics.repro import DEFAULT_RATES_PER_HOUR, WorkedExample, economics_report
 from prefixroute.core.errors import ConfigError
-from prefixroute.edges.cli.common import print_json, stdout_console
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          stdout_console)
 
 _EXAMPLE = WorkedExample()
 _TRACE_FORMATS = ("jsonl", "mooncake", "kvtester", "azure")
@@ -57,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "economics",
         help="provider prompt-cache cost: break-even, P(hit) by request rate, cost per day",
         description="Provider prompt-cache cost: break-even, P(hit) and cost multiplier by "
-                    "request rate, and cost per day for a fleet of prefixes (SPEC section 3 item 5)."
+                    "request rate, and cost per day for a fleet of prefixes."
                     " Policies: 5m_1.25x (5-minute TTL, write 1.25x, "
                     "read 0.1x), 1h_2x (1-hour TTL, write 2x, read 0.1x), 5m_1.0x (no write "
                     "premium); example multipliers in the style of Oct 2026 price lists.",
@@ -75,8 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"(default {FIVE_MINUTE.ttl})")
     parser.add_argument("--rates", metavar="LIST",
                         default=",".join(f"{rate:g}" for rate in DEFAULT_RATES_PER_HOUR),
-                        help="requests per hour per prefix, comma-separated (default %(default)s, "
-                             "SPEC section 3 item 5)")
+                        help="requests per hour per prefix, comma-separated (default %(default)s)")
     parser.add_argument("--price-per-mtok", metavar="USD", default=f"{_EXAMPLE.price_per_mtok:g}",
                         help="base input price in USD per million tokens (default %(default)s)")
     parser.add_argument("--prefixes", metavar="N", default=str(_EXAMPLE.prefixes),
@@ -96,7 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trace.add_argument("--trace", metavar="FILE", help="a trace file (kvtester: a file or a "
                        "directory), as 'prefixroute simulate' reads it")
     trace.add_argument("--trace-format", choices=_TRACE_FORMATS, default=None,
-                       help="format of --trace (default jsonl; docs/trace-format.md)")
+                       help="format of --trace (default: detected from the first record; "
+                            "docs/trace-format.md)")
     trace.add_argument("--trace-block-size", metavar="N",
                        help="block size of the trace's block ids (default: the format's)")
     trace.add_argument("--requests", metavar="N", help="replay only the first N requests")
@@ -114,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trace.add_argument("--groups", metavar="N", default="10",
                        help="prefix groups to print, most input tokens first (default "
                             "%(default)s; --json has all)")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_json_argument(parser, "the report")
     parser.set_defaults(handler=run)
 
 
@@ -169,6 +170,7 @@ def _rates(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json_destination(args.json)
     policies = _policies(args, RATE_TABLE_POLICIES)
     rates = _rates(args.rates)
     price = _number(args.price_per_mtok, "--price-per-mtok")
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         }
 
     if args.json:
-        print_json(report)
+        emit_json(report, args.json)
     else:
         _print_report(report, policies, example, advice)
         if accounting:
@@ -243,7 +245,9 @@ def _trace_options(args: argparse.Namespace) -> dict | None:
     with _flag("--min-cacheable-tokens"):
         minimum = min_cacheable_tokens(DEFAULT_MIN_CACHEABLE_TOKENS if args.min_cacheable_tokens
                                        is None else args.min_cacheable_tokens)
-    return {"format": args.trace_format or "jsonl", "block_size": block_size, "limit": limit,
+    from prefixroute.edges.traces import resolve_format
+    fmt = resolve_format(args.trace, args.trace_format)
+    return {"format": fmt, "block_size": block_size, "limit": limit,
             "model": CacheModel(breakpoints, lookback, minimum),
             "groups": _non_negative_integer(args.groups, "--groups")}
 
@@ -268,15 +272,41 @@ def _account(args: argparse.Namespace, options: dict,
 
     from prefixroute.edges.traces import read_trace
 
-    requests = read_trace(args.trace, options["format"], options["block_size"])
+    longest = [0]
+
+    def measured(stream):
+        for request in stream:
+            longest[0] = max(longest[0], request.input_tokens)
+            yield request
+
+    requests = measured(read_trace(args.trace, options["format"], options["block_size"]))
     if not sys.stderr.isatty() or args.json:
-        return account_policies(requests, policies, options["model"], limit=options["limit"])
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-    with Progress(SpinnerColumn(), TextColumn("replaying {task.fields[done]:,} requests"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("replay", total=None, done=0)
-        return account_policies(requests, policies, options["model"], limit=options["limit"],
-                                progress=lambda done: progress.update(task, done=done))
+        result = account_policies(requests, policies, options["model"], limit=options["limit"])
+    else:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        with Progress(SpinnerColumn(), TextColumn("replaying {task.fields[done]:,} requests"),
+                      TimeElapsedColumn(), console=Console(stderr=True),
+                      transient=True) as progress:
+            task = progress.add_task("replay", total=None, done=0)
+            result = account_policies(requests, policies, options["model"],
+                                      limit=options["limit"],
+                                      progress=lambda done: progress.update(task, done=done))
+    _warn_unreached_breakpoints(options["model"].breakpoints, longest[0])
+    return result
+
+
+def _warn_unreached_breakpoints(breakpoints, longest_prompt: int) -> None:
+    """A token position beyond every prompt is clamped to the prompt's end: the breakpoint then
+    duplicates ``end`` (or is the only one), which is rarely what was meant."""
+    from prefixroute.edges.traces.common import warn
+
+    positions = [b.tokens for b in breakpoints or () if b.kind == "absolute"]
+    beyond = [p for p in positions if p >= longest_prompt]
+    if beyond and longest_prompt:
+        warn(f"--breakpoints {','.join(map(str, beyond))}: every prompt of the trace is shorter "
+             f"(the longest has {longest_prompt:,} tokens), so "
+             f"{'this breakpoint sits' if len(beyond) == 1 else 'these breakpoints sit'} at "
+             f"each prompt's end")
 
 
 def _percent(fraction: float | None, digits: int) -> str:
@@ -374,7 +404,7 @@ def _print_trace(trace: dict, policies: tuple[CachePolicy, ...], group_limit: in
                       _usd(totals["usd"]), _usd(poisson["usd"]), _usd(totals["no_cache_usd"]))
     console.print(table)
     console.print("x = cost of the written and read tokens relative to sending them uncached "
-                  "(SPEC section 2's h*r + (1-h)*w).", soft_wrap=True)
+                  "(h*r + (1-h)*w for hit probability h, read price r, write price w).", soft_wrap=True)
     names = list(first["groups"])
     shown = names[:max(0, group_limit)]
     if not shown:

@@ -15,19 +15,27 @@ import argparse
 from prefixroute.core.diagnostics.lint import DEFAULT_BLOCK_SIZE, LintReport, lint_requests
 from prefixroute.core.diagnostics.prompts import parse_log
 from prefixroute.core.errors import InputError
-from prefixroute.edges.cli.common import positive_int, print_json, stdout_console
+from prefixroute.edges.cli.columns import (LINT_COLUMNS, LINT_DEFAULT, add_table_arguments,
+                                           choose_columns, metrics_epilog, print_rows)
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          positive_int, stdout_console, take_positional_from_json)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "lint", help="lint a request log for volatile content in the static region",
-        description=__doc__.splitlines()[0])
-    parser.add_argument("log", metavar="LOG", help="JSONL of OpenAI chat or completions bodies")
+        description=__doc__.splitlines()[0], epilog=metrics_epilog(LINT_COLUMNS),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", metavar="LOG", nargs="?",
+                        help="JSONL of OpenAI chat or completions bodies")
     parser.add_argument("--tokenizer", metavar="DIR",
-                        help="Hugging Face tokenizer directory (needed for text prompts)")
+                        help="your model's tokenizer directory (tokenizer.json, "
+                             "tokenizer_config.json), needed for text prompts; offline: "
+                             "'prefixroute tokenizer --tiny DIR' makes a small one")
     parser.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                         help="KV block size in tokens (default 16, vLLM's GPU default)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_argument(parser, "the report")
+    add_table_arguments(parser, LINT_COLUMNS, LINT_DEFAULT)
     parser.set_defaults(handler=run)
 
 
@@ -44,12 +52,16 @@ def read_log(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    take_positional_from_json(args, "log")
+    choose_columns(args.columns, LINT_COLUMNS, LINT_DEFAULT)  # a typo fails before the work
+    check_json_destination(args.json)
     tokenizer = None
     if args.tokenizer:
         from prefixroute.edges.tokenization import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
     requests = read_log(args.log)
+    show_notes(request.notes for request in requests)
     if tokenizer is None:
         text = next((r for r in requests if r.prompt_token_ids is None), None)
         if text is not None:
@@ -59,10 +71,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {"log": args.log, "tokenizer": args.tokenizer}
         out.update(report.to_dict())
-        print_json(out)
+        emit_json(out, args.json)
     else:
-        print_report(report, args.log)
+        print_report(report, args.log, args.table_format, args.columns)
     return 0
+
+
+def show_notes(groups, limit: int = 5) -> None:
+    """Likely mistakes in the input, on stderr: the first ``limit``, then how many more."""
+    import sys
+
+    notes = [note for group in groups for note in group]
+    for note in notes[:limit]:
+        print(f"prefixroute: warning: {note}", file=sys.stderr)
+    if len(notes) > limit:
+        print(f"prefixroute: warning: {len(notes) - limit} more like these", file=sys.stderr)
 
 
 def _lint_with_progress(requests, tokenizer, block_size: int) -> LintReport:
@@ -87,39 +110,42 @@ def _rate(value: float) -> str:
     return f"{value:.1%}"
 
 
-def print_report(report: LintReport, source: str) -> None:
-    from rich.table import Table
+def print_report(report: LintReport, source: str, fmt: str = "table",
+                 columns: str | None = None) -> None:
     from rich.text import Text
 
+    from dataclasses import asdict
+
+    rows = [asdict(tenant) for tenant in report.tenants]
+    chosen = choose_columns(columns, LINT_COLUMNS, LINT_DEFAULT)
+    if fmt == "csv":
+        print_rows(rows, chosen, fmt)
+        return
     console = stdout_console()
-    console.print(Text(f"{source}: {report.requests} requests, {len(report.tenants)} tenants, "
-                       f"{report.total_tokens:,} tokens, block size {report.block_size}",
-                       style="bold"))
-    console.print(f"token hit rate now {_rate(report.token_hit_rate_now)}, after moving volatile "
-                  f"parts behind the static region {_rate(report.token_hit_rate_after)}")
-    table = Table(title=None)
-    for column in ("tenant", "requests", "tokens", "static region", "first divergence",
-                   "hit now", "hit after", "findings"):
-        table.add_column(column, justify="left" if column == "tenant" else "right")
-    for tenant in report.tenants:
-        static = "-"
-        if tenant.static_region_units:
-            units = tenant.static_region_units
-            static = f"{units} line{'' if units == 1 else 's'}"
-            if tenant.static_region_tokens is not None:
-                static += f", ~{tenant.static_region_tokens} tok"
-        divergence = tenant.first_divergence
-        where = "-"
-        if divergence["pairs"]:
-            cause = next(iter(divergence["causes"]))
-            where = f"token {divergence['median_token']:g} ({cause})"
-        style = "red" if tenant.findings else "green"
-        table.add_row(tenant.tenant, str(tenant.requests), f"{tenant.total_tokens:,}", static,
-                      where, _rate(tenant.token_hit_rate_now), _rate(tenant.token_hit_rate_after),
-                      Text(str(len(tenant.findings)), style=style))
-    console.print(table)
+    say = console.print if fmt == "table" else print
+    say(Text(f"{source}: {report.requests} requests, {len(report.tenants)} tenants, "
+             f"{report.total_tokens:,} tokens, block size {report.block_size}", style="bold")
+        if fmt == "table" else f"{source}: {report.requests} requests, "
+        f"{len(report.tenants)} tenants, {report.total_tokens:,} tokens, block size "
+        f"{report.block_size}")
+    say(f"token hit rate now {_rate(report.token_hit_rate_now)}, after moving volatile "
+        f"parts behind the static region {_rate(report.token_hit_rate_after)}")
+    if fmt == "markdown":
+        print()
+    print_rows(rows, chosen, fmt, console)
     if not report.findings:
-        console.print(Text("no volatile content found in any static region", style="green"))
+        unexplained = [t for t in report.tenants
+                       if not t.static_region_units and t.first_divergence["pairs"]]
+        if not unexplained:
+            console.print(Text("no volatile content found in any static region", style="green"))
+        for tenant in unexplained:
+            # No static region: the prompts differ from the start, but by nothing this lint
+            # recognises; say so rather than "nothing found" beside a divergence at token 1.
+            console.print(Text(
+                f"tenant {tenant.tenant}: its requests differ from about token "
+                f"{tenant.first_divergence['median_token']:g} on, so no static region was "
+                f"found and nothing could be checked; compare two of them with 'prefixroute "
+                f"diff' to see what changes there", style="yellow"))
     for tenant in report.tenants:
         if not tenant.findings:
             continue
@@ -133,3 +159,4 @@ def print_report(report: LintReport, source: str) -> None:
             console.print(Text(f"    e.g. {finding.example_where}: {finding.example}", style="dim"))
             console.print(Text(f"    fix: {finding.fix}", style="cyan"))
     console.print(Text(f"hit rates assume an {report.cache_model}", style="dim"))
+

@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES = [
     "plan",
     "diff",
     "lint",
+    "tokenizer",
     "replica",
     "calibrate",
     "serve",
@@ -53,12 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not built yet
             raise
         module.register(subparsers)
+    for subparser in subparsers.choices.values():
+        # Errors found after the subcommand was chosen show the subcommand's usage.
+        subparser.set_defaults(command_parser=subparser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        owner = getattr(args, "command_parser", None) or parser
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_BAD_INPUT

@@ -1,6 +1,7 @@
-"""``prefixroute plan``: the capacity and cost plan for SPEC section 4's design scenario.
+"""``prefixroute plan``: the capacity and cost plan for the design scenario (a multi-tenant
+assistant).
 
-Inputs come from defaults (SPEC section 4), a YAML file (``--config plan.yaml``, see
+Inputs come from defaults (the design scenario), a YAML file (``--config plan.yaml``, see
 ``examples/plan.yaml``) and flags, each overriding the one before. The plan itself is
 :func:`prefixroute.core.economics.planner.make_plan` (it runs the simulator and the accounting);
 this module reads the file, renders the Markdown report and its PNG plots, and writes them.
@@ -33,7 +34,8 @@ from prefixroute.core.economics.planner import (
 from prefixroute.core.economics.presets import PRESETS
 from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.identity.model_config import DTYPE_BYTES, MODEL_PRESETS
-from prefixroute.edges.cli.common import print_json, write_atomic
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          write_atomic)
 
 _DEFAULTS = PlanInputs.__dataclass_fields__
 
@@ -73,10 +75,10 @@ _NON_NEGATIVE = {"hot_tenant_share", "zipf_exponent", "gpu_usd_per_hour", "provi
 # -- the subcommand ------------------------------------------------------------------------------
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "plan", help="plan a fleet for SPEC section 4's scenario: layout, keys, metrics, "
+        "plan", help="plan a fleet for the design scenario: layout, keys, metrics, "
                      "routing, TTLs, KV memory and cost, from simulator runs",
-        description=__doc__.split("\n\n")[0].replace("``", "") + " Defaults are SPEC "
-                    "section 4: 200 tenant "
+        description=__doc__.split("\n\n")[0].replace("``", "") + " Defaults are the design "
+                    "scenario: 200 tenant "
                     "prefixes of 10,000 tokens, 50,000 requests/day, 8 replicas, one hot "
                     "tenant, a Zipf tail, a provider share with a write premium, and prompts "
                     "that start with a timestamp.")
@@ -124,12 +126,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                  "(2,000)")
     simulation.add_argument("--seed", type=int, metavar="N", help="seed (0)")
     parser.add_argument("--out", metavar="DIR", help="write plan.md and PNG plots to DIR")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_json_argument(parser, "the plan")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json_destination(args.json)
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ConfigError(f"--out: {args.out} exists and is not a directory")
     inputs = build_inputs(args)
@@ -142,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
         outputs["plan.json"] = json.dumps(plan, indent=2) + "\n"
         outputs.update(plots)
     for name, data in outputs.items():
-        write_atomic(Path(args.out) / name, data)
+        write_atomic(Path(args.out) / name, data, make_parents=True)
     if args.json:
-        print_json(plan)
+        emit_json(plan, args.json)
     elif args.out:
         for name in outputs:
             print(f"wrote {Path(args.out) / name}")
@@ -159,9 +162,10 @@ def _with_progress(inputs: PlanInputs, enabled: bool) -> dict:
     if not enabled:
         return make_plan(inputs)
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    # MofNCompleteColumn shows "0/?" until the planner states its number of steps.
     with Progress(TextColumn("{task.description:<40}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("plan", total=None)
 
@@ -376,7 +380,7 @@ def render_markdown(plan: dict, plots: list[str]) -> str:
     inputs = plan["inputs"]
     lines: list[str] = []
     add = lines.append
-    add("# Fleet plan: multi-tenant assistant (SPEC section 4)")
+    add("# Fleet plan: multi-tenant assistant")
     add("")
     add(f"{inputs['tenants']} tenant prefixes of {inputs['prefix_tokens']:,} tokens, "
         f"{inputs['requests_per_day']:,.0f} requests/day, {inputs['replicas']} replicas "
@@ -555,7 +559,7 @@ def render_markdown(plan: dict, plots: list[str]) -> str:
     if accounting.get("layouts"):
         add(f"{accounting['requests']:,} provider requests at the provider's real rate, replayed "
             f"through the provider cache (refresh-on-hit TTL) and billed token by token; "
-            f"Poisson is SPEC section 2's approximation at each prefix's rate. "
+            f"Poisson is the steady-state approximation P(hit) = 1 - exp(-rate x TTL) at each prefix's rate. "
             f"{accounting['note']}.")
         add("")
         rows = []
@@ -566,9 +570,13 @@ def render_markdown(plan: dict, plots: list[str]) -> str:
                              f"x{p['input_multiplier']:.2f}",
                              "-" if p["poisson_multiplier"] is None
                              else f"x{p['poisson_multiplier']:.2f}",
-                             _usd(p["usd_per_day"]), _usd(p["no_cache_usd_per_day"])])
+                             _usd(p["usd_per_day"])])
         lines += _table(["layout", "policy", "written", "read", "uncached", "cost vs uncached",
-                         "Poisson (cacheable part)", "USD/day", "uncached USD/day"], rows)
+                         "Poisson (cacheable part)", "USD/day"], rows)
+        add("")
+        no_cache = plan["cost_per_day"]["provider"]["no_cache_usd_per_day"]
+        add(f"USD/day is the cost multiplier times the day's no-caching bill, "
+            f"{_usd(no_cache)} (section 8); `--json` keeps the sample's own dollars.")
         add("")
         add("Where the exact figure is far above the Poisson one, the approximation's assumption "
             "fails: with the only breakpoint after the unique user turn, no request ever finds "
@@ -662,7 +670,7 @@ def render_plots(plan: dict, inputs: PlanInputs) -> dict[str, bytes]:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ranks = list(range(1, len(rates) + 1))
     provider_rates = [r * share for r in rates]
-    ax.plot(ranks, rates, color="tab:gray", linewidth=1, label="fleet rate")
+    ax.plot(ranks, rates, color="tab:gray", linewidth=1, label="fleet rate per prefix")
     if share > 0:
         rare = plan["ttl"]["rare_below_per_hour"]
         groups = {"hot": [0] if "hot" in ttl else [],
@@ -671,12 +679,13 @@ def render_plots(plan: dict, inputs: PlanInputs) -> dict[str, bytes]:
         for name, members in groups.items():
             if members and name in ttl:
                 ax.scatter([ranks[i] for i in members], [provider_rates[i] for i in members],
-                           s=10, label=f"{name}, provider rate: {ttl[name]['choice']}")
-        ax.axhline(rare, color="red", linestyle="--", linewidth=1, label="1 per hour")
+                           s=10, label=f"{name} prefixes: TTL {ttl[name]['choice']}")
+        ax.axhline(rare, color="red", linestyle="--", linewidth=1,
+                   label=f"rare below {rare:g} per hour")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("prefix rank")
-    ax.set_ylabel("requests per hour")
+    ax.set_ylabel("requests per hour (dots: provider's share)")
     ax.set_title("Per-prefix request rate and the provider TTL per class")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

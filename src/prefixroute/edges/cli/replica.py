@@ -62,7 +62,8 @@ def register(subparsers) -> None:
                    help="multiply every step duration by F (default 1: real time; 0: no "
                         "waiting at all, cache behaviour only)")
     p.add_argument("--tokenizer", metavar="DIR",
-                   help="Hugging Face tokenizer directory (tokenizer.json, chat template); "
+                   help="Hugging Face tokenizer directory (tokenizer.json, chat template; "
+                        "'prefixroute tokenizer --tiny DIR' makes a small offline one); "
                         "default: a deterministic fallback tokenizer (docs/emulator.md)")
     p.add_argument("--served-model-name", default="emulated", metavar="NAME",
                    help="model name clients use (default 'emulated')")

@@ -1,4 +1,5 @@
-"""``prefixroute repro``: SPEC section 3's figures, computed by running the library."""
+"""``prefixroute repro``: the reference figures (hashing, hit rates, economics), computed by running
+the library."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import argparse
 from rich.table import Table
 
 from prefixroute.core.reproduce import reproduce_all
-from prefixroute.edges.cli.common import print_json, stdout_console
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, emit_json,
+                                          stdout_console)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("repro", help="reproduce SPEC section 3's numbers from the library",
+    p = subparsers.add_parser("repro", help="reproduce the reference numbers (hashing, hit rates, economics) from the library",
                               description=__doc__)
-    p.add_argument("--json", action="store_true", help="print JSON (stable keys)")
+    add_json_argument(p, "the figures")
     p.set_defaults(handler=run)
 
 
@@ -22,9 +24,10 @@ def _pct(x: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json_destination(args.json)
     result = reproduce_all()
     if args.json:
-        print_json(result)
+        emit_json(result, args.json)
         return 0
     console = stdout_console(highlight=True)
     conv = result["conversation"]

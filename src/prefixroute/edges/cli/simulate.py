@@ -21,7 +21,6 @@ import argparse
 import io
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -37,9 +36,12 @@ from prefixroute.core.simulator.simulation import (DEFAULT_MAX_THINK_S, DEFAULT_
                                                    PreparedWorkload, prepare_workload, report,
                                                    simulate_policy)
 from prefixroute.edges.profiles import load_model_config, load_profile
-from prefixroute.edges.cli.common import print_json, stdout_console, write_atomic
+from prefixroute.edges.cli.columns import (POLICY_COLUMNS, SIMULATE_DEFAULT, add_table_arguments,
+                                           choose_columns, metrics_epilog, pct, print_rows, secs)
+from prefixroute.edges.cli.common import (add_json_argument, check_json_destination, print_json,
+                                          stdout_console, write_atomic)
 
-DEFAULT_TRACE_REPLICAS = 8  # the issue's benchmark fleet
+DEFAULT_TRACE_REPLICAS = 8  # the benchmark fleet of the design scenario
 GIB = 1 << 30
 
 
@@ -52,7 +54,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
     source.add_argument("--trace", metavar="FILE", help="a trace file (kvtester: a file or a "
                         "directory of session files)")
     source.add_argument("--trace-format", choices=("mooncake", "kvtester", "jsonl", "azure"),
-                        help="format of --trace")
+                        help="format of --trace (default: detected from the first record; "
+                             "docs/trace-format.md)")
     source.add_argument("--trace-block-size", type=int, metavar="N",
                         help="block size of the trace's block ids (default: the format's: "
                              "mooncake 512, kvtester from the file, jsonl from the file or 16, "
@@ -87,7 +90,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
                         help="block size of generated workloads (default 16, vLLM's)")
     source.add_argument("--seed", type=int, metavar="N",
                         help="seed of generated workloads and randomised policies (default: "
-                             "each generator's own, e.g. 3 for seed-fleet as in the SPEC; "
+                             "each generator's own, e.g. 3 for seed-fleet; "
                              "policies 0)")
     fleet = parser.add_argument_group("fleet")
     if grid:
@@ -145,9 +148,8 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
         raise ConfigError("give --workload or --trace, not both")
     defaults: dict[str, Any] = {}
     if args.trace:
-        if not args.trace_format:
-            raise ConfigError("--trace needs --trace-format (mooncake, kvtester, jsonl, azure)")
-        from prefixroute.edges.traces import read_trace
+        from prefixroute.edges.traces import read_trace, resolve_format
+        args.trace_format = resolve_format(args.trace, args.trace_format)
         if args.azure_prefixes and args.trace_format != "azure":
             raise ConfigError("--azure-prefixes applies to --trace-format azure only")
         prefixes = _key_values(args.azure_prefixes, "--azure-prefixes")
@@ -263,7 +265,9 @@ def workloads_epilog() -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate", help="replay a workload or trace through replicas under routing policies",
-        description=describe(__doc__), epilog=workloads_epilog(),
+        description=describe(__doc__),
+        epilog=workloads_epilog() + "\n\n" + metrics_epilog(
+            [c for c in POLICY_COLUMNS if c.name not in ("replicas", "cache blocks")]),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser)
     parser.add_argument("--replicas", type=int, metavar="N",
@@ -273,8 +277,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default all)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="run policies in N worker processes (default 1)")
-    parser.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-': "
-                        "standard output)")
+    add_json_argument(parser, "the report")
+    add_table_arguments(parser, POLICY_COLUMNS, SIMULATE_DEFAULT)
     parser.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
@@ -300,15 +304,7 @@ def _progress(enabled: bool, console) -> tuple[Any, Callable[[str, int, int], No
 
 def check_output_paths(json_path: str | None, plot_dir: str | None) -> None:
     """Refuse unwritable destinations before any work, so a failure writes nothing."""
-    if json_path and json_path != "-":
-        if os.path.isdir(json_path):
-            raise ConfigError(f"--json: {json_path} is a directory")
-        parent = Path(json_path).resolve().parent
-        for ancestor in (parent, *parent.parents):
-            if ancestor.exists():
-                if not ancestor.is_dir():
-                    raise ConfigError(f"--json: {ancestor} is not a directory")
-                break
+    check_json_destination(json_path)
     if plot_dir:
         for ancestor in (Path(plot_dir).resolve(), *Path(plot_dir).resolve().parents):
             if ancestor.exists():
@@ -318,9 +314,11 @@ def check_output_paths(json_path: str | None, plot_dir: str | None) -> None:
 
 
 def write_outputs(outputs: list[tuple[str, str | bytes]]) -> None:
+    """Write rendered files; a ``.png`` goes into the ``--plot`` directory, created if needed
+    (the JSON file's directory was checked to exist before the run)."""
     for path, data in outputs:
         try:
-            write_atomic(path, data)
+            write_atomic(path, data, make_parents=path.endswith(".png"))
         except OSError as exc:
             raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -328,6 +326,7 @@ def write_outputs(outputs: list[tuple[str, str | bytes]]) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     specs = expand_specs(args.policy or ["all"])
+    choose_columns(args.columns, POLICY_COLUMNS, SIMULATE_DEFAULT)  # a typo fails first
     check_output_paths(args.json, args.plot)
     workload, defaults = load_workload(args)
     fleet = resolve_fleet(args, workload, defaults)
@@ -365,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         print_json(result)
     else:
-        print_table(result, stdout_console())
+        print_table(result, stdout_console(), args.table_format, args.columns)
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0
@@ -409,45 +408,35 @@ def run_policies(workload: PreparedWorkload, fleet: FleetConfig, specs: list[str
     return runs
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
+_pct, _secs = pct, secs  # the names sweep and older callers import
 
 
-def _secs(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
-
-
-def print_table(result: dict, console) -> None:
-    from rich.table import Table
+def print_table(result: dict, console, fmt: str = "table", columns: str | None = None) -> None:
+    """The workload and fleet lines, then one row per policy (``--format``, ``--columns``)."""
+    rows = list(result["policies"].values())
+    chosen = choose_columns(columns, POLICY_COLUMNS, SIMULATE_DEFAULT,
+                            present=set(rows[0]) if rows else None)
+    if fmt == "csv":
+        print_rows(rows, chosen, fmt)
+        return
     w = result["workload"]
     f = result["fleet"]
     name = w.get("name") or w.get("trace", "")
     # A closed loop's arrivals depend on the run: no fixed duration to state.
     span = "closed loop (each turn sent after the previous reply)" if w.get("closed_loop") \
         else f"{w['duration_s']:.1f} s"
-    console.print(f"workload {name}: {w['requests']:,} requests, {w['input_tokens']:,} prompt "
-                  f"tokens, {span}; ideal token hit rate "
-                  f"{_pct(result['ideal_token_hit_rate'])} (one infinite cache)")
-    console.print(f"fleet: {f['replicas']} replicas x {f['cache_blocks']:,} blocks of "
-                  f"{f['block_size']} tokens ({f['cache_tokens']:,} tokens), engine profile "
-                  f"{f['engine_profile']}")
-    table = Table()
-    for column, justify in (("policy", "left"), ("token hit", "right"), ("req hit", "right"),
-                            ("reused tok", "right"), ("lost vs ideal", "right"),
-                            ("TTFT p50", "right"), ("p90", "right"), ("p99", "right"),
-                            ("e2e p50", "right"), ("assignments", "left"), ("skew", "right"),
-                            ("evictions", "right"), ("util max", "right")):
-        table.add_column(column, justify=justify)
-    for spec, p in result["policies"].items():
-        table.add_row(spec, _pct(p["token_hit_rate"]), _pct(p["request_hit_rate"]),
-                      f"{p['reused_prefix_tokens']:,}", f"{p['recomputed_prefill_tokens']:,}",
-                      _secs(p["ttft_p50_s"]), _secs(p["ttft_p90_s"]), _secs(p["ttft_p99_s"]),
-                      _secs(p["e2e_p50_s"]), " ".join(map(str, p["assignments"])),
-                      str(p["max_assignment_skew"]), f"{p['evictions']:,}",
-                      _pct(max(p["utilisation"]) if p["utilisation"] else None))
-    console.print(table)
+    say = console.print if fmt == "table" else print
+    say(f"workload {name}: {w['requests']:,} requests, {w['input_tokens']:,} prompt "
+        f"tokens, {span}; ideal token hit rate {_pct(result['ideal_token_hit_rate'])} (one "
+        f"infinite cache)")
+    say(f"fleet: {f['replicas']} replicas x {f['cache_blocks']:,} blocks of "
+        f"{f['block_size']} tokens ({f['cache_tokens']:,} tokens), engine profile "
+        f"{f['engine_profile']}")
+    if fmt == "markdown":
+        print()
+    print_rows(rows, chosen, fmt, console)
+    if fmt == "table":
+        console.print("columns: see --help; more with --columns all", style="dim")
 
 
 # -- plots ----------------------------------------------------------------------------------------
@@ -459,6 +448,37 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
+TIMELINE_BINS = 300  # points per replica line: a 12,000-request run stays readable
+
+
+def binned_load(times: list[float], rows: list[list[int]], bins: int = TIMELINE_BINS):
+    """Mean requests in flight per replica over ``bins`` equal time bins.
+
+    The timeline has a point per event (tens of thousands in a long run); drawn as is, eight
+    replicas' lines fill the panel with ink. The mean over a bin keeps the level and the
+    bursts a reader compares, where every n-th point would keep whichever spike it hit.
+    Returns (bin centres, array of shape bins x replicas); empty bins repeat the last value.
+    """
+    import numpy as np
+
+    t = np.asarray(times, dtype=float)
+    values = np.asarray(rows, dtype=float)
+    if len(t) < 2 or t[-1] <= t[0]:
+        return t, values
+    edges = np.linspace(t[0], t[-1], min(bins, len(t)) + 1)
+    index = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 2)
+    sums = np.zeros((len(edges) - 1, values.shape[1]))
+    np.add.at(sums, index, values)
+    counts = np.bincount(index, minlength=len(edges) - 1)
+    out = np.empty_like(sums)
+    last = values[0]
+    for b in range(len(sums)):
+        if counts[b]:
+            last = sums[b] / counts[b]
+        out[b] = last
+    return (edges[:-1] + edges[1:]) / 2, out
+
+
 def render_plots(workload: PreparedWorkload, runs: dict[str, PolicyRun]) -> dict[str, bytes]:
     """PNG bytes by file name: TTFT CDF per policy, hit rates, load per replica over time."""
     import matplotlib
@@ -466,22 +486,29 @@ def render_plots(workload: PreparedWorkload, runs: dict[str, PolicyRun]) -> dict
     import matplotlib.pyplot as plt
 
     out = {}
+    names = list(runs)
+    # Up to 20 distinct colours, and a second line style beyond 10, so that 15 policies stay
+    # distinguishable (the default cycle repeats after 10).
+    colours = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
     fig, ax = plt.subplots(figsize=(8, 5))
-    for spec, run in runs.items():
+    for index, (spec, run) in enumerate(runs.items()):
         values = sorted(v for v in run.ttft_s if v > 0)
         if not values:
             continue
         n = len(values)
-        ax.plot(values, [(i + 1) / n for i in range(n)], label=spec, linewidth=1.2)
+        step = max(1, n // 2000)  # a CDF needs no more points than pixels
+        xs = values[::step] + [values[-1]]
+        ys = [(i + 1) / n for i in range(0, n, step)] + [1.0]
+        ax.plot(xs, ys, label=spec, linewidth=1.2, color=colours(index % colours.N),
+                linestyle="-" if index < 10 else "--")
     ax.set_xscale("log")
-    ax.set_xlabel("time to first token (s)")
+    ax.set_xlabel("time to first token (s, log scale)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT CDF per policy")
+    ax.set_title(f"TTFT CDF per policy ({len(workload.requests):,} requests)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right", ncol=2 if len(names) > 8 else 1)
     out["ttft_cdf.png"] = _png(fig)
 
-    names = list(runs)
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names) + 2), 4.5))
     token = [runs[n].summary["token_hit_rate"] for n in names]
     request = [runs[n].summary["request_hit_rate"] for n in names]
@@ -494,30 +521,42 @@ def render_plots(workload: PreparedWorkload, runs: dict[str, PolicyRun]) -> dict
     ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("hit rate")
-    ax.set_title("Hit rates per policy")
-    ax.legend(fontsize=8)
+    ax.set_title("Hit rates per policy", pad=28)
+    # Above the bars, never over them.
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     out["hit_rates.png"] = _png(fig)
 
     cols = min(3, len(names)) or 1
     rows = -(-len(names) // cols) or 1
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 2.6 * rows), squeeze=False,
-                             sharex=True)
+    # Shared axes: the panels compare policies on one workload, so one scale for all.
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 2.6 * rows + 0.6), squeeze=False,
+                             sharex=True, sharey=True)
+    replicas = 0
     for index, spec in enumerate(names):
         ax = axes[index // cols][index % cols]
         run = runs[spec]
         if run.timeline_t:
-            step = max(1, len(run.timeline_t) // 2000)
-            t = run.timeline_t[::step]
-            rows_ = run.timeline_in_flight[::step]
-            for replica in range(len(rows_[0])):
-                ax.plot(t, [r[replica] for r in rows_], linewidth=0.8)
+            t, load = binned_load(run.timeline_t, run.timeline_in_flight)
+            replicas = max(replicas, load.shape[1])
+            for replica in range(load.shape[1]):
+                ax.plot(t, load[:, replica], linewidth=0.8, color=f"C{replica % 10}",
+                        label=f"replica {replica}")
         ax.set_title(spec, fontsize=9)
-        ax.set_ylabel("in flight", fontsize=8)
+        ax.grid(True, alpha=0.3)
+        if index % cols == 0:
+            ax.set_ylabel("requests in flight", fontsize=8)
     for index in range(len(names), rows * cols):
         axes[index // cols][index % cols].axis("off")
-    for ax in axes[-1]:
+    for col in range(cols):  # the lowest panel of each column carries the time axis
+        last = max(i for i in range(len(names)) if i % cols == col)
+        ax = axes[last // cols][col]
+        ax.xaxis.set_tick_params(labelbottom=True)
         ax.set_xlabel("time (s)", fontsize=8)
-    fig.suptitle("Requests in flight per replica over time", y=1.0)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(replicas, 8), fontsize=8,
+                   frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(f"Requests in flight per replica (mean over {TIMELINE_BINS} time bins)")
+    fig.tight_layout(rect=(0, 0.06 if rows < 3 else 0.03, 1, 1))
     out["load_over_time.png"] = _png(fig)
     return out

@@ -22,8 +22,10 @@ from typing import Any
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.registry import create_policy, expand_specs, parse_spec
 from prefixroute.core.simulator.simulation import simulate_policy, split_view
-from prefixroute.edges.cli.common import print_json, stdout_console
-from prefixroute.edges.cli.simulate import (_pct, _png, _secs, add_workload_arguments,
+from prefixroute.edges.cli.columns import (POLICY_COLUMNS, SWEEP_DEFAULT, add_table_arguments,
+                                           choose_columns, metrics_epilog, print_rows)
+from prefixroute.edges.cli.common import add_json_argument, print_json, stdout_console
+from prefixroute.edges.cli.simulate import (_pct, _png, add_workload_arguments,
                                             check_output_paths, describe, load_workload,
                                             resolve_fleet, workloads_epilog, write_outputs)
 
@@ -36,7 +38,8 @@ _SHARED: dict[str, Any] = {}
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sweep", help="run a grid of replicas, cache sizes and policy parameters in parallel",
-        description=describe(__doc__), epilog=workloads_epilog(),
+        description=describe(__doc__),
+        epilog=workloads_epilog() + "\n\n" + metrics_epilog(POLICY_COLUMNS),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser, grid=True)
     parser.add_argument("--replicas", metavar="N,N,...",
@@ -46,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "'all' is every registered policy (default hybrid and round_robin)")
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS, metavar="N",
                         help="worker processes (default %(default)s)")
-    parser.add_argument("--json", metavar="FILE", help="write the JSON results ('-': stdout)")
+    add_json_argument(parser, "the results")
+    add_table_arguments(parser, POLICY_COLUMNS, SWEEP_DEFAULT)
     parser.add_argument("--plot", metavar="DIR", help="write sweep.png to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     blocks_grid = _int_list(args.cache_blocks, "--cache-blocks")
     if args.kv_memory_gib is not None and blocks_grid != [None]:
         raise ConfigError("give --cache-blocks or --kv-memory-gib, not both")
+    choose_columns(args.columns, POLICY_COLUMNS, SWEEP_DEFAULT)  # a typo fails first
     specs = [s for spec in expand_specs(args.policy or ["hybrid", "round_robin"])
              for s in expand_alternatives(spec)]
     check_output_paths(args.json, args.plot)
@@ -152,56 +157,101 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         print_json(result)
     else:
-        print_sweep_table(result, stdout_console())
+        print_sweep_table(result, stdout_console(), args.table_format, args.columns)
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0
 
 
-def print_sweep_table(result: dict, console) -> None:
-    from rich.table import Table
-    console.print(f"ideal token hit rate {_pct(result['ideal_token_hit_rate'])} over "
-                  f"{result['workload']['requests']:,} requests")
-    table = Table()
-    for column in ("replicas", "cache blocks", "policy", "token hit", "TTFT p50", "TTFT p99",
-                   "skew", "evictions"):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for row in sorted(result["results"], key=lambda r: (r["replicas"], r["cache_blocks"],
-                                                        result["grid"]["policies"].index(
-                                                            r["policy"]))):
-        table.add_row(str(row["replicas"]), f"{row['cache_blocks']:,}", row["policy"],
-                      _pct(row["token_hit_rate"]), _secs(row["ttft_p50_s"]),
-                      _secs(row["ttft_p99_s"]), str(row["max_assignment_skew"]),
-                      f"{row['evictions']:,}")
-    console.print(table)
+def print_sweep_table(result: dict, console, fmt: str = "table",
+                      columns: str | None = None) -> None:
+    order = result["grid"]["policies"]
+    rows = sorted(result["results"], key=lambda r: (r["replicas"], r["cache_blocks"],
+                                                    order.index(r["policy"])))
+    chosen = choose_columns(columns, POLICY_COLUMNS, SWEEP_DEFAULT,
+                            present=set(rows[0]) if rows else None)
+    if fmt != "csv":
+        line = (f"ideal token hit rate {_pct(result['ideal_token_hit_rate'])} over "
+                f"{result['workload']['requests']:,} requests")
+        console.print(line) if fmt == "table" else print(line + "\n")
+    print_rows(rows, chosen, fmt, console)
+
+
+def sweep_axes(grid: dict) -> tuple[str, str | None]:
+    """(x axis, panel dimension) of the sweep plot: the grid dimension with the most values is
+    the x axis, so that every line has points to join; the other one, if it varies, makes the
+    panels. With one fleet size and one cache size the policies are the x axis."""
+    sizes = {"cache_blocks": len(grid["cache_blocks"]), "replicas": len(grid["replicas"])}
+    if max(sizes.values()) == 1:
+        return "policy", None
+    x = "cache_blocks" if sizes["cache_blocks"] >= sizes["replicas"] else "replicas"
+    other = "replicas" if x == "cache_blocks" else "cache_blocks"
+    return x, other if sizes[other] > 1 else None
+
+
+_LABELS = {"cache_blocks": "cache blocks per replica", "replicas": "replicas",
+           "policy": "policy"}
 
 
 def render_sweep_plot(result: dict) -> bytes:
+    """Token hit rate (top) and TTFT p99 (bottom) against the grid's longest dimension, one
+    line per policy, one column of panels per value of the other dimension; panels share
+    their y scales so that columns compare at a glance."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    replicas = result["grid"]["replicas"]
-    policies = result["grid"]["policies"]
-    fig, axes = plt.subplots(2, len(replicas), figsize=(4.5 * len(replicas), 7), squeeze=False)
-    for col, n in enumerate(replicas):
-        for spec in policies:
-            rows = sorted((r for r in result["results"]
-                           if r["replicas"] == n and r["policy"] == spec),
-                          key=lambda r: r["cache_blocks"])
-            xs = [r["cache_blocks"] for r in rows]
-            axes[0][col].plot(xs, [r["token_hit_rate"] for r in rows], marker="o", label=spec)
-            axes[1][col].plot(xs, [r["ttft_p99_s"] or 0 for r in rows], marker="o", label=spec)
+    import matplotlib.ticker
+    grid = result["grid"]
+    policies = grid["policies"]
+    x_dim, panel_dim = sweep_axes(grid)
+    panels = grid[panel_dim] if panel_dim else [None]
+    fig, axes = plt.subplots(2, len(panels), figsize=(max(6.0, 4.5 * len(panels)), 7),
+                             squeeze=False, sharey="row")
+    for col, panel in enumerate(panels):
+        rows_here = [r for r in result["results"] if panel_dim is None or r[panel_dim] == panel]
+        if x_dim == "policy":
+            xs = list(range(len(policies)))
+            by_policy = {r["policy"]: r for r in rows_here}
+            hit = [by_policy[p]["token_hit_rate"] for p in policies]
+            p99 = [by_policy[p]["ttft_p99_s"] or 0 for p in policies]
+            axes[0][col].bar(xs, hit)
+            axes[1][col].bar(xs, p99)
+            for ax in axes[:, col]:
+                ax.set_xticks(xs)
+                ax.set_xticklabels(policies, rotation=45, ha="right", fontsize=8)
+        else:
+            for spec in policies:
+                rows = sorted((r for r in rows_here if r["policy"] == spec),
+                              key=lambda r: r[x_dim])
+                xs = [r[x_dim] for r in rows]
+                axes[0][col].plot(xs, [r["token_hit_rate"] for r in rows], marker="o",
+                                  label=spec)
+                axes[1][col].plot(xs, [r["ttft_p99_s"] or 0 for r in rows], marker="o",
+                                  label=spec)
+            for ax in axes[:, col]:
+                ax.set_xticks(grid[x_dim])
+                if x_dim == "cache_blocks" and grid[x_dim][-1] >= 8 * grid[x_dim][0]:
+                    ax.set_xscale("log")
+                    ax.set_xticks(grid[x_dim])
+                    ax.set_xticklabels([f"{v:,}" for v in grid[x_dim]])
+                    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axes[0][col].axhline(result["ideal_token_hit_rate"], color="black", linestyle="--",
-                             linewidth=1)
-        axes[0][col].set_title(f"{n} replicas")
-        axes[0][col].set_ylabel("token hit rate")
+                             linewidth=1, label="ideal (one infinite cache)")
+        if panel_dim:
+            axes[0][col].set_title(f"{panel:,} {_LABELS[panel_dim]}")
         axes[0][col].set_ylim(0, 1)
-        axes[1][col].set_ylabel("TTFT p99 (s)")
-        axes[1][col].set_xlabel("cache blocks per replica")
         axes[1][col].set_yscale("log")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("Sweep: token hit rate and TTFT p99 against cache capacity")
-    fig.tight_layout()
+        axes[1][col].set_xlabel(_LABELS[x_dim])
+        for ax in axes[:, col]:
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("token hit rate")
+    axes[1][0].set_ylabel("TTFT p99 (s, log scale)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8,
+               frameon=False)
+    fig.suptitle(f"Sweep: token hit rate and TTFT p99 against {_LABELS[x_dim]} "
+                 f"({result['workload']['requests']:,} requests)")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return _png(fig)
 
 

@@ -10,9 +10,10 @@ field: missing fields, timestamps going backwards, block-size mismatches.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Iterable
 
-from prefixroute.core.errors import ConfigError
+from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.simulator.generators import with_prefixes
 from prefixroute.core.simulator.request import Request
 from prefixroute.edges.traces.azure import read_azure
@@ -21,6 +22,47 @@ from prefixroute.edges.traces.kvtester import read_kvtester
 from prefixroute.edges.traces.mooncake import MOONCAKE_BLOCK_SIZE, read_mooncake
 
 FORMATS = ("mooncake", "kvtester", "jsonl", "azure")
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """The format of a trace, from its first record: a directory or a JSON document with
+    ``requests`` is ``kvtester``; a JSON line with ``timestamp`` and ``input_length`` is
+    ``mooncake``, with ``arrival_s`` or the ``prefixroute_trace`` header ``jsonl``; a CSV
+    header starting ``TIMESTAMP,ContextTokens`` is ``azure``. Anything else is an
+    :class:`InputError` that names the formats and the flag to give."""
+    import json
+
+    from prefixroute.edges.traces.common import open_text
+
+    if os.path.isdir(path):
+        return "kvtester"
+    with open_text(path) as handle:
+        try:
+            head = handle.read(1 << 16)
+        except UnicodeDecodeError:
+            raise InputError("not UTF-8 text", where=str(path)) from None
+    first = next((line.strip() for line in head.splitlines() if line.strip()), "")
+    if first.replace(" ", "").startswith("TIMESTAMP,ContextTokens"):
+        return "azure"
+    record = None
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
+        try:
+            with open_text(path) as handle:  # one document over several lines
+                record = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None
+    if isinstance(record, dict):
+        if isinstance(record.get("requests"), list):
+            return "kvtester"
+        if "timestamp" in record and "input_length" in record:
+            return "mooncake"
+        if "arrival_s" in record or "prefixroute_trace" in record:
+            return "jsonl"
+    raise InputError(f"cannot tell the trace format from the first record; give "
+                     f"--trace-format ({', '.join(FORMATS)}; docs/trace-format.md)",
+                     where=str(path))
 
 
 def read_trace(path: str | os.PathLike, fmt: str, block_size: int | None = None,
@@ -52,5 +94,26 @@ def read_trace(path: str | os.PathLike, fmt: str, block_size: int | None = None,
     raise ConfigError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-__all__ = ["FORMATS", "read_trace", "read_mooncake", "read_kvtester", "read_jsonl",
+def resolve_format(path: str | os.PathLike, given: str | None) -> str:
+    """The format to read ``path`` with: ``given``, else detected (and said on stderr). A
+    given format that contradicts a clear detection is read as given, with a warning: the
+    reader's "missing field" would otherwise not say that another format exists."""
+    from prefixroute.edges.traces.common import warn
+
+    if given is None:
+        detected = detect_format(path)
+        print(f"prefixroute: reading {path} as format {detected} (detected; --trace-format "
+              f"to override)", file=sys.stderr)
+        return detected
+    try:
+        detected = detect_format(path)
+    except InputError:
+        return given
+    if detected != given:
+        warn(f"{path} looks like format {detected}, not {given}: if the reader stops at a "
+             f"missing field, try --trace-format {detected}")
+    return given
+
+
+__all__ = ["FORMATS", "detect_format", "resolve_format", "read_trace", "read_mooncake", "read_kvtester", "read_jsonl",
            "read_azure", "MOONCAKE_BLOCK_SIZE"]

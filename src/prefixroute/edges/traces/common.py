@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
-from typing import Any, Iterator
+import sys
+from typing import Any, Callable, Collection, Iterator
 
 from prefixroute.core.errors import InputError
 
@@ -103,3 +105,27 @@ def check_time_order(value: float, previous: float, where: str, name: str) -> No
     if value < previous:
         raise InputError(f"timestamps go backwards: {value:g} after {previous:g}", where=where,
                          field=name)
+
+
+def warn(message: str) -> None:
+    """A likely mistake in an input that does not stop the run: one line on stderr."""
+    print(f"prefixroute: warning: {message}", file=sys.stderr)
+
+
+def unknown_field_checker(known: Collection[str],
+                          report: Callable[[str], None] = warn) -> Callable[[dict, str], None]:
+    """A check for fields no reader uses: each unknown name is reported once (where first
+    seen), with the closest known name, since a typo ("tenat") would otherwise silently drop
+    what the field was meant to say."""
+    seen: set[str] = set()
+
+    def check(record: dict, where: str) -> None:
+        for name in record:
+            if name in known or name in seen:
+                continue
+            seen.add(name)
+            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            report(f"{where}: unknown field {name!r} ignored{hint}")
+
+    return check

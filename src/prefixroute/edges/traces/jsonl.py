@@ -18,12 +18,15 @@ from prefixroute.core.errors import InputError
 from prefixroute.core.identity.identity import Adapter, CacheIdentity
 from prefixroute.core.simulator.request import Request
 from prefixroute.edges.traces.common import (check_block_ids, check_time_order, id_list, integer,
-                                             json_records, number)
+                                             json_records, number, unknown_field_checker)
 
 DEFAULT_TOKEN_BLOCK_SIZE = 16  # vLLM's default block size, for token-id traces
 HEADER_KEY = "prefixroute_trace"
 _STRING_FIELDS = ("request_id", "tenant", "session", "prefix_group", "namespace", "cache_salt",
                   "model", "adapter")
+KNOWN_FIELDS = frozenset(_STRING_FIELDS + ("arrival_s", "output_tokens", "token_ids", "hash_ids",
+                                           "input_tokens", "block_size", "turn",
+                                           "output_token_ids", HEADER_KEY))
 
 
 def read_jsonl(path: str | os.PathLike, block_size: int | None = None) -> Iterator[Request]:
@@ -31,7 +34,9 @@ def read_jsonl(path: str | os.PathLike, block_size: int | None = None) -> Iterat
     file_block_size: int | None = None
     previous = 0.0
     identities: dict[tuple, CacheIdentity] = {}
+    check_fields = unknown_field_checker(KNOWN_FIELDS)
     for line_number, where, record in json_records(path):
+        check_fields(record, where)
         if HEADER_KEY in record:
             if record[HEADER_KEY] != 1:
                 raise InputError(f"unsupported format version {record[HEADER_KEY]!r} (this "

@@ -12,16 +12,19 @@ from typing import Iterator
 
 from prefixroute.core.simulator.request import Request
 from prefixroute.edges.traces.common import (check_block_ids, check_time_order, id_list, integer,
-                                             json_records, number)
+                                             json_records, number, unknown_field_checker)
 
 MOONCAKE_BLOCK_SIZE = 512
+KNOWN_FIELDS = frozenset(("timestamp", "input_length", "output_length", "hash_ids"))
 
 
 def read_mooncake(path: str | os.PathLike, block_size: int | None = None) -> Iterator[Request]:
     block_size = block_size or MOONCAKE_BLOCK_SIZE
     stem = os.path.basename(str(path))
     previous = 0.0
+    check_fields = unknown_field_checker(KNOWN_FIELDS)
     for number_, where, record in json_records(path):
+        check_fields(record, where)
         timestamp_ms = number(record, "timestamp", where)
         check_time_order(timestamp_ms, previous, where, "timestamp")
         previous = timestamp_ms
