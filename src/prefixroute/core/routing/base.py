@@ -4,8 +4,9 @@ A policy sees a :class:`RequestView` and one :class:`ReplicaView` per candidate 
 returns a :class:`Decision`: the chosen replica, the branch it took, every candidate's score
 and a human-readable reason. It never knows whether it runs live or simulated: the gateway
 fills the views from in-flight counts, backend metrics and KV events; the simulator fills them
-from its replica models. Both call :meth:`Policy.route` and then :meth:`Policy.on_routed` on
-the same object.
+from its replica models. Both drive the same
+:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, which calls every hook below
+on the policy, in the same order for the same events.
 
 Policies may keep state (a router's approximate radix tree, cumulative assignments); they are
 constructed by name from :mod:`prefixroute.core.routing.registry` with ``key=value``
