@@ -11,7 +11,8 @@ side by side in this one run and reported as a ratio, since this machine is shar
 4. One routing decision for a 10,000-token prompt (625 blocks of 16) over 4 replicas with
    approximate views, per policy, through the lifecycle runner: ``route``, ``on_routed``, the
    view's record of the blocks sent and ``on_completed``, the work the gateway does per
-   request besides HTTP; reported in microseconds and as a ratio to ``round_robin``, which does only the view's bookkeeping.
+   request besides HTTP; reported in microseconds and as a ratio to ``round_robin``, which
+   does only the view's bookkeeping.
 """
 
 from __future__ import annotations

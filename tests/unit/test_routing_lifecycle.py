@@ -6,6 +6,7 @@ runner calls, so each test states what the policy is told."""
 import pytest
 
 from prefixroute.core.clock import ManualClock
+from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
 from prefixroute.core.routing.lifecycle import (NON_CANDIDATE_BRANCH, LifecycleRunner,
                                                 NoCandidateError)
@@ -166,11 +167,19 @@ def test_a_draining_replica_takes_nothing_new_and_finishes_what_it_has():
 
 def test_a_removed_replica_is_no_candidate_and_the_policy_forgets_it():
     runner, policy = fleet()
+    policy.answer = 1
+    old = runner.route(request("a", "wx"))
     runner.remove_replica(1)
     assert policy.calls[-1] == ("reset", 1)
-    policy.answer = 1
-    booking = runner.route(request("a", "wx"))
+    booking = runner.route(request("b", "wx"))
     assert (booking.replica, booking.decision.branch) == (0, NON_CANDIDATE_BRANCH)
+    # It comes back under the same index with a new view; the old request's end applies to
+    # the replica it was booked on, not to the newcomer's counts.
+    newcomer = runner.add_replica(ReplicaView(index=1, cache=ApproximateView()))
+    runner.completed(old, 0)
+    assert (newcomer.in_flight, newcomer.assignments, old.view.in_flight) == (0, 0, 0)
+    with pytest.raises(ConfigError):
+        runner.add_replica(ReplicaView(index=1))  # already in the fleet
 
 
 def test_a_remote_booking_counts_like_a_local_one_and_is_marked():

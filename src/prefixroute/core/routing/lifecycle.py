@@ -56,7 +56,7 @@ Pure: no I/O, no clock of its own (a request carries ``now``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from prefixroute.core.errors import ConfigError
@@ -88,6 +88,9 @@ class Booking:
     remote: bool = False
     held_blocks: int | None = None
     ended: bool = False
+    # The replica as it was booked: its end applies there even if the replica has left and
+    # a new one joined under the same index since.
+    view: ReplicaView | None = field(default=None, repr=False)
 
 
 class LifecycleRunner:
@@ -116,9 +119,10 @@ class LifecycleRunner:
     def add_replica(self, view: ReplicaView) -> ReplicaView:
         """A replica joins (or comes back from draining) with ``view``: its index, name, cache
         view and KV size. From now on the runner keeps its ``in_flight`` and ``assignments``;
-        the body keeps its load fields up to date."""
+        the body keeps its load fields up to date. A replica that was removed may join again
+        with a new view; requests booked on the old one end there."""
         known = self.replicas.get(view.index)
-        if known is not None and known is not view:
+        if known is not None and known is not view and view.index in self.states:
             raise ConfigError(f"replica {view.index} is already in the fleet")
         self.replicas[view.index] = view
         self.states[view.index] = UP
@@ -201,7 +205,7 @@ class LifecycleRunner:
         engine ran it (its blocks are cached there)."""
         if self._end(booking, ran=ran):
             if not ran:
-                self.replicas[booking.replica].assignments -= 1
+                booking.view.assignments -= 1
             if self._on_unreported is not None:
                 self._on_unreported(booking.request, booking.replica, ran)
 
@@ -209,7 +213,7 @@ class LifecycleRunner:
         """The leading blocks of the request the view held on its replica before the
         booking (reads the view if it deferred the answer)."""
         if booking.held_blocks is None:
-            self.replicas[booking.replica].cache.match(booking.request.block_keys)
+            booking.view.cache.match(booking.request.block_keys)
         return booking.held_blocks or 0
 
     # -- internals -----------------------------------------------------------------------
@@ -232,7 +236,7 @@ class LifecycleRunner:
 
     def _book(self, request: RequestView, decision: Decision, *, remote: bool) -> Booking:
         view = self.replicas[decision.replica]
-        booking = Booking(request, decision, decision.replica, remote)
+        booking = Booking(request, decision, decision.replica, remote, view=view)
         view.in_flight += 1
         view.assignments += 1
         cache = view.cache
@@ -251,7 +255,7 @@ class LifecycleRunner:
         if booking.ended:
             return False
         booking.ended = True
-        view = self.replicas[booking.replica]
+        view = booking.view
         view.in_flight -= 1
         end = getattr(view.cache, "on_ended", None)
         if end is not None:

@@ -38,8 +38,7 @@ import httpx
 from prefixroute.core.clock import Clock
 from prefixroute.core.identity.identity import Adapter
 from prefixroute.core.routing.base import ReplicaView
-from prefixroute.core.routing.views import (EVENT_GRACE_S, ApproximateView,  # noqa: F401
-                                            EventView, LiveEventView)
+from prefixroute.core.routing.views import ApproximateView, EventView, LiveEventView
 from prefixroute.edges.gateway.breaker import STATE_CODES, CircuitBreaker
 from prefixroute.edges.gateway.config import BackendConfig, GatewayConfig
 from prefixroute.edges.gateway.metrics import GatewayMetrics
