@@ -74,10 +74,11 @@ class ReplicaView:
     """One candidate replica: its load and the router's view of its cache.
 
     Load fields follow what real routers read: ``in_flight`` (requests sent and not finished,
-    the gateway's own count), ``queued`` / ``running`` (engine ``num_requests_waiting`` /
+    the router's own count), ``queued`` / ``running`` (engine ``num_requests_waiting`` /
     ``num_requests_running``), ``pending_prefill_tokens`` (uncached prompt tokens not yet
     computed), ``kv_usage`` (0..1, ``vllm:kv_cache_usage_perc``) and ``assignments`` (requests
-    routed here so far). ``cache`` answers prefix lookups; ``capacity_blocks`` is its KV size.
+    routed here so far, less those that ended without running). The lifecycle runner keeps
+    ``in_flight`` and ``assignments``; the body fills in the rest. ``cache`` answers prefix lookups; ``capacity_blocks`` is its KV size.
     ``scheduling_policy`` is the engine's (``vllm serve --scheduling-policy``): under
     ``priority`` its waiting queue goes by the priority a request carries
     (:attr:`Decision.priority`), lower first.

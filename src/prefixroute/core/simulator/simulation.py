@@ -336,7 +336,7 @@ class SimulatedFleet:
                 index=i, name=f"replica-{i}", capacity_blocks=fleet.cache_blocks, cache=cache,
                 prefill_s_per_token=fleet.service.prefill_s_per_token,
                 scheduling_policy=fleet.scheduling_policy))
-        self.views = self.runner.routable()
+        self.views = [self.runner.replicas[i] for i in range(fleet.replicas)]
         total = len(workload.requests)
         self.first_token = array("d", [-1.0]) * total
         self.finish = array("d", [-1.0]) * total
