@@ -9,9 +9,10 @@ side by side in this one run and reported as a ratio, since this machine is shar
    gateway's memo (``BlockHasher(memo_blocks=...)``) vs without on prompts sharing prefixes.
 3. match + insert operations per second on each cache holding 100,000 blocks.
 4. One routing decision for a 10,000-token prompt (625 blocks of 16) over 4 replicas with
-   approximate views, per policy: ``route``, ``on_routed``, the view's record of the blocks
-   sent and ``on_completed``, the work the gateway does per request besides HTTP; reported in
-   microseconds and as a ratio to ``round_robin``, which does only the view's bookkeeping.
+   approximate views, per policy, through the lifecycle runner: ``route``, ``on_routed``, the
+   view's record of the blocks sent and ``on_completed``, the work the gateway does per
+   request besides HTTP; reported in microseconds and as a ratio to ``round_robin``, which
+   does only the view's bookkeeping.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.caches.radix_tree import RadixCache
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.routing.base import ReplicaView, RequestView
+from prefixroute.core.routing.lifecycle import LifecycleRunner
 from prefixroute.core.routing.registry import create_policy
 from prefixroute.core.routing.views import ApproximateView
 
@@ -172,15 +174,17 @@ def bench_routing(requests: int, replicas: int = 4, tenants: int = 50,
     out = {}
     for name in ROUTING_POLICIES:
         policy = create_policy(name)
-        views = [ApproximateView(200_000) for _ in range(replicas)]
+        runner = LifecycleRunner(policy)
+        for i in range(replicas):
+            runner.add_replica(ReplicaView(i, capacity_blocks=200_000, prefill_s_per_token=4e-5,
+                                           cache=ApproximateView(200_000)))
         start = time.perf_counter()
         for request in workload:
-            fleet = [ReplicaView(i, capacity_blocks=200_000, prefill_s_per_token=4e-5,
-                                 cache=views[i]) for i in range(replicas)]
-            decision = policy.route(request, fleet)
-            policy.on_routed(request, decision)
-            views[decision.replica].record(request.block_keys)
-            policy.on_completed(request, decision.replica, decision.predicted_cached_tokens)
+            # What the gateway does: route and book, read the held blocks for its
+            # prediction (which applies the view's record), then the completion.
+            booking = runner.route(request)
+            runner.held_blocks(booking)
+            runner.completed(booking, booking.decision.predicted_cached_tokens)
         out[name] = 1e6 * (time.perf_counter() - start) / requests
     return out
 

@@ -79,8 +79,8 @@ def test_pending_prefill_ends_at_first_byte_or_when_nothing_waits(monkeypatch):
     clock = ManualClock()
     backend = make_backend(monkeypatch, clock)
     clock.advance(0.1)
-    first = backend.dispatch([1], 100)
-    backend.dispatch([2], 50)
+    first = backend.dispatch(100)
+    backend.dispatch(50)
     assert backend.pending_prefill_tokens == 150
     backend.prefill_done(first)
     assert backend.pending_prefill_tokens == 50

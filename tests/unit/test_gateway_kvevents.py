@@ -13,7 +13,8 @@ from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import CacheIdentity, derive_trust_group_salt
 from prefixroute.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from prefixroute.edges.gateway.app import Gateway
-from prefixroute.edges.gateway.backends import EVENT_GRACE_S, LiveEventView
+from prefixroute.core.routing.base import RequestView
+from prefixroute.core.routing.views import EVENT_GRACE_S, LiveEventView
 from prefixroute.edges.gateway.config import hash_api_key, parse_config
 from prefixroute.edges.kvevents.zmq import KVEventPublisher, ReceivedBatch
 from prefixroute.edges.listen import free_port
@@ -53,6 +54,12 @@ async def backend(request: httpx.Request) -> httpx.Response:
         "prompt_tokens_details": {"cached_tokens": 0}}})
 
 
+def book(gateway, keys, replica=0):
+    """A request with ``keys`` routed to ``replica`` through the gateway's lifecycle runner."""
+    request = RequestView("q", len(keys) * BLOCK + 1, BLOCK, block_keys=keys)
+    return gateway.router.runner.route(request, [replica])
+
+
 def received(events, *, restarted=False, missing=0):
     return ReceivedBatch(seq=0, topic=b"kv", batch=EventBatch(0.0, tuple(events)), payload=b"",
                          restarted=restarted, missing_before=missing)
@@ -80,16 +87,14 @@ def test_an_ended_request_holds_its_blocks_until_the_events_come_or_the_grace_en
                       clock=clock)
     r0 = gateway.pool.backends[0]
     keys = event_keys(list(range(64)))
-    r0.dispatch(keys, 64)
-    r0.finish(keys, stored=True, matched_before=0)
+    gateway.router.runner.completed(book(gateway, keys), 0)
     assert r0.view.match(keys) == 4  # no event yet: held on the answer's word
     clock.advance(EVENT_GRACE_S)
     assert r0.view.match(keys) == 4
     clock.advance(0.001)
     assert r0.view.match(keys) == 0  # the events never came: forgotten
 
-    r0.dispatch(keys, 64)
-    r0.finish(keys, stored=True, matched_before=0)
+    gateway.router.runner.completed(book(gateway, keys), 0)
     r0.apply_events(received([BlockRemoved((keys[1],))]))
     assert r0.view.match(keys) == 1  # the engine evicted block 1: the grace ends for it
 
@@ -121,9 +126,9 @@ def test_in_flight_requests_count_as_held_and_failed_ones_leave_nothing(monkeypa
     gateway = Gateway(config(monkeypatch, [free_port()]), transport=httpx.MockTransport(backend),
                       clock=ManualClock())
     r0 = gateway.pool.backends[0]
-    r0.dispatch([5, 6, 7], uncached_tokens=48)
+    booking = book(gateway, [5, 6, 7])
     assert r0.view.match([5, 6, 7, 8]) == 3
-    r0.finish([5, 6, 7], stored=False, matched_before=0)
+    gateway.router.runner.ended(booking, ran=False)
     assert r0.view.match([5, 6, 7]) == 0  # refused or failed: never cached, nothing held
 
 

@@ -4,8 +4,9 @@ A policy sees a :class:`RequestView` and one :class:`ReplicaView` per candidate 
 returns a :class:`Decision`: the chosen replica, the branch it took, every candidate's score
 and a human-readable reason. It never knows whether it runs live or simulated: the gateway
 fills the views from in-flight counts, backend metrics and KV events; the simulator fills them
-from its replica models. Both call :meth:`Policy.route` and then :meth:`Policy.on_routed` on
-the same object.
+from its replica models. Both drive the same
+:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, which calls every hook below
+on the policy, in the same order for the same events.
 
 Policies may keep state (a router's approximate radix tree, cumulative assignments); they are
 constructed by name from :mod:`prefixroute.core.routing.registry` with ``key=value``
@@ -73,10 +74,11 @@ class ReplicaView:
     """One candidate replica: its load and the router's view of its cache.
 
     Load fields follow what real routers read: ``in_flight`` (requests sent and not finished,
-    the gateway's own count), ``queued`` / ``running`` (engine ``num_requests_waiting`` /
+    the router's own count), ``queued`` / ``running`` (engine ``num_requests_waiting`` /
     ``num_requests_running``), ``pending_prefill_tokens`` (uncached prompt tokens not yet
     computed), ``kv_usage`` (0..1, ``vllm:kv_cache_usage_perc``) and ``assignments`` (requests
-    routed here so far). ``cache`` answers prefix lookups; ``capacity_blocks`` is its KV size.
+    routed here so far, less those that ended without running). The lifecycle runner keeps
+    ``in_flight`` and ``assignments``; the body fills in the rest. ``cache`` answers prefix lookups; ``capacity_blocks`` is its KV size.
     ``scheduling_policy`` is the engine's (``vllm serve --scheduling-policy``): under
     ``priority`` its waiting queue goes by the priority a request carries
     (:attr:`Decision.priority`), lower first.

@@ -10,17 +10,20 @@ metrics (:mod:`prefixroute.core.simulator.metrics`).
 Events, in time order (engine events before arrivals at the same instant, so a router sees a
 replica that just finished as free):
 
-* **arrival**: build the :class:`RequestView` and one :class:`ReplicaView` per replica (load
-  from the engine: waiting, running, KV usage, pending prefill; the router's own in-flight
-  count and assignments; a cache view), ``policy.route``, ``policy.on_routed``, submit to
-  the chosen replica's engine;
-* **engine events**: first token (TTFT), finish (``policy.on_completed`` with the replica's
-  reported ``cached_tokens``), rejection (a request larger than the replica's KV).
+* **arrival**: fill each replica's :class:`ReplicaView` with its engine's load (waiting,
+  running, KV usage, pending prefill) and route through the
+  :class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, the same runner the gateway
+  drives (it keeps the in-flight and assignment counts and books the request into the cache
+  view), then submit to the chosen replica's engine;
+* **engine events**: first token (TTFT), finish (a completion with the replica's reported
+  ``cached_tokens``), rejection (a request larger than the replica's KV: an end without a
+  report, the engine not having run it).
 
 Cache views, chosen per run (``view=`` in the policy spec, or the default):
 ``approximate`` (the router records each request's blocks on the replica it chose, in an LRU
 of the replica's size: what it can infer from its own history), ``events`` (the replica
-pool's KV events feed an :class:`EventView`) or ``oracle`` (the pool itself).
+pool's KV events feed the gateway's :class:`LiveEventView`, which also counts the blocks of
+requests in flight there) or ``oracle`` (the pool itself).
 
 Routers see each request's prompt block keys; token ids only when the workload was prepared
 with ``keep_token_ids`` (a 10,000-token prompt is 40 kB, so by default they are dropped once
@@ -45,8 +48,9 @@ from prefixroute.core.replica.engine import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEF
                                              SCHEDULING_POLICIES, ReplicaEngine)
 from prefixroute.core.replica.service_time import ServiceTimeModel
 from prefixroute.core.routing.base import ReplicaView, RequestView
+from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
 from prefixroute.core.routing.registry import create_policy, parse_spec
-from prefixroute.core.routing.views import ApproximateView, EventView, OracleView
+from prefixroute.core.routing.views import ApproximateView, EventView, LiveEventView, OracleView
 from prefixroute.core.simulator import metrics
 from prefixroute.core.simulator.keys import BlockKeyer
 from prefixroute.core.simulator.request import Request
@@ -228,40 +232,6 @@ def prepare_workload(requests: Iterable[Request], *, block_size: int | None = No
                             after=after, gap_s=gaps)
 
 
-class _DeferredApproximateView:
-    """An :class:`ApproximateView` whose ``record`` calls are applied, in order, when the
-    policy first reads it: identical answers, and policies that never read the view (load-only
-    and hash policies) do not pay for an LRU update per block."""
-
-    __slots__ = ("view", "pending")
-
-    def __init__(self, view: ApproximateView):
-        self.view = view
-        self.pending: list = []
-
-    def record(self, keys) -> None:
-        self.pending.append(keys)
-
-    def match(self, keys) -> int:
-        if self.pending:
-            self._flush()
-        return self.view.match(keys)
-
-    def _flush(self) -> None:
-        record = self.view.record
-        for keys in self.pending:
-            record(keys)
-        self.pending.clear()
-
-    def __len__(self) -> int:
-        self._flush()
-        return len(self.view)
-
-    def __getattr__(self, name: str):
-        self._flush()
-        return getattr(self.view, name)
-
-
 @dataclass
 class PolicyRun:
     """One policy's results: the JSON summary and the raw series the plots need."""
@@ -326,6 +296,115 @@ def split_view(spec: str, default_view: str = DEFAULT_VIEW) -> tuple[str, str]:
     return (f"{name}:{rest}" if rest else name), view
 
 
+class SimulatedFleet:
+    """The simulator's body: replicas (engines over paged pools), their views, and the
+    lifecycle runner that routes onto them. It turns what the engines do into the runner's
+    events, as the gateway turns HTTP answers into them:
+
+    * :meth:`arrive`: fill each replica's load from its engine (waiting, running, KV usage,
+      pending prefill), route through the runner, submit to the chosen engine;
+    * :meth:`engine_events`: a first token is timed; a finish is a completion with the
+      engine's ``cached_tokens``; a rejection (a request larger than the replica's KV) is an
+      end without a report, the engine not having run it;
+    * :meth:`restart`: the replica came back empty (its pool reset, the runner told).
+
+    Per request it keeps arrival, first token, finish, cached tokens and replica for the
+    summary."""
+
+    def __init__(self, workload: PreparedWorkload, fleet: FleetConfig, policy: Any, *,
+                 view: str = DEFAULT_VIEW, clock: ManualClock | None = None):
+        if view not in VIEWS:
+            raise ConfigError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
+        self.workload = workload
+        self.fleet = fleet
+        self.clock = clock or ManualClock(0.0)
+        self.runner = LifecycleRunner(policy)
+        self.pools: list[PagedBlockPool] = []
+        self.engines: list[ReplicaEngine] = []
+        for i in range(fleet.replicas):
+            listener = LiveEventView(EventView(), self.clock) if view == "events" else None
+            pool = PagedBlockPool(fleet.cache_blocks + 1, fleet.block_size, listener=listener)
+            if view == "events":
+                cache: Any = listener
+            elif view == "oracle":
+                cache = OracleView(pool)
+            else:
+                cache = ApproximateView(capacity_blocks=fleet.cache_blocks)
+            self.pools.append(pool)
+            self.engines.append(fleet.engine(pool, f"replica-{i}"))
+            self.runner.add_replica(ReplicaView(
+                index=i, name=f"replica-{i}", capacity_blocks=fleet.cache_blocks, cache=cache,
+                prefill_s_per_token=fleet.service.prefill_s_per_token,
+                scheduling_policy=fleet.scheduling_policy))
+        self.views = [self.runner.replicas[i] for i in range(fleet.replicas)]
+        total = len(workload.requests)
+        self.first_token = array("d", [-1.0]) * total
+        self.finish = array("d", [-1.0]) * total
+        self.cached = array("q", [0]) * total
+        self.replica_of = array("l", [-1]) * total
+        self.rejected = 0
+        self.predicted_total = 0
+        self.bookings: dict[int, Booking] = {}
+        self.timeline_t: list[float] = []
+        self.timeline_rows: list[list[int]] = []
+
+    def arrive(self, k: int, now: float) -> Booking:
+        """Request ``k`` arrives at ``now`` (the clock is there): route and submit it. The
+        engine's events due by ``now`` are returned by the engine's next ``advance``."""
+        request = self.workload.requests[k]
+        rv = RequestView(request.request_id, request.input_tokens, self.fleet.block_size,
+                         block_keys=self.workload.prompt_keys[k], token_ids=request.token_ids,
+                         tenant=request.tenant, routing_key=request.session, now=now)
+        for engine, v in zip(self.engines, self.views):
+            v.queued = engine.waiting
+            v.running = engine.running
+            v.pending_prefill_tokens = engine.pending_prefill_tokens
+            v.kv_usage = engine.kv_usage
+        booking = self.runner.route(rv)
+        decision = booking.decision
+        target = booking.replica
+        self.predicted_total += decision.predicted_cached_tokens or 0
+        self.replica_of[k] = target
+        self.bookings[k] = booking
+        self.timeline_t.append(now)
+        self.timeline_rows.append([v.in_flight for v in self.views])
+        self.engines[target].submit(k, request.input_tokens, request.output_tokens,
+                                    request.block_keys, now, priority=decision.priority or 0)
+        return booking
+
+    def engine_events(self, i: int, events: Iterable[Any]) -> list[tuple[int, float]]:
+        """Apply replica ``i``'s engine events; returns (request, time) of those that ended
+        (finished or rejected), whose sessions may send their next turn."""
+        ended = []
+        runner = self.runner
+        for event in events:
+            k = event.request_id
+            if event.kind == "first_token":
+                self.first_token[k] = event.time
+                continue
+            booking = self.bookings.pop(k)
+            if event.kind == "finished":
+                self.finish[k] = event.time
+                self.cached[k] = event.cached_tokens
+                runner.completed(booking, event.cached_tokens)
+            else:  # rejected: the engine never ran it
+                self.rejected += 1
+                runner.ended(booking, ran=False)
+            ended.append((k, event.time))
+        return ended
+
+    def restart(self, i: int) -> None:
+        """Replica ``i`` restarted with an empty cache. It must hold no request (a restart
+        fails those; the simulator has no failed requests), else ConfigError."""
+        if self.engines[i].waiting or self.engines[i].running or not self.pools[i].reset():
+            raise ConfigError(f"replica {i} has requests: it cannot restart now")
+        self.runner.reset_replica(i)
+
+    @property
+    def assignments(self) -> list[int]:
+        return [v.assignments for v in self.views]
+
+
 def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *,
                     view: str = DEFAULT_VIEW, seed: int = 0,
                     progress: Callable[[int, int], None] | None = None,
@@ -347,50 +426,17 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         raise ConfigError(f"the workload's block size is {workload.block_size}, the fleet's "
                           f"{fleet.block_size}")
     n_replicas = fleet.replicas
-    block_size = fleet.block_size
     policy = create_policy(policy_spec, seed=seed, num_replicas=n_replicas,
-                           block_size=block_size)
-    pools = []
-    cache_views: list[Any] = []
-    for i in range(n_replicas):
-        listener = EventView() if view == "events" else None
-        pool = PagedBlockPool(fleet.cache_blocks + 1, block_size, listener=listener)
-        pools.append(pool)
-        if view == "events":
-            cache_views.append(listener)
-        elif view == "oracle":
-            cache_views.append(OracleView(pool))
-        else:
-            cache_views.append(_DeferredApproximateView(
-                ApproximateView(capacity_blocks=fleet.cache_blocks)))
-    engines = [fleet.engine(pools[i], f"replica-{i}") for i in range(n_replicas)]
-    replica_views = [ReplicaView(index=i, name=f"replica-{i}",
-                                 capacity_blocks=fleet.cache_blocks, cache=cache_views[i],
-                                 prefill_s_per_token=fleet.service.prefill_s_per_token,
-                                 scheduling_policy=fleet.scheduling_policy)
-                     for i in range(n_replicas)]
-    approximate = view == "approximate"
-
-    requests = workload.requests
-    all_prompt_keys = workload.prompt_keys
-    total = len(requests)
-    first_token = array("d", [-1.0]) * total
-    finish = array("d", [-1.0]) * total
-    cached = array("q", [0]) * total
-    replica_of = array("l", [-1]) * total
-    rejected = 0
-    predicted_total = 0
-    in_flight = [0] * n_replicas
-    assignments = [0] * n_replicas
-    open_views: dict[int, RequestView] = {}
-    timeline_t: list[float] = []
-    timeline_rows: list[list[int]] = []
+                           block_size=fleet.block_size)
+    total = len(workload.requests)
 
     # Arrivals in time order (ties: list order). An open loop's are the recorded times; a
-    # closed loop's later turns join when the turn before them ends (``handle``).
+    # closed loop's later turns join when the turn before them ends.
     plan = ArrivalPlan(workload)
     arrive, arrivals = plan.arrive, plan.pending
     clock = ManualClock(arrivals[0][0] if arrivals else 0.0)
+    body = SimulatedFleet(workload, fleet, policy, view=view, clock=clock)
+    engines = body.engines
     heap: list[tuple[float, int]] = []
     wake: list[float | None] = [None] * n_replicas
 
@@ -403,22 +449,8 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
             heapq.heappush(heap, (t, i))
 
     def handle(i: int, events) -> None:
-        nonlocal rejected
-        for event in events:
-            k = event.request_id
-            if event.kind == "first_token":
-                first_token[k] = event.time
-                continue
-            in_flight[i] -= 1
-            rv = open_views.pop(k)
-            if event.kind == "finished":
-                finish[k] = event.time
-                cached[k] = event.cached_tokens
-                policy.on_completed(rv, i, event.cached_tokens)
-            else:  # rejected: never ran
-                rejected += 1
-                policy.on_completed(rv, i, 0)
-            plan.release(k, event.time, clock.now())
+        for k, ended in body.engine_events(i, events):
+            plan.release(k, ended, clock.now())
 
     seen = 0
     report_every = max(1, total // 100)
@@ -452,38 +484,9 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
             schedule(i)
             continue
         _, k = heapq.heappop(arrivals)
-        request = requests[k]
         clock.advance_to(arrival)
-        prompt_keys = all_prompt_keys[k]
-        rv = RequestView(request.request_id, request.input_tokens, block_size,
-                         block_keys=prompt_keys, token_ids=request.token_ids,
-                         tenant=request.tenant, routing_key=request.session, now=arrival)
-        for engine, v, flying, assigned in zip(engines, replica_views, in_flight, assignments):
-            v.in_flight = flying
-            v.queued = engine.waiting
-            v.running = engine.running
-            v.pending_prefill_tokens = engine.pending_prefill_tokens
-            v.kv_usage = engine.kv_usage
-            v.assignments = assigned
-        decision = policy.route(rv, replica_views)
-        target = decision.replica
-        if not isinstance(target, int) or not 0 <= target < n_replicas:
-            raise ConfigError(f"policy {spec!r} chose replica {target!r}; there are "
-                              f"{n_replicas}")
-        policy.on_routed(rv, decision)
-        predicted_total += decision.predicted_cached_tokens or 0
-        if approximate:
-            cache_views[target].record(prompt_keys)
-        assignments[target] += 1
-        in_flight[target] += 1
-        replica_of[k] = target
-        open_views[k] = rv
-        timeline_t.append(arrival)
-        timeline_rows.append(list(in_flight))
-        engine = engines[target]
-        engine.submit(k, request.input_tokens, request.output_tokens, request.block_keys,
-                      arrival, priority=decision.priority or 0)
-        events = engine.advance(arrival)
+        target = body.arrive(k, arrival).replica
+        events = engines[target].advance(arrival)
         if events:
             handle(target, events)
         schedule(target)
@@ -495,11 +498,14 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     if snap_at < inf:  # nothing happened after busy_until: every step ended by then
         snapshot()
 
+    first_token, finish, cached = body.first_token, body.finish, body.cached
     summary = _summarize(workload, fleet, spec, view, engines, arrive, first_token, finish,
-                         cached, replica_of, assignments, rejected, predicted_total)
+                         cached, body.replica_of, body.assignments, body.rejected,
+                         body.predicted_total)
+    summary["policy_errors"] = body.runner.policy_errors
     ttfts = [first_token[j] - arrive[j] for j in range(total) if first_token[j] >= 0]
     cached_list = [cached[j] if finish[j] >= 0 else -1 for j in range(total)]
-    return PolicyRun(spec, summary, ttfts, timeline_t, timeline_rows, cached_list,
+    return PolicyRun(spec, summary, ttfts, body.timeline_t, body.timeline_rows, cached_list,
                      [e.busy_s for e in engines], busy_until_s, finish.tolist(),
                      arrive.tolist(), busy_until if busy_until_s is not None else None)
 

@@ -2,16 +2,18 @@
 
 The cache view is what the routing policy matches a request's block keys against:
 
-* with ``kv_events`` configured, an :class:`EventView` fed by the engine's KV events (exact up
-  to event delay), plus the keys of requests in flight there, whose ``BlockStored`` events are
-  still to come (without them, a burst of requests sharing a new prefix would scatter before
-  the first one's events arrive), and for ``EVENT_GRACE_S`` the keys of requests that ended
-  there (vLLM publishes a step's events after the step, and on a loaded machine they can
-  reach the gateway after the answer: a conversation's next turn, sent at once, found its
-  prefix nowhere and went to another replica; a ``BlockRemoved`` ends the grace early);
+* with ``kv_events`` configured, a :class:`~prefixroute.core.routing.views.LiveEventView` fed
+  by the engine's KV events (exact up to event delay) plus the keys of requests in flight
+  there and, for a grace period, of requests that ended there (the simulator's ``--view
+  events`` runs the same class);
 * otherwise an :class:`ApproximateView`: the blocks this gateway sent there, LRU-bounded by the
   replica's KV size when known (``capacity_blocks`` in the config, else ``num_gpu_blocks`` from
   the engine's ``vllm:cache_config_info``).
+
+The backend keeps one :class:`ReplicaView` (``state``) over that view; the lifecycle runner
+(:mod:`prefixroute.core.routing.lifecycle`, driven by
+:class:`~prefixroute.edges.gateway.router.GatewayRouter`) keeps its in-flight and assignment
+counts and books requests into the view, the backend fills in the load it measures.
 
 Character-block prompts count estimated tokens (characters / 4), the engine real ones. Each
 answer's ``prompt_tokens`` teaches the backend the ratio (``units_per_token``), and the KV
@@ -28,96 +30,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections import Counter
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefixroute.core.clock import Clock
-from prefixroute.core.identity.hashing import vllm_event_block_hash
 from prefixroute.core.identity.identity import Adapter
-from prefixroute.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
 from prefixroute.core.routing.base import ReplicaView
-from prefixroute.core.routing.views import ApproximateView, EventView
+from prefixroute.core.routing.views import ApproximateView, EventView, LiveEventView
 from prefixroute.edges.gateway.breaker import STATE_CODES, CircuitBreaker
 from prefixroute.edges.gateway.config import BackendConfig, GatewayConfig
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("prefixroute.gateway")
 
-_LOW64 = (1 << 64) - 1
 _UNITS_STEP = 0.05  # see Backend.units_per_token
-# How long an ended request's blocks count as held before its KV events confirm them (see the
-# module docstring). Events normally arrive within milliseconds; BlockRemoved ends it early,
-# so a generous grace costs nothing when the events do come.
-EVENT_GRACE_S = 5.0
-_GPU_MEDIA = (None, "GPU")
 ENGINE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
                  "vllm:kv_cache_usage_perc")
 _SCRAPED = (*ENGINE_GAUGES, "vllm:cache_config_info")
-
-
-class LiveEventView:
-    """An engine's KV-event view, plus the keys of requests in flight on it and, until
-    ``grace_s`` after they ended, of requests it ran (their events may still be on the way)."""
-
-    observes_engine = True  # see CacheView
-
-    def __init__(self, events: EventView, clock: Clock, grace_s: float = EVENT_GRACE_S):
-        self.events = events
-        self._clock = clock
-        self._grace_s = grace_s
-        self._pending: Counter[Hashable] = Counter()
-        self._ended: dict[Hashable, float] = {}  # key -> held until
-        self._purge_at = 0.0  # when the expired entries of _ended are dropped next
-
-    def match(self, keys: Sequence[Hashable]) -> int:
-        n = self.events.match(keys)
-        if n == len(keys) or not (self._pending or self._ended):
-            return n
-        pending, ended, events = self._pending, self._ended, self.events
-        now = self._clock.now()
-        for key in keys[n:]:
-            if key in pending or ended.get(key, -1.0) >= now or events.match((key,)):
-                n += 1
-            else:
-                break
-        return n
-
-    def add_pending(self, keys: Sequence[Hashable]) -> None:
-        self._pending.update(keys)
-
-    def remove_pending(self, keys: Sequence[Hashable], *, ran: bool = False) -> None:
-        """The request left; ``ran``: the engine computed it, so its blocks are cached there
-        and count as held for the grace period."""
-        pending = self._pending
-        for key in keys:
-            left = pending[key] - 1
-            if left > 0:
-                pending[key] = left
-            else:
-                pending.pop(key, None)
-        if not ran:
-            return
-        now = self._clock.now()
-        self._ended.update(dict.fromkeys(keys, now + self._grace_s))
-        if now >= self._purge_at:  # once per grace period, so entries live at most two
-            self._ended = {key: until for key, until in self._ended.items() if until >= now}
-            self._purge_at = now + self._grace_s
-
-    def on_removed(self, keys: Sequence[Hashable]) -> None:
-        """The engine evicted ``keys``: they are gone whatever the grace says."""
-        self.events.on_removed(keys)
-        for key in keys:
-            self._ended.pop(key, None)
-
-    def on_cleared(self) -> None:
-        self.events.on_cleared()
-        self._ended.clear()
-
-    def __len__(self) -> int:
-        return len(self.events)
 
 
 def parse_engine_metrics(text: str, cache_config: bool = True) -> dict[str, float]:
@@ -170,11 +101,9 @@ class Backend:
         self.health_failures = 0
         self._models_checked = False  # configured models compared with GET /v1/models
         self.last_health_error: str | None = None
-        self.in_flight = 0
-        # Called with this replica's index when its router-side record is reset (set by the
-        # GatewayRouter: the policy forgets what it sent here too).
+        # Called with this replica's index when its cache is known to be empty (set by the
+        # GatewayRouter: the lifecycle runner clears the view and tells the policy).
         self.on_reset: Callable[[int], None] | None = None
-        self.assignments = 0
         # Uncached prompt tokens of requests whose prefill is not known to be done, by
         # dispatch ticket: (tokens, dispatch time). See prefill_done and scrape_metrics.
         self._prefills: dict[int, tuple[int, float]] = {}
@@ -200,6 +129,9 @@ class Backend:
             self.view = LiveEventView(EventView(), clock)
         else:
             self.view = ApproximateView(config.capacity_blocks)
+        # What the policy reads: the runner keeps in_flight and assignments on it.
+        self.state = ReplicaView(index=index, name=self.name, cache=self.view,
+                                 scheduling_policy=config.scheduling_policy)
         self.subscriber: Any = None  # a KVEventSubscriber, set by the pool
         self.loop: asyncio.AbstractEventLoop | None = None  # where event batches are applied
         for gauge in (metrics.healthy, metrics.breaker):
@@ -212,6 +144,14 @@ class Backend:
     # -- routing --------------------------------------------------------------------------
 
     @property
+    def in_flight(self) -> int:
+        return self.state.in_flight
+
+    @property
+    def assignments(self) -> int:
+        return self.state.assignments
+
+    @property
     def uses_events(self) -> bool:
         return isinstance(self.view, LiveEventView)
 
@@ -222,19 +162,23 @@ class Backend:
         return self.healthy and self.breaker.available()
 
     def replica_view(self) -> ReplicaView:
+        """:attr:`state` with the load and KV size this backend measured, as the policy is
+        to see them now."""
         capacity = self.config.capacity_blocks or self.num_gpu_blocks or 0
         speed = self.config.prefill_s_per_token
         units = self.units_per_token
         if units != 1.0:
             capacity = int(capacity * units)
             speed = speed / units if speed is not None else None
-        return ReplicaView(index=self.index, name=self.name, healthy=self.healthy,
-                           in_flight=self.in_flight, queued=self.queued, running=self.running,
-                           pending_prefill_tokens=self.pending_prefill_tokens,
-                           kv_usage=self.kv_usage, assignments=self.assignments,
-                           capacity_blocks=capacity, cache=self.view,
-                           prefill_s_per_token=speed,
-                           scheduling_policy=self.config.scheduling_policy)
+        view = self.state
+        view.healthy = self.healthy
+        view.queued = self.queued
+        view.running = self.running
+        view.pending_prefill_tokens = self._prefill_total
+        view.kv_usage = self.kv_usage
+        view.capacity_blocks = capacity
+        view.prefill_s_per_token = speed
+        return view
 
     def observe_units(self, estimated_tokens: int, prompt_tokens: int) -> None:
         """A character-block prompt of ``estimated_tokens`` was ``prompt_tokens`` real tokens:
@@ -254,20 +198,15 @@ class Backend:
     def pending_prefill_tokens(self) -> int:
         return self._prefill_total
 
-    def dispatch(self, keys: Sequence[Hashable], uncached_tokens: int) -> int:
-        """A request is being sent here: count it and note its blocks as (soon) held.
-        Returns the ticket that :meth:`prefill_done` takes."""
-        self.in_flight += 1
-        self.assignments += 1
+    def dispatch(self, uncached_tokens: int) -> int:
+        """A request booked here (by the lifecycle runner) is being sent: its prefill is
+        pending and the breaker counts it. Returns the ticket that :meth:`prefill_done`
+        takes."""
         ticket = self._next_ticket
         self._next_ticket += 1
         self._prefills[ticket] = (uncached_tokens, self._clock.now())
         self._prefill_total += uncached_tokens
         self.breaker.on_dispatch()
-        if isinstance(self.view, LiveEventView):
-            self.view.add_pending(keys)
-        else:
-            self.view.record(keys)
         return ticket
 
     def prefill_done(self, ticket: int) -> None:
@@ -277,16 +216,8 @@ class Backend:
         if entry is not None:
             self._prefill_total -= entry[0]
 
-    def finish(self, keys: Sequence[Hashable], *, stored: bool, matched_before: int) -> None:
-        """The request left. ``stored``: the engine ran it, so its blocks are cached there;
-        otherwise forget what dispatch recorded beyond what was held before."""
-        self.in_flight -= 1
-        if isinstance(self.view, LiveEventView):
-            self.view.remove_pending(keys, ran=stored)
-        elif not stored:
-            self.view.correct(keys, matched_before)
-        if not stored:
-            self.assignments -= 1
+    def finished(self) -> None:
+        """A request left (the runner has applied its end to the view)."""
         self._metrics.view_blocks.labels(self.name).set(len(self.view))
 
     def record_success(self) -> None:
@@ -408,13 +339,12 @@ class Backend:
 
     def _forget_routed_blocks(self) -> None:
         """A replica that stopped answering health checks has most likely restarted, and a
-        restarted engine starts with an empty cache. An event view learns that from the
-        sequence numbers; an approximate view has to be told."""
-        if isinstance(self.view, ApproximateView):
-            self.view = ApproximateView(self.view.capacity_blocks)
-            self._metrics.view_blocks.labels(self.name).set(0)
+        restarted engine starts with an empty cache: the lifecycle runner clears the view
+        (an event view would also learn it from the restarted stream) and tells the
+        policy."""
         if self.on_reset is not None:
             self.on_reset(self.index)
+        self._metrics.view_blocks.labels(self.name).set(len(self.view))
 
     def _size_approximate_view(self) -> None:
         """Bound the approximate view by the replica's KV size, in the units its keys count
@@ -445,26 +375,16 @@ class Backend:
         if not isinstance(self.view, LiveEventView):
             return
         view = self.view
-        events = view.events
-        if received.restarted:
-            view.on_cleared()  # vLLM sends no AllBlocksCleared when it restarts
+        if received.restarted:  # vLLM sends no AllBlocksCleared when it restarts
+            if self.on_reset is not None:
+                self.on_reset(self.index)  # the runner clears the view, the policy forgets
+            else:
+                view.on_cleared()
             self._metrics.kv_events.labels(self.name, "restart").inc()
         if received.missing_before:
             self._metrics.kv_event_gaps.labels(self.name).inc(received.missing_before)
-        for event in received.batch.events:
-            if isinstance(event, BlockStored):
-                if event.medium in _GPU_MEDIA:
-                    events.on_stored([_key(h) for h in event.block_hashes],
-                                     None if event.parent_block_hash is None
-                                     else _key(event.parent_block_hash), event.token_ids)
-                    self._metrics.kv_events.labels(self.name, "stored").inc()
-            elif isinstance(event, BlockRemoved):
-                if event.medium in _GPU_MEDIA:
-                    view.on_removed([_key(h) for h in event.block_hashes])
-                    self._metrics.kv_events.labels(self.name, "removed").inc()
-            elif isinstance(event, AllBlocksCleared):
-                view.on_cleared()
-                self._metrics.kv_events.labels(self.name, "cleared").inc()
+        for kind, count in view.apply(received.batch.events).items():
+            self._metrics.kv_events.labels(self.name, kind).inc(count)
         self._metrics.view_blocks.labels(self.name).set(len(self.view))
 
     def status(self) -> dict[str, Any]:
@@ -477,13 +397,6 @@ class Backend:
                 # answers; 1.0 until one arrives.
                 "chars_units_per_token": round(self.units_per_token, 3),
                 "last_health_error": self.last_health_error}
-
-
-def _key(value: int | bytes) -> int:
-    """An event's block id as the router's key: the unsigned low 64 bits of the digest."""
-    if isinstance(value, (bytes, bytearray)):
-        return vllm_event_block_hash(bytes(value))
-    return value & _LOW64
 
 
 class BackendPool:

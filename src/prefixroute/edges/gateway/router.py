@@ -1,11 +1,14 @@
-"""Routing live requests with the same policy objects the simulator runs.
+"""Routing live requests through the same lifecycle runner and policy objects the simulator
+runs.
 
-For each attempt the router builds one :class:`RequestView` (the prompt's salted block keys)
-and a :class:`ReplicaView` per candidate (load and cache view, from
-:mod:`prefixroute.edges.gateway.backends`), calls ``policy.route`` then ``policy.on_routed``,
-and keeps the decision (candidates, scores, branch, reason) for ``/debug/decisions``. When the
-engine answers, the reported ``cached_tokens`` go back to the policy (``on_completed``) and into
-the predicted-versus-reported metrics.
+For each attempt the router builds one :class:`RequestView` (the prompt's salted block keys),
+refreshes each candidate's :class:`ReplicaView` with the load its backend measured
+(:mod:`prefixroute.edges.gateway.backends`), and asks the
+:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner` to route and book it; it keeps the
+decision (candidates, scores, branch, reason) for ``/debug/decisions``. What the replica
+answers becomes the runner's events: a usage with ``cached_tokens`` a completion (and the
+predicted-versus-reported metrics), anything else an end without a report, with whether the
+engine ran it.
 
 The policy never learns it runs live: everything it sees is in the two views.
 """
@@ -18,8 +21,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from prefixroute.core.caches.base import cacheable_blocks
 from prefixroute.core.clock import Clock
-from prefixroute.core.routing.base import Decision, RequestView, least_loaded
+from prefixroute.core.routing.base import Decision, RequestView
+from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
 from prefixroute.edges.gateway.backends import Backend
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import CHARS, PreparedPrompt
@@ -31,9 +36,7 @@ def predicted_cached_tokens(num_tokens: int, matched_blocks: int, block_size: in
     """Tokens a replica holding ``matched_blocks`` leading blocks will report as cached: the
     engine recomputes a fully cached prompt's last token, so at most ``floor((n - 1) / B) * B``
     (SPEC section 2)."""
-    if num_tokens <= 0:
-        return 0
-    return min(matched_blocks * block_size, (num_tokens - 1) // block_size * block_size)
+    return min(matched_blocks, cacheable_blocks(num_tokens, block_size)) * block_size
 
 
 def cached_in_routing_units(cached: int, prompt_tokens: int | None, estimated_tokens: int,
@@ -53,7 +56,7 @@ def cached_in_routing_units(cached: int, prompt_tokens: int | None, estimated_to
     """
     if cached <= 0 or not prompt_tokens or prompt_tokens <= 0 or estimated_tokens <= 0:
         return max(0, cached)
-    if cached >= (prompt_tokens - 1) // block_size * block_size:
+    if cached >= cacheable_blocks(prompt_tokens, block_size) * block_size:
         return estimated_tokens
     scale = estimated_tokens / prompt_tokens
     return min(estimated_tokens, int((cached + block_size) * scale))
@@ -97,11 +100,10 @@ class DecisionRecord:
 
 @dataclass(slots=True)
 class Attempt:
-    """One try of a request on one replica."""
+    """One try of a request on one replica (its :class:`Booking` in the lifecycle runner)."""
 
     backend: Backend
-    request: RequestView
-    decision: Decision
+    booking: Booking
     record: DecisionRecord
     matched_blocks: int
     predicted_cached_tokens: int
@@ -110,23 +112,37 @@ class Attempt:
     prefill_pending: bool = True
     finished: bool = field(default=False)
 
+    @property
+    def request(self) -> RequestView:
+        return self.booking.request
+
+    @property
+    def decision(self) -> Decision:
+        return self.booking.decision
+
 
 class GatewayRouter:
     def __init__(self, policy: Any, backends: list[Backend], metrics: GatewayMetrics,
                  clock: Clock, decisions_kept: int = 1000,
                  wall_clock: Callable[[], float] = time.time):
         self.policy = policy
-        self.policy_name = getattr(policy, "name", type(policy).__name__)
+        self.runner = LifecycleRunner(policy, on_policy_error=self._log_policy_error)
+        self.policy_name = self.runner.policy_name
         self.backends = backends
         self._metrics = metrics
         self._clock = clock
         self._wall = wall_clock
         self.decisions: deque[DecisionRecord] = deque(maxlen=decisions_kept)
-        # Optional hooks (BasePolicy has them; a bare Policy need not).
-        self._on_unreported = getattr(policy, "on_unreported", None)
-        on_replica_reset = getattr(policy, "on_replica_reset", None)
-        for backend in backends:  # a backend that forgets its cache tells the policy at once
-            backend.on_reset = on_replica_reset
+        for backend in backends:
+            self.runner.add_replica(backend.state)
+            # A backend that learns its replica restarted resets it in the runner at once.
+            backend.on_reset = self.runner.reset_replica
+
+    def _log_policy_error(self, request: RequestView, decision: Decision,
+                          candidates: list[int]) -> None:
+        log.error("policy chose a replica that was not a candidate", extra={"fields": {
+            "event": "policy_error", "policy": self.policy_name,
+            "chosen": decision.replica, "candidates": candidates}})
 
     def route(self, *, request_id: str, tenant: str, model: str, prompt: PreparedPrompt,
               block_size: int, candidates: list[Backend], attempt: int,
@@ -139,23 +155,17 @@ class GatewayRouter:
                               token_ids=prompt.token_ids, tenant=tenant,
                               routing_key=routing_key, output_tokens_hint=max_tokens,
                               now=self._clock.now(), arrival=arrival)
-        views = [b.replica_view() for b in candidates]
-        by_index = {b.index: b for b in candidates}
-        decision = self.policy.route(request, views)
-        backend = by_index.get(decision.replica)
-        if backend is None:  # a policy bug must not lose the request
-            fallback = least_loaded(views)
-            log.error("policy chose a replica that was not a candidate", extra={"fields": {
-                "event": "policy_error", "policy": self.policy_name,
-                "chosen": decision.replica, "candidates": sorted(by_index)}})
-            decision = Decision(fallback.index, "policy_error_least_loaded",
-                                f"policy chose replica {decision.replica}, not a candidate; "
-                                f"least-loaded replica {fallback.index} instead",
-                                decision.scores)
-            backend = by_index[fallback.index]
-        self.policy.on_routed(request, decision)
+        by_index = {}
+        snapshot = []  # the candidates as they were at the decision
+        for b in candidates:
+            b.replica_view()
+            by_index[b.index] = b
+            snapshot.append((b, b.in_flight, b.queued, b.running, b.kv_usage, b.assignments))
+        booking = self.runner.route(request, by_index)
+        decision = booking.decision
+        backend = by_index[booking.replica]
 
-        matched = backend.view.match(prompt.block_keys) if prompt.block_keys else 0
+        matched = self.runner.held_blocks(booking)
         predicted = predicted_cached_tokens(prompt.num_tokens, matched, block_size)
         uncached = max(0, prompt.num_tokens - predicted)
         record = DecisionRecord(
@@ -163,13 +173,11 @@ class GatewayRouter:
             time=self._clock.now(), policy=self.policy_name, replica=backend.name,
             branch=decision.branch, reason=decision.reason, num_tokens=prompt.num_tokens,
             full_blocks=len(prompt.block_keys), tokenization=prompt.mode,
-            predicted_cached_tokens=predicted,
-            candidates=[(b, b.in_flight, b.queued, b.running, b.kv_usage, b.assignments)
-                        for b in candidates], scores=decision.scores)
+            predicted_cached_tokens=predicted, candidates=snapshot, scores=decision.scores)
         self.decisions.append(record)
         self._metrics.decisions.labels(self.policy_name, decision.branch).inc()
-        ticket = backend.dispatch(prompt.block_keys, uncached)
-        return Attempt(backend, request, decision, record, matched, predicted, uncached, ticket)
+        ticket = backend.dispatch(uncached)
+        return Attempt(backend, booking, record, matched, predicted, uncached, ticket)
 
     def upstream_priority(self, attempt: Attempt, arrived: float) -> int | None:
         """The ``priority`` to send with ``attempt`` to a replica started with
@@ -197,13 +205,11 @@ class GatewayRouter:
         """The replica answered (2xx). ``usage`` is the response's usage object, if any."""
         if attempt.finished:
             return
-        self._finish(attempt, stored=True, outcome="ok")
+        cached = _cached_tokens(usage)
+        self._finish(attempt, ran=True, outcome="ok", cached=cached)
         backend = attempt.backend
         backend.record_success()
-        cached = _cached_tokens(usage)
         if cached is None:
-            if self._on_unreported is not None:
-                self._on_unreported(attempt.request, backend.index, True)
             return
         attempt.record.reported_cached_tokens = cached
         replica = backend.name
@@ -225,38 +231,40 @@ class GatewayRouter:
             cached = cached_in_routing_units(cached, prompt_tokens,
                                              attempt.request.num_tokens,
                                              attempt.request.block_size)
-        self.policy.on_completed(attempt.request, backend.index, cached)
+        self.runner.completed(attempt.booking, cached)
+        backend.finished()
 
     def refused(self, attempt: Attempt) -> None:
         """The replica answered with a 4xx: alive, but it did not run (or cache) the prompt."""
         if attempt.finished:
             return
-        self._finish(attempt, stored=False, outcome="refused")
+        self._finish(attempt, ran=False, outcome="refused")
         attempt.backend.record_success()
 
     def failed(self, attempt: Attempt, reason: str) -> None:
         """Connect error, timeout or 5xx: counts against the replica's circuit breaker."""
         if attempt.finished:
             return
-        self._finish(attempt, stored=False, outcome=f"failed:{reason}")
+        self._finish(attempt, ran=False, outcome=f"failed:{reason}")
         attempt.backend.record_failure(reason)
 
     def abandoned(self, attempt: Attempt, *, started: bool) -> None:
         """The caller went away (or the stream broke after bytes reached it)."""
         if attempt.finished:
             return
-        self._finish(attempt, stored=started, outcome="abandoned")
+        self._finish(attempt, ran=started, outcome="abandoned")
         attempt.backend.breaker.release()
 
-    def _finish(self, attempt: Attempt, *, stored: bool, outcome: str) -> None:
+    def _finish(self, attempt: Attempt, *, ran: bool, outcome: str,
+                cached: int | None = None) -> None:
+        """Common to every end. With ``cached`` tokens reported, :meth:`succeeded` tells the
+        runner (after scaling them); otherwise the request ended without a report."""
         attempt.finished = True
         self.first_byte(attempt)
         attempt.record.outcome = outcome
-        attempt.backend.finish(attempt.request.block_keys, stored=stored,
-                               matched_before=attempt.matched_blocks)
-        if outcome != "ok" and self._on_unreported is not None:
-            # No usage will come: the policy hears that it ended, and whether it ran.
-            self._on_unreported(attempt.request, attempt.backend.index, stored)
+        if cached is None:
+            self.runner.ended(attempt.booking, ran=ran)
+            attempt.backend.finished()
 
     def recent(self, n: int, tenant: str | None = None) -> list[dict[str, Any]]:
         """The last ``n`` decisions, newest first (one tenant's only, unless ``None``)."""
