@@ -286,6 +286,9 @@ def _tenant(reader: _Reader) -> TenantConfig:
 
 
 def _server_secret(reader: _Reader, base: Path) -> bytes:
+    """The server secret's bytes, as the variable or file holds them (they key the salts, so
+    the form is not changed), once :func:`secret_strength` finds 32 bytes of key in them. No
+    message here quotes the value."""
     env = reader.string("env")
     file = reader.string("file")
     reader.finish()
@@ -304,11 +307,29 @@ def _server_secret(reader: _Reader, base: Path) -> bytes:
         except OSError as exc:
             reader.fail(f"cannot read the secret file {path}: {exc.strerror}", "file")
         where = f"secret file {path}"
-    if len(secret) < MIN_SECRET_BYTES:
-        reader.fail(f"{where} holds {len(secret)} bytes; the server secret needs at least "
-                    f"{MIN_SECRET_BYTES} (256 bits), e.g. openssl rand -hex 32",
-                    "env" if env is not None else "file")
+    strength, form = secret_strength(secret)
+    if strength < MIN_SECRET_BYTES:
+        reader.fail(f"{where} holds {form} worth {strength} bytes of key; the server secret "
+                    f"needs at least {MIN_SECRET_BYTES} (256 bits): make one with "
+                    "openssl rand -hex 32", "env" if env is not None else "file")
     return secret
+
+
+_HEX = re.compile(rb"(?:[0-9a-fA-F]{2})+")
+_PRINTABLE = re.compile(rb"[\x21-\x7e]+")
+
+
+def secret_strength(secret: bytes) -> tuple[int, str]:
+    """How many bytes of key ``secret`` can hold at most, and the form that says so.
+
+    Text carries less than a byte per character: hex (``openssl rand -hex``) two characters
+    a byte, other printable text at most base64's 6 bits a character (``openssl rand -base64``;
+    a passphrase holds less still). Anything else is counted as raw bytes."""
+    if _HEX.fullmatch(secret):
+        return len(secret) // 2, f"{len(secret)} hex characters"
+    if _PRINTABLE.fullmatch(secret):
+        return len(secret.rstrip(b"=")) * 6 // 8, f"{len(secret)} characters of text"
+    return len(secret), f"{len(secret)} raw bytes"
 
 
 def parse_config(data: Any, source: str = "<config>", base: Path | None = None) -> GatewayConfig:
@@ -349,6 +370,9 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
     if not top.has("server_secret"):
         top.missing("server_secret", "is required: {env: VARIABLE} or {file: PATH} holding "
                     f"at least {MIN_SECRET_BYTES} bytes")
+    if not isinstance(top.data["server_secret"], dict):  # the value itself, maybe the secret
+        top.fail("must be {env: VARIABLE} or {file: PATH}: the secret itself never goes in "
+                 "the config file (make one with openssl rand -hex 32)", "server_secret")
     secret = _server_secret(top.section("server_secret"), base)
 
     hashing_reader = top.section("hashing")
