@@ -201,3 +201,21 @@ def test_a_full_queue_answers_429_and_the_rest_complete(tmp_path):
         assert refused and all(body["error"]["code"] == "queue_full" for body in refused)
         assert statuses.count(200) + len(refused) == 12
         wait_counted(fleet, 12)
+
+
+def test_a_restarted_replica_that_passes_health_checks_takes_requests_at_once(tmp_path):
+    """Both replicas fail in turn: r1 dies and its breaker opens; r1 comes back and passes
+    its health checks while the gateway idles; then r0 dies. r1 must take every request,
+    not one half-open trial while the rest are refused (default breaker: 5 failures, 10 s)."""
+    with Fleet(tmp_path, replicas=2, gateway={
+            "policy": "round_robin", "health": {"interval_s": 2.0}}) as fleet:
+        fleet.kill_replica(1, signal.SIGKILL)
+        first = asyncio.run(send_all(fleet, bodies(fleet, 12, "before"), concurrency=1))
+        assert [status for status, _ in first] == [200] * 12
+        assert fleet.metric("prefixroute_gateway_replica_breaker_state", replica="r1") == 2  # open
+        fleet.start_replica(1)
+        time.sleep(13)  # past the 10 s open period, health checks passing, no requests
+        fleet.kill_replica(0, signal.SIGKILL)
+        results = asyncio.run(send_all(fleet, bodies(fleet, 20, "after"), concurrency=20))
+        assert_answered(results)
+        assert [status for status, _ in results] == [200] * 20

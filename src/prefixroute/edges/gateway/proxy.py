@@ -185,6 +185,9 @@ class Proxy:
             if not candidates:  # health checks may lag a recovery; the breaker still guards
                 candidates = [b for b in job.backends
                               if b.index not in tried and b.breaker.available()]
+            if not candidates:  # never a 503 while a healthy replica is left to try
+                candidates = [b for b in job.backends
+                              if b.index not in tried and b.answering()]
             if not candidates:
                 break
             if attempt_no:
