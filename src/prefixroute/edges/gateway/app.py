@@ -44,7 +44,7 @@ from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import CHARS, PromptPreparer
-from prefixroute.edges.gateway.proxy import Job, Proxy, send_response
+from prefixroute.edges.gateway.proxy import Job, Proxy, caller_send, send_response
 from prefixroute.edges.gateway.render import RenderClient
 from prefixroute.edges.gateway.router import GatewayRouter
 from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
@@ -390,7 +390,11 @@ class GenerationFastPath:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self.handlers.get(scope["path"])
             if handler is not None:
-                response = await handler(Request(scope, receive))
+                token = caller_send.set(send)  # a stream splices into the caller's connection
+                try:
+                    response = await handler(Request(scope, receive))
+                finally:
+                    caller_send.reset(token)
                 await send_response(response, scope, receive, send)
                 return
         await self.app(scope, receive, send)

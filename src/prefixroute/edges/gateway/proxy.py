@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -710,15 +711,15 @@ def _uvicorn_cycle(cycle: Any) -> Any | None:
     return cycle
 
 
+# The ASGI ``send`` of the request the current task serves, set by the app around its
+# handler (``app.GenerationFastPath``): how a stream finds the uvicorn cycle to splice into.
+# A context variable, because each request runs in a task of its own.
+caller_send: ContextVar[Any] = ContextVar("prefixroute_caller_send", default=None)
+
+
 def _running_cycle() -> Any | None:
-    """The uvicorn cycle serving the current request: uvicorn runs each request as a task of
-    ``cycle.run_asgi(app)``, so the task's coroutine frame holds it (checked as above)."""
-    task = asyncio.current_task()
-    coro = task.get_coro() if task is not None else None
-    if getattr(coro, "__qualname__", None) != "RequestResponseCycle.run_asgi":
-        return None
-    frame = getattr(coro, "cr_frame", None)
-    return _uvicorn_cycle(frame.f_locals.get("self")) if frame is not None else None
+    """The uvicorn cycle serving the current request (checked as above), or ``None``."""
+    return _uvicorn_cycle(getattr(caller_send.get(), "__self__", None))
 
 
 _CYCLE_ATTRIBUTES = ("transport", "flow", "disconnected", "response_started",
