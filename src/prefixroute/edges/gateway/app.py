@@ -171,7 +171,13 @@ class Gateway:
         if self.client is not None:
             await self.client.aclose()
         log.info("gateway stopped", extra={"fields": {
-            "event": "stopped", "unfinished_requests": self.open_requests}})
+            "event": "stopped", "unfinished_requests": self.open_requests,
+            "streams_cut_by_shutdown": self.proxy.cut_by_shutdown if self.proxy else 0}})
+
+    def cut_streams(self) -> int:
+        """End every open stream with a ``server_shutdown`` error event (the end of a
+        shutdown's drain, ``server.py``); how many were cut."""
+        return self.proxy.cut_streams() if self.proxy is not None else 0
 
     # -- generation endpoints -------------------------------------------------------------
 
