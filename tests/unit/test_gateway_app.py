@@ -81,6 +81,8 @@ class FakeReplica:
             chunk = {"id": "x", "object": kind, "created": 0, "model": body["model"],
                      "choices": [choice]}
             yield f"data: {json.dumps(chunk)}\n\n".encode()
+            if self.fault == "stall_stream":  # one event, then nothing until cut
+                await asyncio.sleep(3600)
         if (body.get("stream_options") or {}).get("include_usage"):
             final = {"id": "x", "object": kind, "created": 0, "model": body["model"],
                      "choices": [], "usage": usage}
@@ -581,6 +583,28 @@ def test_a_cancelled_request_releases_its_replica_and_slot(config):
                 await task
             assert sum(b.in_flight for b in backends) == 0
             assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+            assert h.gateway.router.decisions[-1].outcome == "abandoned"
+    run(scenario())
+
+
+def test_a_shutdown_cut_ends_an_open_stream_with_an_error_event(config):
+    async def scenario():
+        async with Harness(config) as h:
+            h.r("r0").fault = h.r("r1").fault = "stall_stream"
+            task = asyncio.create_task(h.http.post(
+                "/v1/completions", json={"model": "tiny", "prompt": "x", "stream": True},
+                headers={"authorization": "Bearer key-alice"}))
+            for _ in range(200):
+                if h.gateway.proxy.streams:
+                    break
+                await asyncio.sleep(0.01)
+            assert h.gateway.cut_streams() == 1
+            response = await task
+            events = [line for line in response.text.splitlines() if line.startswith("data:")]
+            assert json.loads(events[0][6:])["choices"][0]["text"] == "ok"
+            assert json.loads(events[-2][6:])["error"]["code"] == "server_shutdown"
+            assert events[-1] == "data: [DONE]"
+            assert h.gateway.open_requests == 0 and not h.gateway.proxy.streams
             assert h.gateway.router.decisions[-1].outcome == "abandoned"
     run(scenario())
 
