@@ -295,16 +295,22 @@ class Gateway:
                                    f"{limit}", code="body_too_large")
         chunks = []
         total = 0
+        timeout_s = self.config.limits.body_timeout_s
         try:
-            async for chunk in request.stream():
-                total += len(chunk)
-                if total > limit:
-                    raise GatewayError(413, f"the request body exceeds the limit of {limit} "
-                                       "bytes", code="body_too_large")
-                chunks.append(chunk)
+            async with asyncio.timeout(timeout_s):
+                async for chunk in request.stream():
+                    total += len(chunk)
+                    if total > limit:
+                        raise GatewayError(413, f"the request body exceeds the limit of "
+                                           f"{limit} bytes", code="body_too_large")
+                    chunks.append(chunk)
         except ClientDisconnect:
             raise GatewayError(400, "the client closed the connection while sending the body",
                                code="client_disconnected") from None
+        except TimeoutError:  # the connection closes: the rest of the body would follow
+            raise GatewayError(408, f"the request body did not arrive within {timeout_s:g} s",
+                               code="request_timeout",
+                               headers={"connection": "close"}) from None
         return b"".join(chunks)
 
     # -- other endpoints ------------------------------------------------------------------

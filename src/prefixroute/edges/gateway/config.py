@@ -127,6 +127,15 @@ class Limits:
     max_concurrent: int = 512
     max_queued: int = 1024
     queue_timeout_s: float = 30.0
+    # The request line and headers together; OpenAI clients send under 2 KiB. nginx allows
+    # 4 buffers of 8 KiB, Node.js 16 KiB; room for long tokens and tracing headers.
+    max_header_bytes: int = 64 * 1024
+    # To receive the request line and headers (from the connection's start or the request's
+    # first byte), and then the body. nginx's client_header_timeout and client_body_timeout
+    # are 60 s between reads; these bound the whole, so a caller trickling bytes cannot hold
+    # a connection (and a queue slot) for long.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,7 +430,10 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
     limits = Limits(lim.integer("max_body_bytes", Limits().max_body_bytes, minimum=1024),
                     lim.integer("max_concurrent", Limits().max_concurrent, minimum=1),
                     lim.integer("max_queued", Limits().max_queued, minimum=0),
-                    lim.number("queue_timeout_s", Limits().queue_timeout_s))
+                    lim.number("queue_timeout_s", Limits().queue_timeout_s),
+                    lim.integer("max_header_bytes", Limits().max_header_bytes, minimum=1024),
+                    lim.number("header_timeout_s", Limits().header_timeout_s),
+                    lim.number("body_timeout_s", Limits().body_timeout_s))
     lim.finish()
     h = top.section("health")
     health = HealthConfig(h.number("interval_s", HealthConfig().interval_s),

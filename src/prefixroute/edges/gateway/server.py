@@ -23,6 +23,7 @@ import uvicorn
 
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import GatewayConfig
+from prefixroute.edges.gateway.guard import guarded_protocol
 from prefixroute.edges.gateway.logs import setup_json_logging
 from prefixroute.edges.listen import bind_socket, listen_url
 
@@ -82,7 +83,10 @@ def serve(config: GatewayConfig, host: str, port: int, *, log_level: str = "info
     try:
         gateway.pool.open_event_streams()
         server = _Server(uvicorn.Config(
-            gateway.app, loop="uvloop", http="httptools", lifespan="on",
+            gateway.app, loop="uvloop", lifespan="on",
+            # uvicorn's httptools protocol behind limits on each request's head (guard.py)
+            http=guarded_protocol(config.limits.max_header_bytes,
+                                  config.limits.header_timeout_s),
             log_config=log_config, log_level=log_level, access_log=False,
             # The gateway reads neither the client's address nor the scheme (tenants are
             # API keys): no X-Forwarded-* middleware frame on every request.

@@ -1,0 +1,163 @@
+"""Limits on what a caller sends before the gateway has a request: the size of the request
+line and headers (431), the time they take (408) and the time the body takes (408), over
+real sockets to ``prefixroute serve``; and what unauthenticated callers sending endless
+headers cost the gateway (memory, other requests' latency)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from test_gateway_fleet import KEYS, Fleet, needs_emulator
+
+pytestmark = needs_emulator
+
+MIB = 1024 * 1024
+
+
+def connect(fleet: Fleet) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", fleet.gateway_port), timeout=20)
+    sock.settimeout(20)
+    return sock
+
+
+def read_answer(sock: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the one answer the gateway sends before it closes."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = [line for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:")]
+        if length and len(body) >= int(length[0].split(b":")[1]):
+            break
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head, "no answer"
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_request_head_over_the_limit_is_431_before_authentication(tmp_path):
+    with Fleet(tmp_path, replicas=1) as fleet:
+        sock = connect(fleet)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"A" * 200_000)
+        status, body = read_answer(sock)
+        sock.close()
+        assert status == 431
+        assert body["error"]["code"] == "headers_too_large"
+        assert "65536 bytes" in body["error"]["message"]
+        # a head just under the limit is served
+        response = httpx.get(fleet.url + "/health", headers={"x-big": "A" * 60_000},
+                             timeout=10)
+        assert response.status_code == 200
+
+
+def test_a_head_that_does_not_arrive_in_time_is_408(tmp_path):
+    with Fleet(tmp_path, replicas=1, gateway={"limits": {"header_timeout_s": 1.0}}) as fleet:
+        silent = connect(fleet)  # sends nothing at all
+        trickle = connect(fleet)
+        trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never ends
+        started = time.monotonic()
+        for sock in (silent, trickle):
+            status, body = read_answer(sock)
+            sock.close()
+            assert status == 408 and body["error"]["code"] == "request_timeout"
+        assert time.monotonic() - started < 15
+        assert httpx.get(fleet.url + "/health", timeout=10).status_code == 200
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408_and_not_left_open(tmp_path):
+    with Fleet(tmp_path, replicas=1, gateway={"limits": {"body_timeout_s": 1.0}}) as fleet:
+        auth = f"Authorization: Bearer {KEYS['a']}\r\n".encode()
+        short = connect(fleet)  # declares 1000 bytes, sends 20
+        short.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                      b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                      + b'{"model": "tiny", "p')
+        chunked = connect(fleet)  # a chunked body that never ends
+        chunked.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                        b"\r\n5\r\n{\"mod\r\n")
+        started = time.monotonic()
+        for sock in (short, chunked):
+            status, body = read_answer(sock)
+            sock.close()
+            assert status == 408 and body["error"]["code"] == "request_timeout"
+        assert time.monotonic() - started < 15
+        text = httpx.get(fleet.url + "/metrics", timeout=10).text
+        assert "prefixroute_gateway_active_requests 0.0" in text or \
+            'prefixroute_gateway_requests_total{endpoint="completions",status="408"} 2.0' \
+            in text
+
+
+def test_endless_headers_on_eight_connections_cost_no_memory_or_latency(tmp_path):
+    """8 unauthenticated connections each send a header of up to 100 MiB that never ends.
+    The gateway's memory stays within 50 MiB of idle and a normal request's latency (median
+    of several, against the median at idle) within 2x."""
+    with Fleet(tmp_path, replicas=1) as fleet:
+        assert fleet.gateway is not None
+        client = httpx.Client(base_url=fleet.url, timeout=30,
+                              headers={"authorization": f"Bearer {KEYS['a']}"})
+        body = {"model": fleet.model, "prompt": "a short prompt", "max_tokens": 1}
+
+        def median_latency(n: int = 15) -> float:
+            times = []
+            for _ in range(n):
+                started = time.perf_counter()
+                assert client.post("/v1/completions", json=body).status_code == 200
+                times.append(time.perf_counter() - started)
+            return statistics.median(times)
+
+        median_latency(5)  # warm up
+        idle_latency = median_latency()
+        idle_rss = rss_bytes(fleet.gateway.pid)
+        stop = threading.Event()
+        sent = [0] * 8
+
+        def flood(i: int) -> None:
+            piece = b"A" * MIB
+            try:
+                with socket.create_connection(("127.0.0.1", fleet.gateway_port)) as sock:
+                    sock.settimeout(2)
+                    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+                    deadline = time.monotonic() + 60
+                    while sent[i] < 100 and not stop.is_set() and time.monotonic() < deadline:
+                        sock.sendall(piece)
+                        sent[i] += 1
+            except OSError:  # refused, reset, or blocked sending: the gateway stopped reading
+                pass
+
+        floods = [threading.Thread(target=flood, args=(i,)) for i in range(8)]
+        for thread in floods:
+            thread.start()
+        try:
+            time.sleep(0.5)
+            busy_latency = median_latency()
+            peak_rss = rss_bytes(fleet.gateway.pid)
+        finally:
+            stop.set()
+            for thread in floods:
+                thread.join(timeout=70)
+        peak_rss = max(peak_rss, rss_bytes(fleet.gateway.pid))
+        print(f"idle {idle_latency * 1000:.1f} ms, under the flood "
+              f"{busy_latency * 1000:.1f} ms; RSS idle {idle_rss / MIB:.1f} MiB, "
+              f"peak {peak_rss / MIB:.1f} MiB; MiB sent per connection {sent}")
+        assert peak_rss - idle_rss < 50 * MIB
+        assert busy_latency < 2 * idle_latency
