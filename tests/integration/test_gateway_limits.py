@@ -106,56 +106,53 @@ def test_a_body_that_does_not_arrive_in_time_is_408_and_not_left_open(tmp_path):
 
 
 def test_endless_headers_on_eight_connections_cost_no_memory_or_latency(tmp_path):
-    """8 unauthenticated connections each send a header of up to 100 MiB that never ends.
-    The gateway's memory stays within 50 MiB of idle and a normal request's latency (median
-    of several, against the median at idle) within 2x."""
+    """8 unauthenticated connections each send a header of up to 100 MiB that never ends,
+    as fast as the gateway takes it. While they last, the gateway's memory stays within
+    50 MiB of idle and a normal request's latency (median of at least 15, against the median
+    of 15 at idle) within 2x."""
     with Fleet(tmp_path, replicas=1) as fleet:
         assert fleet.gateway is not None
         client = httpx.Client(base_url=fleet.url, timeout=30,
                               headers={"authorization": f"Bearer {KEYS['a']}"})
         body = {"model": fleet.model, "prompt": "a short prompt", "max_tokens": 1}
 
-        def median_latency(n: int = 15) -> float:
-            times = []
-            for _ in range(n):
-                started = time.perf_counter()
-                assert client.post("/v1/completions", json=body).status_code == 200
-                times.append(time.perf_counter() - started)
-            return statistics.median(times)
+        def latency() -> float:
+            started = time.perf_counter()
+            assert client.post("/v1/completions", json=body).status_code == 200
+            return time.perf_counter() - started
 
-        median_latency(5)  # warm up
-        idle_latency = median_latency()
+        for _ in range(5):  # warm up
+            latency()
+        idle_latency = statistics.median(latency() for _ in range(15))
         idle_rss = rss_bytes(fleet.gateway.pid)
-        stop = threading.Event()
         sent = [0] * 8
 
         def flood(i: int) -> None:
             piece = b"A" * MIB
+            deadline = time.monotonic() + 90  # bounded even if the gateway reads it all
             try:
                 with socket.create_connection(("127.0.0.1", fleet.gateway_port)) as sock:
-                    sock.settimeout(2)
+                    sock.settimeout(30)
                     sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
-                    deadline = time.monotonic() + 60
-                    while sent[i] < 100 and not stop.is_set() and time.monotonic() < deadline:
+                    while sent[i] < 100 and time.monotonic() < deadline:
                         sock.sendall(piece)
                         sent[i] += 1
-            except OSError:  # refused, reset, or blocked sending: the gateway stopped reading
+            except OSError:  # answered and closed (reset), or no longer read
                 pass
 
         floods = [threading.Thread(target=flood, args=(i,)) for i in range(8)]
         for thread in floods:
             thread.start()
-        try:
-            time.sleep(0.5)
-            busy_latency = median_latency()
-            peak_rss = rss_bytes(fleet.gateway.pid)
-        finally:
-            stop.set()
-            for thread in floods:
-                thread.join(timeout=70)
-        peak_rss = max(peak_rss, rss_bytes(fleet.gateway.pid))
-        print(f"idle {idle_latency * 1000:.1f} ms, under the flood "
-              f"{busy_latency * 1000:.1f} ms; RSS idle {idle_rss / MIB:.1f} MiB, "
-              f"peak {peak_rss / MIB:.1f} MiB; MiB sent per connection {sent}")
+        busy: list[float] = []
+        peak_rss = idle_rss
+        while len(busy) < 15 or any(thread.is_alive() for thread in floods):
+            busy.append(latency())
+            peak_rss = max(peak_rss, rss_bytes(fleet.gateway.pid))
+        for thread in floods:
+            thread.join()
+        busy_latency = statistics.median(busy)
+        print(f"idle {idle_latency * 1000:.1f} ms, during the flood {busy_latency * 1000:.1f} "
+              f"ms ({len(busy)} requests); RSS idle {idle_rss / MIB:.1f} MiB, peak "
+              f"{peak_rss / MIB:.1f} MiB; MiB sent per connection {sent}")
         assert peak_rss - idle_rss < 50 * MIB
         assert busy_latency < 2 * idle_latency
