@@ -52,22 +52,28 @@ class _Server(uvicorn.Server):
         self.gateway = gateway
         self.drain_s = max(0.0, grace_s - CUT_FLUSH_S)
         self.drain_until: float | None = None
+        self.drain_logged = False
 
     def handle_exit(self, sig, frame) -> None:  # type: ignore[override]
         self.gateway.draining = True
         if self.drain_until is None and sig in (signal.SIGTERM, signal.SIGINT):
-            self.drain_until = time.monotonic() + self.drain_s
-            log.info("draining", extra={"fields": {
-                "event": "draining", "open_requests": self.gateway.open_requests,
-                "drain_s": self.drain_s}})
+            self.drain_until = time.monotonic() + self.drain_s  # logged by the next tick
             return
         super().handle_exit(sig, frame)  # a second signal: stop now
 
     async def on_tick(self, counter: int) -> bool:
-        if self.drain_until is not None and not self.should_exit and (
-                not self.gateway.open_requests or time.monotonic() >= self.drain_until):
-            self.gateway.cut_streams()
-            self.should_exit = True
+        if self.drain_until is not None and not self.should_exit:
+            if not self.drain_logged:
+                self.drain_logged = True
+                log.info("draining", extra={"fields": {
+                    "event": "draining", "open_requests": self.gateway.open_requests,
+                    "drain_s": self.drain_s}})
+            if not self.gateway.open_requests or time.monotonic() >= self.drain_until:
+                cut = self.gateway.cut_streams()
+                if cut:
+                    log.warning("streams cut by the shutdown", extra={"fields": {
+                        "event": "streams_cut", "streams": cut}})
+                self.should_exit = True
         return await super().on_tick(counter)
 
 
