@@ -50,8 +50,20 @@ def test_minimal_config_fills_documented_defaults(tmp_path):
     assert config.retries == 2
     assert config.caller_cache_salt == "reject"
     assert config.limits.max_body_bytes == 4 * 1024 * 1024
+    assert config.limits.max_header_bytes == 64 * 1024
+    assert (config.limits.header_timeout_s, config.limits.body_timeout_s) == (10.0, 60.0)
     assert config.policy == default_policy_spec()
     assert config.busy_poll_s == 0.0  # off: the loop sleeps when idle
+
+
+def test_request_limits_are_read_and_checked(tmp_path):
+    text = MINIMAL + "limits:\n  max_header_bytes: 8192\n  header_timeout_s: 2.5\n" \
+        "  body_timeout_s: 30\n"
+    limits = load_config(write(tmp_path, text)).limits
+    assert (limits.max_header_bytes, limits.header_timeout_s, limits.body_timeout_s) == \
+        (8192, 2.5, 30.0)
+    message = error_of(tmp_path, MINIMAL + "limits:\n  header_timeout_s: 0\n")
+    assert "limits.header_timeout_s" in message and "greater than 0" in message
 
 
 def test_default_policy_is_decided_in_one_place():
