@@ -55,7 +55,10 @@ class HeadGuard(asyncio.Protocol):
 
     Invariant: ``in_head`` is true from a connection's start or a request's first byte until
     that request's headers are complete; ``head_bytes`` counts the bytes received meanwhile
-    (whole reads: at most one read more than the head itself)."""
+    (whole reads: at most one read more than the head itself), and ``deadline`` is when the
+    head must be complete (``None`` between requests). One timer per connection checks the
+    deadline and re-arms itself for a later one, so a request costs a clock read, not a
+    timer of its own (a timer set and cancelled per request doubled the guard's cost)."""
 
     max_header_bytes = 64 * 1024
     header_timeout_s = 10.0
@@ -65,9 +68,11 @@ class HeadGuard(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.in_head = True
         self.head_bytes = 0
         self.heads_done = 0  # requests on this connection whose heads were complete
+        self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.passthrough = False  # the parsers disagree or the protocol switched: hand on
         self.refused = False
@@ -76,7 +81,8 @@ class HeadGuard(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._arm()
+        self.loop = asyncio.get_running_loop()
+        self._start_clock()
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -115,29 +121,35 @@ class HeadGuard(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.in_head = True
         self.head_bytes = 0
-        if self.timer is None:  # a new connection's clock runs from its start
-            self._arm()
+        if self.deadline is None:  # (a new connection's clock runs from its start)
+            self._start_clock()
 
     def on_headers_complete(self) -> None:
         self.in_head = False
         self.heads_done += 1
-        self._disarm()
+        self.deadline = None
 
     # -- limits --------------------------------------------------------------------------
 
-    def _arm(self) -> None:
-        self._disarm()
-        loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(self.header_timeout_s, self._head_timed_out)
+    def _start_clock(self) -> None:
+        assert self.loop is not None
+        self.deadline = self.loop.time() + self.header_timeout_s
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.deadline, self._check_deadline)
 
     def _disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
-    def _head_timed_out(self) -> None:
+    def _check_deadline(self) -> None:
         self.timer = None
-        if not self.in_head or self.refused or self.passthrough:
+        deadline = self.deadline
+        if deadline is None or not self.in_head or self.refused or self.passthrough:
+            return
+        assert self.loop is not None
+        if self.loop.time() < deadline:  # a later request's: wait for it
+            self.timer = self.loop.call_at(deadline, self._check_deadline)
             return
         message = f"the request line and headers did not arrive within " \
                   f"{self.header_timeout_s:g} s"
