@@ -44,8 +44,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 
 def default_policy_spec() -> str:
     """The policy a gateway routes with when the config names none: the one place this is
-    decided. ``prefixroute`` (the project's own default, SPEC section 1) once it is
-    registered; until then ``hybrid`` (affinity capped by load, SPEC section 3 item 3), and
+    decided. ``prefixroute`` (the project's own policy) once it is
+    registered; until then ``hybrid`` (affinity capped by load), and
     ``least_loaded`` if even that is missing."""
     names = policy_names()
     for name in ("prefixroute", "hybrid", "least_loaded"):
@@ -68,8 +68,7 @@ class KVEventsConfig:
     """Where a backend publishes KV events (vLLM ``--kv-events-config``).
 
     ``bind``: vLLM *connects* to a concrete tcp address, so the gateway must bind it; with
-    ``tcp://*:PORT`` vLLM binds and the gateway connects to ``127.0.0.1:PORT`` (SPEC
-    section 5). ``auto`` (the default) follows that rule from the endpoint's text.
+    ``tcp://*:PORT`` vLLM binds and the gateway connects to ``127.0.0.1:PORT``. ``auto`` (the default) follows that rule from the endpoint's text.
     """
 
     endpoint: str

@@ -4,7 +4,7 @@ The gateway is the only party that sets cache identity: it injects the trust gro
 ``cache_salt``, refuses (or strips, by config) a salt the caller sent, refuses caller-supplied
 multimodal ``uuid`` overrides (in vLLM they replace media-byte hashing, so a colliding id could
 reuse KV derived from someone else's media), and gives inline media (``data:`` URLs, base64
-audio) a trust-group-scoped identity of its own (SPEC section 2). Media fetched by URL keeps the
+audio) a trust-group-scoped identity of its own. Media fetched by URL keeps the
 engine's own content hashing: the gateway does not fetch it, and naming it by URL would go stale
 when the bytes behind the URL change.
 """
