@@ -12,7 +12,7 @@ import sys
 from prefixroute.edges.gateway.config import hash_api_key
 from prefixroute.edges.listen import free_port
 
-SECRET_ENV = {"PR_CLI_SECRET": "c" * 40}
+SECRET_ENV = {"PR_CLI_SECRET": "c" * 64}
 
 
 def cli(*args, stdin=None, env=None):

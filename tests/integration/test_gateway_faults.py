@@ -201,3 +201,70 @@ def test_a_full_queue_answers_429_and_the_rest_complete(tmp_path):
         assert refused and all(body["error"]["code"] == "queue_full" for body in refused)
         assert statuses.count(200) + len(refused) == 12
         wait_counted(fleet, 12)
+
+
+def test_a_restarted_replica_that_passes_health_checks_takes_requests_at_once(tmp_path):
+    """Both replicas fail in turn: r1 dies and its breaker opens; r1 comes back and passes
+    its health checks while the gateway idles; then r0 dies. r1 must take every request,
+    not one half-open trial while the rest are refused (default breaker: 5 failures, 10 s)."""
+    with Fleet(tmp_path, replicas=2, gateway={
+            "policy": "round_robin", "health": {"interval_s": 2.0}}) as fleet:
+        fleet.kill_replica(1, signal.SIGKILL)
+        first = asyncio.run(send_all(fleet, bodies(fleet, 12, "before"), concurrency=1))
+        assert [status for status, _ in first] == [200] * 12
+        assert fleet.metric("prefixroute_gateway_replica_breaker_state", replica="r1") == 2  # open
+        fleet.start_replica(1)
+        time.sleep(13)  # past the 10 s open period, health checks passing, no requests
+        fleet.kill_replica(0, signal.SIGKILL)
+        results = asyncio.run(send_all(fleet, bodies(fleet, 20, "after"), concurrency=20))
+        assert_answered(results)
+        assert [status for status, _ in results] == [200] * 20
+
+
+def test_a_shutdown_drains_then_cuts_open_streams_with_an_error_event(tmp_path):
+    """SIGTERM with a long stream open: during the grace /health answers 503 draining (new
+    connections still accepted); at its end the stream gets a server_shutdown error event
+    and [DONE], the request is logged as cut, and the gateway exits within the grace."""
+    grace = 3.0
+    with Fleet(tmp_path, replicas=1, gateway={"shutdown_grace_s": grace}) as fleet:
+        lines: list[str] = []
+        failures: list[str] = []
+
+        def read() -> None:
+            try:
+                with httpx.stream("POST", fleet.url + "/v1/chat/completions", headers=AUTH,
+                                  json={"model": fleet.model, "max_tokens": 1500,
+                                        "stream": True, "messages": [
+                                            {"role": "user", "content": "a long story"}]},
+                                  timeout=60) as response:
+                    for line in response.iter_lines():
+                        lines.append(line)
+            except httpx.HTTPError as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while not any(line.startswith("data: {") for line in lines):
+            assert time.monotonic() < deadline, "no first event"
+            time.sleep(0.02)
+        assert fleet.gateway is not None
+        signalled = time.monotonic()
+        fleet.gateway.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        health = httpx.get(fleet.url + "/health", timeout=5)
+        assert (health.status_code, health.json()["status"]) == (503, "draining")
+        reader.join(timeout=30)
+        assert not reader.is_alive() and not failures, failures
+        fleet.gateway.wait(timeout=30)
+        assert time.monotonic() - signalled < grace + 10  # the grace, and a loaded machine's
+        events = [line for line in lines if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][6:])["error"]["code"] == "server_shutdown"
+        logged = [json.loads(line) for line in fleet.log("gateway").read_text().splitlines()
+                  if line.startswith("{")]
+        requests = [r for r in logged if r.get("event") == "request"]
+        assert [r["status"] for r in requests] == ["server_shutdown"]
+        stopped = [r for r in logged if r.get("event") == "stopped"]
+        assert stopped[0]["streams_cut_by_shutdown"] == 1
+        assert stopped[0]["unfinished_requests"] == 0

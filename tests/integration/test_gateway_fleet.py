@@ -24,7 +24,7 @@ import pytest
 from prefixroute.edges.gateway.config import hash_api_key
 from prefixroute.edges.listen import free_port
 
-SECRET = "integration-test-server-secret-0123456789"
+SECRET = "integration-test-server-secret-0123456789-0123456789"
 KEYS = {"a": "sk-int-a", "b": "sk-int-b", "ops": "sk-int-ops"}
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0

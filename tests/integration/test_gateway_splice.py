@@ -26,7 +26,7 @@ from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import hash_api_key, parse_config
 from tests.helpers.scripted_http import read_request
 
-SECRET = "s" * 32
+SECRET = "s" * 64
 KEY = "key-splice"
 AUTH = {"authorization": f"Bearer {KEY}"}
 

@@ -27,7 +27,7 @@ from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, free_port, 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
-SECRET = "vllm-render-test-secret-0123456789abcdef"
+SECRET = "vllm-render-test-secret-0123456789abcdef-0123456789"
 KEYS = {"a": "sk-render-a", "ops": "sk-render-ops"}
 DOCUMENT = ("Chapter {n}. A cache-aware router keeps requests that share a prefix on the "
             "replica that already holds its keys and values, and salts every prefix per trust "

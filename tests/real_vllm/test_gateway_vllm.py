@@ -37,7 +37,7 @@ from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, cached_toke
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
-SECRET = "vllm-gateway-test-secret-0123456789abcdef"
+SECRET = "vllm-gateway-test-secret-0123456789abcdef-0123456789"
 KEYS = {"a": "sk-tenant-a", "b": "sk-tenant-b", "ops": "sk-ops"}
 # Long enough for several full 32-token blocks, varied enough to tokenize into many tokens.
 DOCUMENT = ("Section {n}. Prefix caching keeps the keys and values of a prompt's leading tokens "

@@ -14,7 +14,7 @@ from prefixroute.core.identity.identity import derive_trust_group_salt
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import hash_api_key, parse_config
 
-SECRET = "q" * 32
+SECRET = "q" * 64
 BLOCK = 4
 
 
@@ -81,6 +81,8 @@ class FakeReplica:
             chunk = {"id": "x", "object": kind, "created": 0, "model": body["model"],
                      "choices": [choice]}
             yield f"data: {json.dumps(chunk)}\n\n".encode()
+            if self.fault == "stall_stream":  # one event, then nothing until cut
+                await asyncio.sleep(3600)
         if (body.get("stream_options") or {}).get("include_usage"):
             final = {"id": "x", "object": kind, "created": 0, "model": body["model"],
                      "choices": [], "usage": usage}
@@ -211,6 +213,63 @@ def test_malformed_json_is_400(config):
                                          headers={"authorization": "Bearer key-alice"})
             assert response.status_code == 400
             assert response.json()["error"]["type"] == "invalid_request_error"
+    run(scenario())
+
+
+def _chat_body(extra: bytes) -> bytes:
+    return b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]' + extra + b"}"
+
+
+@pytest.mark.parametrize("depth, code", [
+    (126, None),  # with the body object and "x" itself: 127 levels, under the limit of 128
+    (1_000, "json_too_deep"),  # orjson reads it; the limit refuses it
+    (1_023, "json_too_deep"),
+    (100_000, "json_too_deep"),  # orjson refuses it; so would the standard library
+])
+def test_deeply_nested_json_is_a_400_naming_the_depth(config, depth, code):
+    raw = _chat_body(b', "x": ' + b"[" * depth + b"]" * depth)
+
+    async def scenario():
+        async with Harness(config) as h:
+            response = await h.http.post("/v1/chat/completions", content=raw,
+                                         headers={"authorization": "Bearer key-alice"})
+            if code is None:
+                assert response.status_code == 200
+                return
+            assert response.status_code == 400
+            error = response.json()["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", code)
+            assert "128 levels" in error["message"]
+    run(scenario())
+
+
+@pytest.mark.parametrize("extra, code, words", [
+    (b', "max_tokens": ' + b"9" * 5_000, "number_too_large", "too large"),
+    (b', "user": "a\\ud800b"', "invalid_unicode", "surrogate"),
+], ids=["huge_integer", "lone_surrogate"])
+def test_a_body_that_cannot_be_sent_on_is_a_400_naming_the_problem(config, extra, code,
+                                                                    words):
+    async def scenario():
+        async with Harness(config) as h:
+            response = await h.http.post("/v1/chat/completions", content=_chat_body(extra),
+                                         headers={"authorization": "Bearer key-alice"})
+            assert response.status_code == 400
+            error = response.json()["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", code)
+            assert words in error["message"]
+            assert not h.r("r0").bodies and not h.r("r1").bodies
+    run(scenario())
+
+
+def test_a_lone_surrogate_in_the_content_is_a_400(config):
+    raw = b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+
+    async def scenario():
+        async with Harness(config) as h:
+            response = await h.http.post("/v1/chat/completions", content=raw,
+                                         headers={"authorization": "Bearer key-alice"})
+            assert response.status_code == 400
+            assert response.json()["error"]["code"] == "invalid_unicode"
     run(scenario())
 
 
@@ -524,6 +583,28 @@ def test_a_cancelled_request_releases_its_replica_and_slot(config):
                 await task
             assert sum(b.in_flight for b in backends) == 0
             assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+            assert h.gateway.router.decisions[-1].outcome == "abandoned"
+    run(scenario())
+
+
+def test_a_shutdown_cut_ends_an_open_stream_with_an_error_event(config):
+    async def scenario():
+        async with Harness(config) as h:
+            h.r("r0").fault = h.r("r1").fault = "stall_stream"
+            task = asyncio.create_task(h.http.post(
+                "/v1/completions", json={"model": "tiny", "prompt": "x", "stream": True},
+                headers={"authorization": "Bearer key-alice"}))
+            for _ in range(200):
+                if h.gateway.proxy.streams:
+                    break
+                await asyncio.sleep(0.01)
+            assert h.gateway.cut_streams() == 1
+            response = await task
+            events = [line for line in response.text.splitlines() if line.startswith("data:")]
+            assert json.loads(events[0][6:])["choices"][0]["text"] == "ok"
+            assert json.loads(events[-2][6:])["error"]["code"] == "server_shutdown"
+            assert events[-1] == "data: [DONE]"
+            assert h.gateway.open_requests == 0 and not h.gateway.proxy.streams
             assert h.gateway.router.decisions[-1].outcome == "abandoned"
     run(scenario())
 

@@ -22,7 +22,7 @@ vllm:num_requests_running 1.0 1700000000000
 
 
 def make_backend(monkeypatch, clock, **backend):
-    monkeypatch.setenv("PR_BACKEND_TEST_SECRET", "b" * 32)
+    monkeypatch.setenv("PR_BACKEND_TEST_SECRET", "b" * 64)
     config = parse_config({
         "server_secret": {"env": "PR_BACKEND_TEST_SECRET"},
         "backends": [{"url": "http://r0.test", "models": ["tiny"], **backend}],

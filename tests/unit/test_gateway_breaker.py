@@ -88,3 +88,40 @@ def test_admission_times_out_with_503():
             await queue.acquire()
         assert info.value.status == 503 and queue.waiting == 0
     asyncio.run(scenario())
+
+
+def test_a_passing_health_check_is_the_half_open_trial():
+    clock = ManualClock()
+    breaker = CircuitBreaker(clock, failure_threshold=1, open_s=10)
+    breaker.record_failure()
+    clock.advance(10)
+    breaker.on_dispatch()  # a trial request is out: no other may go
+    assert breaker.state == HALF_OPEN and not breaker.available()
+    breaker.record_health_ok()
+    assert breaker.state == CLOSED and breaker.available()
+
+
+def test_a_health_check_passing_while_open_closes_the_breaker_when_the_period_ends():
+    clock = ManualClock()
+    breaker = CircuitBreaker(clock, failure_threshold=1, open_s=10)
+    breaker.record_failure()
+    clock.advance(3)
+    breaker.record_health_ok()  # back early: the breaker still keeps the full open period
+    assert breaker.state == OPEN and not breaker.available()
+    clock.advance(7)
+    assert breaker.state == CLOSED and breaker.available()
+    breaker.on_dispatch()
+    breaker.on_dispatch()  # no single-trial limit once closed
+    assert breaker.available()
+
+
+def test_a_health_check_before_the_breaker_reopens_does_not_count_for_the_next_opening():
+    clock = ManualClock()
+    breaker = CircuitBreaker(clock, failure_threshold=1, open_s=10)
+    breaker.record_failure()
+    clock.advance(5)
+    breaker.record_health_ok()
+    clock.advance(5)
+    breaker.record_failure()  # closed, then failed again: open anew
+    clock.advance(10)
+    assert breaker.state == HALF_OPEN

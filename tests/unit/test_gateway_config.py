@@ -8,7 +8,7 @@ from prefixroute.core.errors import InputError
 from prefixroute.core.routing.registry import policy_names
 from prefixroute.edges.gateway.config import (default_policy_spec, hash_api_key, load_config)
 
-SECRET = "s" * 32
+SECRET = "s" * 64
 KEY_A = hash_api_key("key-a")
 
 
@@ -50,8 +50,20 @@ def test_minimal_config_fills_documented_defaults(tmp_path):
     assert config.retries == 2
     assert config.caller_cache_salt == "reject"
     assert config.limits.max_body_bytes == 4 * 1024 * 1024
+    assert config.limits.max_header_bytes == 64 * 1024
+    assert (config.limits.header_timeout_s, config.limits.body_timeout_s) == (10.0, 60.0)
     assert config.policy == default_policy_spec()
     assert config.busy_poll_s == 0.0  # off: the loop sleeps when idle
+
+
+def test_request_limits_are_read_and_checked(tmp_path):
+    text = MINIMAL + "limits:\n  max_header_bytes: 8192\n  header_timeout_s: 2.5\n" \
+        "  body_timeout_s: 30\n"
+    limits = load_config(write(tmp_path, text)).limits
+    assert (limits.max_header_bytes, limits.header_timeout_s, limits.body_timeout_s) == \
+        (8192, 2.5, 30.0)
+    message = error_of(tmp_path, MINIMAL + "limits:\n  header_timeout_s: 0\n")
+    assert "limits.header_timeout_s" in message and "greater than 0" in message
 
 
 def test_default_policy_is_decided_in_one_place():
@@ -120,9 +132,41 @@ def test_unset_secret_variable_is_refused(tmp_path, monkeypatch):
 
 
 def test_server_secret_from_a_file_relative_to_the_config(tmp_path):
-    (tmp_path / "secret.txt").write_text("f" * 40 + "\n")
+    (tmp_path / "secret.txt").write_text("f" * 64 + "\n")
     text = MINIMAL.replace("{env: PR_TEST_SECRET}", "{file: secret.txt}")
-    assert load_config(write(tmp_path, text)).server_secret == b"f" * 40
+    assert load_config(write(tmp_path, text)).server_secret == b"f" * 64
+
+
+def test_a_secret_written_in_the_config_is_refused_without_echoing_it(tmp_path):
+    value = "0123456789abcdef-the-secret-itself-0123456789abcdef"
+    message = error_of(tmp_path, MINIMAL.replace("{env: PR_TEST_SECRET}", value))
+    assert "server_secret" in message and "openssl rand -hex 32" in message
+    assert "0123456789" not in message and "secret-itself" not in message
+
+
+@pytest.mark.parametrize("value, accepted", [
+    ("ab" * 16, False),  # openssl rand -hex 16: 32 characters, 16 bytes of key
+    ("ab" * 32, True),  # openssl rand -hex 32
+    ("QUJD" * 10 + "QQ==", False),  # base64 of 31 bytes (openssl rand -base64 31)
+    ("QUJD" * 10 + "QUJD", True),  # base64 of 33 bytes
+    ("x" * 42, False),  # text: at most 6 bits a character, 42 * 6 // 8 = 31 bytes
+    ("x" * 43, True),  # 32 bytes
+])
+def test_the_secret_needs_32_bytes_of_key_in_its_written_form(tmp_path, monkeypatch, value,
+                                                              accepted):
+    monkeypatch.setenv("PR_TEST_SECRET", value)
+    if accepted:
+        assert load_config(write(tmp_path, MINIMAL)).server_secret == value.encode()
+        return
+    message = error_of(tmp_path, MINIMAL)
+    assert "at least 32" in message and "openssl rand -hex 32" in message
+    assert value not in message
+
+
+def test_a_binary_secret_file_counts_its_bytes(tmp_path):
+    (tmp_path / "secret.bin").write_bytes(bytes(range(128, 160)))  # 32 raw bytes
+    text = MINIMAL.replace("{env: PR_TEST_SECRET}", "{file: secret.bin}")
+    assert load_config(write(tmp_path, text)).server_secret == bytes(range(128, 160))
 
 
 def test_unknown_policy_is_refused_with_the_known_ones(tmp_path):

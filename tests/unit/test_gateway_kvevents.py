@@ -19,7 +19,7 @@ from prefixroute.edges.gateway.config import hash_api_key, parse_config
 from prefixroute.edges.kvevents.zmq import KVEventPublisher, ReceivedBatch
 from prefixroute.edges.listen import free_port
 
-SECRET = "e" * 32
+SECRET = "e" * 64
 BLOCK = 16
 
 

@@ -330,7 +330,7 @@ tenants:
 
 
 def load(tmp_path, monkeypatch, extra, tokenizer_dir=None):
-    monkeypatch.setenv("PR_TOKENIZATION_TEST_SECRET", "x" * 32)
+    monkeypatch.setenv("PR_TOKENIZATION_TEST_SECRET", "x" * 64)
     text = BASE + extra
     if tokenizer_dir is not None:
         text += f"tokenizer: {tokenizer_dir}\n"

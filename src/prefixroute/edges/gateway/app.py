@@ -44,7 +44,7 @@ from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import CHARS, PromptPreparer
-from prefixroute.edges.gateway.proxy import Job, Proxy, send_response
+from prefixroute.edges.gateway.proxy import Job, Proxy, caller_send, send_response
 from prefixroute.edges.gateway.render import RenderClient
 from prefixroute.edges.gateway.router import GatewayRouter
 from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
@@ -171,7 +171,13 @@ class Gateway:
         if self.client is not None:
             await self.client.aclose()
         log.info("gateway stopped", extra={"fields": {
-            "event": "stopped", "unfinished_requests": self.open_requests}})
+            "event": "stopped", "unfinished_requests": self.open_requests,
+            "streams_cut_by_shutdown": self.proxy.cut_by_shutdown if self.proxy else 0}})
+
+    def cut_streams(self) -> int:
+        """End every open stream with a ``server_shutdown`` error event (the end of a
+        shutdown's drain, ``server.py``); how many were cut."""
+        return self.proxy.cut_streams() if self.proxy is not None else 0
 
     # -- generation endpoints -------------------------------------------------------------
 
@@ -289,16 +295,22 @@ class Gateway:
                                    f"{limit}", code="body_too_large")
         chunks = []
         total = 0
+        timeout_s = self.config.limits.body_timeout_s
         try:
-            async for chunk in request.stream():
-                total += len(chunk)
-                if total > limit:
-                    raise GatewayError(413, f"the request body exceeds the limit of {limit} "
-                                       "bytes", code="body_too_large")
-                chunks.append(chunk)
+            async with asyncio.timeout(timeout_s):
+                async for chunk in request.stream():
+                    total += len(chunk)
+                    if total > limit:
+                        raise GatewayError(413, f"the request body exceeds the limit of "
+                                           f"{limit} bytes", code="body_too_large")
+                    chunks.append(chunk)
         except ClientDisconnect:
             raise GatewayError(400, "the client closed the connection while sending the body",
                                code="client_disconnected") from None
+        except TimeoutError:  # the connection closes: the rest of the body would follow
+            raise GatewayError(408, f"the request body did not arrive within {timeout_s:g} s",
+                               code="request_timeout",
+                               headers={"connection": "close"}) from None
         return b"".join(chunks)
 
     # -- other endpoints ------------------------------------------------------------------
@@ -390,7 +402,11 @@ class GenerationFastPath:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self.handlers.get(scope["path"])
             if handler is not None:
-                response = await handler(Request(scope, receive))
+                token = caller_send.set(send)  # a stream splices into the caller's connection
+                try:
+                    response = await handler(Request(scope, receive))
+                finally:
+                    caller_send.reset(token)
                 await send_response(response, scope, receive, send)
                 return
         await self.app(scope, receive, send)

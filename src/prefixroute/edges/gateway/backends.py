@@ -161,6 +161,11 @@ class Backend:
     def available(self) -> bool:
         return self.healthy and self.breaker.available()
 
+    def answering(self) -> bool:
+        """Healthy and its breaker not open, though it may be busy with its half-open trial:
+        a replica to try when no other is available, rather than answering 503."""
+        return self.healthy and self.breaker.state != "open"
+
     def replica_view(self) -> ReplicaView:
         """:attr:`state` with the load and KV size this backend measured, as the policy is
         to see them now."""
@@ -258,6 +263,7 @@ class Backend:
                     "event": "replica_healthy", "replica": self.name}})
                 self._models_checked = False  # it may have restarted with other flags
             self.healthy, self.health_failures, self.last_health_error = True, 0, None
+            self.breaker.record_health_ok()
             if not self.config.models:
                 await self._discover_models(client, timeout)
             elif not self._models_checked:

@@ -7,6 +7,12 @@ failure opens it again. Defaults (5 failures, 10 s) follow Envoy's outlier detec
 (``consecutive_5xx`` = 5) with a shorter ejection than its 30 s, because a gateway in front of
 two or three replicas cannot afford to lose one for long.
 
+A passing health check counts as the trial: a replica that answers its health checks again
+(most often one that restarted) closes its breaker as soon as the open period is over,
+rather than waiting, half-open, for one request to prove it while every other request must
+avoid it. A replica that passes health checks but fails requests reopens after another
+``failure_threshold`` failures, which are retried elsewhere.
+
 Time comes from an injected clock.
 """
 
@@ -28,11 +34,15 @@ class CircuitBreaker:
         self._state = CLOSED
         self._open_until = 0.0
         self._trial_in_flight = False
+        self._health_passed = False  # a health check passed since the breaker opened
 
     @property
     def state(self) -> str:
         if self._state == OPEN and self._clock.now() >= self._open_until:
-            return HALF_OPEN
+            if not self._health_passed:
+                return HALF_OPEN
+            self._state = CLOSED  # the passing health check was the trial
+            self.consecutive_failures = 0
         return self._state
 
     def available(self) -> bool:
@@ -46,19 +56,27 @@ class CircuitBreaker:
             self._state = HALF_OPEN
             self._trial_in_flight = True
 
+    def record_health_ok(self) -> None:
+        """A health check passed: the half-open trial, now or when the open period ends."""
+        if self.state == HALF_OPEN:
+            self.record_success()
+        elif self._state == OPEN:
+            self._health_passed = True
+
     def record_success(self) -> None:
         self.consecutive_failures = 0
         self._trial_in_flight = False
         self._state = CLOSED
 
     def record_failure(self) -> None:
+        state = self.state  # first: settling an ended open period resets the count
         self.consecutive_failures += 1
-        state = self.state
         self._trial_in_flight = False
         if state == HALF_OPEN or (state == CLOSED
                                   and self.consecutive_failures >= self.failure_threshold):
             self._state = OPEN
             self._open_until = self._clock.now() + self.open_s
+            self._health_passed = False
             self.opened += 1
 
     def release(self) -> None:

@@ -44,8 +44,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 
 def default_policy_spec() -> str:
     """The policy a gateway routes with when the config names none: the one place this is
-    decided. ``prefixroute`` (the project's own default, SPEC section 1) once it is
-    registered; until then ``hybrid`` (affinity capped by load, SPEC section 3 item 3), and
+    decided. ``prefixroute`` (the project's own policy) once it is
+    registered; until then ``hybrid`` (affinity capped by load), and
     ``least_loaded`` if even that is missing."""
     names = policy_names()
     for name in ("prefixroute", "hybrid", "least_loaded"):
@@ -68,8 +68,7 @@ class KVEventsConfig:
     """Where a backend publishes KV events (vLLM ``--kv-events-config``).
 
     ``bind``: vLLM *connects* to a concrete tcp address, so the gateway must bind it; with
-    ``tcp://*:PORT`` vLLM binds and the gateway connects to ``127.0.0.1:PORT`` (SPEC
-    section 5). ``auto`` (the default) follows that rule from the endpoint's text.
+    ``tcp://*:PORT`` vLLM binds and the gateway connects to ``127.0.0.1:PORT``. ``auto`` (the default) follows that rule from the endpoint's text.
     """
 
     endpoint: str
@@ -127,6 +126,15 @@ class Limits:
     max_concurrent: int = 512
     max_queued: int = 1024
     queue_timeout_s: float = 30.0
+    # The request line and headers together; OpenAI clients send under 2 KiB. nginx allows
+    # 4 buffers of 8 KiB, Node.js 16 KiB; room for long tokens and tracing headers.
+    max_header_bytes: int = 64 * 1024
+    # To receive the request line and headers (from the connection's start or the request's
+    # first byte), and then the body. nginx's client_header_timeout and client_body_timeout
+    # are 60 s between reads; these bound the whole, so a caller trickling bytes cannot hold
+    # a connection (and a queue slot) for long.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +294,9 @@ def _tenant(reader: _Reader) -> TenantConfig:
 
 
 def _server_secret(reader: _Reader, base: Path) -> bytes:
+    """The server secret's bytes, as the variable or file holds them (they key the salts, so
+    the form is not changed), once :func:`secret_strength` finds 32 bytes of key in them. No
+    message here quotes the value."""
     env = reader.string("env")
     file = reader.string("file")
     reader.finish()
@@ -304,11 +315,29 @@ def _server_secret(reader: _Reader, base: Path) -> bytes:
         except OSError as exc:
             reader.fail(f"cannot read the secret file {path}: {exc.strerror}", "file")
         where = f"secret file {path}"
-    if len(secret) < MIN_SECRET_BYTES:
-        reader.fail(f"{where} holds {len(secret)} bytes; the server secret needs at least "
-                    f"{MIN_SECRET_BYTES} (256 bits), e.g. openssl rand -hex 32",
-                    "env" if env is not None else "file")
+    strength, form = secret_strength(secret)
+    if strength < MIN_SECRET_BYTES:
+        reader.fail(f"{where} holds {form} worth {strength} bytes of key; the server secret "
+                    f"needs at least {MIN_SECRET_BYTES} (256 bits): make one with "
+                    "openssl rand -hex 32", "env" if env is not None else "file")
     return secret
+
+
+_HEX = re.compile(rb"(?:[0-9a-fA-F]{2})+")
+_PRINTABLE = re.compile(rb"[\x21-\x7e]+")
+
+
+def secret_strength(secret: bytes) -> tuple[int, str]:
+    """How many bytes of key ``secret`` can hold at most, and the form that says so.
+
+    Text carries less than a byte per character: hex (``openssl rand -hex``) two characters
+    a byte, other printable text at most base64's 6 bits a character (``openssl rand -base64``;
+    a passphrase holds less still). Anything else is counted as raw bytes."""
+    if _HEX.fullmatch(secret):
+        return len(secret) // 2, f"{len(secret)} hex characters"
+    if _PRINTABLE.fullmatch(secret):
+        return len(secret.rstrip(b"=")) * 6 // 8, f"{len(secret)} characters of text"
+    return len(secret), f"{len(secret)} raw bytes"
 
 
 def parse_config(data: Any, source: str = "<config>", base: Path | None = None) -> GatewayConfig:
@@ -349,6 +378,9 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
     if not top.has("server_secret"):
         top.missing("server_secret", "is required: {env: VARIABLE} or {file: PATH} holding "
                     f"at least {MIN_SECRET_BYTES} bytes")
+    if not isinstance(top.data["server_secret"], dict):  # the value itself, maybe the secret
+        top.fail("must be {env: VARIABLE} or {file: PATH}: the secret itself never goes in "
+                 "the config file (make one with openssl rand -hex 32)", "server_secret")
     secret = _server_secret(top.section("server_secret"), base)
 
     hashing_reader = top.section("hashing")
@@ -397,7 +429,10 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
     limits = Limits(lim.integer("max_body_bytes", Limits().max_body_bytes, minimum=1024),
                     lim.integer("max_concurrent", Limits().max_concurrent, minimum=1),
                     lim.integer("max_queued", Limits().max_queued, minimum=0),
-                    lim.number("queue_timeout_s", Limits().queue_timeout_s))
+                    lim.number("queue_timeout_s", Limits().queue_timeout_s),
+                    lim.integer("max_header_bytes", Limits().max_header_bytes, minimum=1024),
+                    lim.number("header_timeout_s", Limits().header_timeout_s),
+                    lim.number("body_timeout_s", Limits().body_timeout_s))
     lim.finish()
     h = top.section("health")
     health = HealthConfig(h.number("interval_s", HealthConfig().interval_s),

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -112,6 +113,7 @@ class ClosingStreamingResponse(StreamingResponse):
             task.cancel()
 
         watcher = asyncio.ensure_future(watch())
+        self.relay.task = task  # a shutdown cuts a generic stream by cancelling it
         try:
             cycle = None if self.sink is not None else _uvicorn_cycle(
                 getattr(send, "__self__", None)) if hasattr(self.relay.upstream, "splice") \
@@ -131,8 +133,11 @@ class ClosingStreamingResponse(StreamingResponse):
                     await send({"type": "http.response.body", "body": b"",
                                 "more_body": False})
         except asyncio.CancelledError:
-            if not left or task.uncancel() > 0:  # cancelled by someone else as well
+            cut = self.relay.cut_event
+            if not (left or cut is not None) or task.uncancel() > 0:  # cancelled otherwise
                 raise
+            if not left:  # the server is stopping: the stream ends with the error event
+                await send({"type": "http.response.body", "body": cut, "more_body": False})
         finally:
             watcher.cancel()
 
@@ -147,6 +152,19 @@ class Proxy:
         self.retries = retries
         self.block_size = block_size
         self._urls: dict[tuple[int, str], str] = {}
+        self.streams: set[SSERelay] = set()  # open streams, for a shutdown to cut
+        self.cut_by_shutdown = 0  # streams cut so far
+
+    def cut_streams(self) -> int:
+        """The server is stopping: end every open stream with an error event that says so
+        (``server_shutdown``) and ``data: [DONE]``; the replicas' requests are aborted as
+        for a caller that left. Returns how many were cut."""
+        cut = 0
+        for relay in list(self.streams):
+            if relay.cut():
+                cut += 1
+        self.cut_by_shutdown += cut
+        return cut
 
     def _url(self, backend: Backend, path: str) -> str:
         key = (backend.index, path)
@@ -185,6 +203,9 @@ class Proxy:
             if not candidates:  # health checks may lag a recovery; the breaker still guards
                 candidates = [b for b in job.backends
                               if b.index not in tried and b.breaker.available()]
+            if not candidates:  # never a 503 while a healthy replica is left to try
+                candidates = [b for b in job.backends
+                              if b.index not in tried and b.answering()]
             if not candidates:
                 break
             if attempt_no:
@@ -316,14 +337,19 @@ class Proxy:
         response = ClosingStreamingResponse(relay, status_code=status,
                                             headers=_reply_headers(upstream, job),
                                             media_type="text/event-stream")
-        sink = _SpliceSink(relay, cycle, response.start_message())
+        sink = relay.sink = _SpliceSink(relay, cycle, response.start_message())
         woken = sink.wake = asyncio.get_running_loop().create_future()
         upstream.splice(sink)  # type: ignore[attr-defined]
         try:
             if not (sink.started or sink.finished or sink.pending):
                 await woken
+        except BaseException:
+            self.streams.discard(relay)
+            raise
         finally:
             sink.wake = None
+        if not sink.started and (sink.error is not None or sink.failure is not None):
+            self.streams.discard(relay)  # not a stream the caller will see
         if not sink.started and sink.error is not None:
             await upstream.aclose()
             reason = "timeout" if isinstance(sink.error, RequestTimeout) else "stream"
@@ -366,6 +392,10 @@ class SSERelay:
         self.buffer = b""
         self.sent_any = False
         self._closed = False
+        self.sink: _SpliceSink | None = None  # the spliced driver's, once it has one
+        self.task: asyncio.Task | None = None  # the generic driver's, once it runs
+        self.cut_event: bytes | None = None  # set when a shutdown cut the stream
+        proxy.streams.add(self)
 
     async def close(self) -> None:
         """Release everything once: the attempt (as abandoned if it did not end), the upstream
@@ -373,13 +403,28 @@ class SSERelay:
         if self._closed:
             return
         self._closed = True
+        self.proxy.streams.discard(self)
         if not self.attempt.finished:
             self.proxy.router.abandoned(self.attempt, started=True)
-            self.job.status = "client_closed"
+            self.job.status = "client_closed" if self.cut_event is None else "server_shutdown"
         try:
             await self.upstream.aclose()
         finally:
             self.on_done(self.job)
+
+    def cut(self) -> bool:
+        """End the stream now with a ``server_shutdown`` error event and ``data: [DONE]``
+        (:meth:`Proxy.cut_streams`); ``False`` if it was ending anyway."""
+        if self._closed or self.attempt.finished or self.cut_event is not None:
+            return False
+        self.cut_event = sse_error("the gateway is shutting down; the answer is incomplete",
+                                   "service_unavailable", code="server_shutdown")
+        if self.sink is not None:
+            self.sink.cut(self.cut_event)
+        elif self.task is not None:
+            self.task.cancel()
+        # else not handed to a driver yet: the one that takes it sends the cut first
+        return True
 
     # -- the per-event logic --
 
@@ -436,6 +481,9 @@ class SSERelay:
     async def events(self) -> AsyncIterator[bytes]:
         """The generic driver: an async generator over the upstream's body."""
         try:
+            if self.cut_event is not None:  # cut before the response started
+                yield self.cut_event
+                return
             out = self.take(self.first)
             if out:
                 yield out
@@ -460,7 +508,9 @@ class SSERelay:
         """The spliced driver, once uvicorn has sent the response start (chunked): the first
         event goes out here, every later one from the replica connection's data callback
         (:class:`_SpliceSink`)."""
-        sink = _SpliceSink(self, cycle)
+        sink = self.sink = _SpliceSink(self, cycle)
+        if self.cut_event is not None:  # cut before the response started
+            sink.cut(self.cut_event)
         sink.on_body(self.first)
         self.upstream.splice(sink)  # type: ignore[attr-defined]
         await self.finish_splice(sink, send)
@@ -554,6 +604,8 @@ class _SpliceSink:
         self.wake: asyncio.Future | None = None
 
     def on_body(self, data: bytes) -> None:
+        if self.finished:  # cut by a shutdown: the rest is not passed on
+            return
         try:
             out = self.relay.take(data)
             if not out:
@@ -579,12 +631,16 @@ class _SpliceSink:
                 self._pause()
 
     def on_end(self) -> None:
+        if self.finished:
+            return
         try:
             self._end(last=self.relay.tail())
         except Exception as exc:  # pragma: no cover - a bug of ours
             self._end(failure=exc)
 
     def on_error(self, error: TransportError) -> None:
+        if self.finished:
+            return
         if not self.started and not self.pending:  # nothing reached the caller: retry
             self.error = error
             self._end()
@@ -616,6 +672,13 @@ class _SpliceSink:
         finally:
             cycle.transport = self.transport
             held.flush()  # not taken (an error): written as uvicorn would have
+
+    def cut(self, event: bytes) -> None:
+        """End the stream with ``event`` (a shutdown's); the driver sends it as the last
+        piece. Reading the replica stops."""
+        if not self.finished:
+            self.relay.upstream.pause_reading()  # type: ignore[attr-defined]
+            self._end(last=event)
 
     def _pause(self) -> None:
         if not self.paused:
@@ -707,15 +770,15 @@ def _uvicorn_cycle(cycle: Any) -> Any | None:
     return cycle
 
 
+# The ASGI ``send`` of the request the current task serves, set by the app around its
+# handler (``app.GenerationFastPath``): how a stream finds the uvicorn cycle to splice into.
+# A context variable, because each request runs in a task of its own.
+caller_send: ContextVar[Any] = ContextVar("prefixroute_caller_send", default=None)
+
+
 def _running_cycle() -> Any | None:
-    """The uvicorn cycle serving the current request: uvicorn runs each request as a task of
-    ``cycle.run_asgi(app)``, so the task's coroutine frame holds it (checked as above)."""
-    task = asyncio.current_task()
-    coro = task.get_coro() if task is not None else None
-    if getattr(coro, "__qualname__", None) != "RequestResponseCycle.run_asgi":
-        return None
-    frame = getattr(coro, "cr_frame", None)
-    return _uvicorn_cycle(frame.f_locals.get("self")) if frame is not None else None
+    """The uvicorn cycle serving the current request (checked as above), or ``None``."""
+    return _uvicorn_cycle(getattr(caller_send.get(), "__self__", None))
 
 
 _CYCLE_ATTRIBUTES = ("transport", "flow", "disconnected", "response_started",

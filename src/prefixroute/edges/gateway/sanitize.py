@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,23 +42,86 @@ class CheckedRequest:
     caller_wants_usage: bool  # streaming: the caller asked for the usage chunk itself
 
 
+# How deep a request body may nest objects and lists. Real bodies stay far below it (a chat
+# request with content parts is 5 levels; a tool's JSON schema adds 2 per nested property).
+# Below orjson's encoding limit of 254 levels, so every accepted body re-encodes on the fast
+# path, and far below Python's recursion limit (about 1000), where the standard library's
+# parser and encoder (the fallbacks) fail.
+MAX_JSON_DEPTH = 128
+
+
 def parse_json_body(raw: bytes) -> dict:
+    """The body as a JSON object, or a 400 that names what is wrong with it.
+
+    Every body this accepts re-encodes (:func:`encode_json`) when it is sent on: nesting
+    deeper than :data:`MAX_JSON_DEPTH`, an integer with more digits than Python converts, and
+    a string with a lone UTF-16 surrogate (which UTF-8 cannot carry) are refused here."""
     if not raw:
         raise GatewayError(400, "the request body is empty; expected a JSON object",
                            code="invalid_body")
     try:
         body = orjson.loads(raw)  # several times faster than json on request bodies
     except orjson.JSONDecodeError:
-        # What orjson refuses, the standard library may take (NaN, integers beyond 64
-        # bits), and where it does not, its message names the line and column.
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise GatewayError(400, f"the request body is not valid JSON: {exc}",
-                               code="invalid_json") from None
+        body = _parse_leniently(raw)
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_body")
+    # Nesting needs an opening bracket per level: a body with few of them is shallow, and
+    # counting them costs far less than walking the parsed body.
+    if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and _nests_deeper(body,
+                                                                         MAX_JSON_DEPTH):
+        raise _too_deep()
     return body
+
+
+def _parse_leniently(raw: bytes) -> Any:
+    """What orjson refuses, the standard library may take (NaN, integers beyond 64 bits, a
+    lone surrogate), and where it does not, its message names the line and column. What it
+    takes must also encode again, so that is checked here, before the request is accepted."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise _too_deep() from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GatewayError(400, f"the request body is not valid JSON: {exc}",
+                           code="invalid_json") from None
+    except ValueError:  # Python's limit on the digits of an integer it converts
+        raise _too_many_digits() from None
+    if _nests_deeper(body, MAX_JSON_DEPTH):
+        raise _too_deep()
+    try:
+        encode_json(body)
+    except UnicodeEncodeError:
+        raise GatewayError(400, "the request body holds a string with a lone UTF-16 "
+                           "surrogate escape (such as \\ud800 without its pair), which is not "
+                           "valid Unicode", code="invalid_unicode") from None
+    except ValueError:
+        raise _too_many_digits() from None
+    return body
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Does ``value`` nest objects and lists more than ``limit`` levels deep? (Iterative:
+    the depth is what is in question.)"""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list)))
+    return False
+
+
+def _too_deep() -> GatewayError:
+    return GatewayError(400, f"the request body nests objects and lists more than "
+                        f"{MAX_JSON_DEPTH} levels deep", code="json_too_deep")
+
+
+def _too_many_digits() -> GatewayError:
+    return GatewayError(400, "the request body holds a number too large to read (an "
+                        f"integer of more than {sys.get_int_max_str_digits()} digits)",
+                        code="number_too_large")
 
 
 def encode_json(obj: Any, default: Any = None) -> bytes:
