@@ -70,7 +70,7 @@ reported cached tokens.
 **The simulator's prediction.** The same requests (token ids from the gateway's tokenizer,
 the same chat template vLLM applies), the same lanes (a closed loop in which request ``k``
 of a lane is sent when request ``k-1`` ends), 2 replicas of the same KV blocks, block size
-32, the calibrated engine profile, vLLM's scheduler limits as the engine logged them; the
+32, the calibrated engine profile, the scheduler limits the replicas were given; the
 policies: ``prefixroute`` (with the replicas' speed stated, as the simulator always states
 it), ``prefixroute:learn_speed=true`` (learning, as the gateway does without a stated speed),
 ``round_robin``, and ``sglang_cache_aware`` for both peers (vllm-router's ``cache_aware`` is
@@ -156,6 +156,13 @@ WORDS = ("cache prefix router replica token block engine request tenant policy q
          "forest winter summer autumn spring morning evening journey letter story picture "
          "kitchen teacher student library museum theatre concert festival holiday travel "
          "bridge tunnel station airport highway bicycle engineer doctor lawyer farmer").split()
+
+
+# The replicas' scheduler limits, given on their command line so that the simulated engines
+# surely get the same: vLLM 0.32's defaults for its OpenAI server on CPU
+# (``EngineArgs.get_batch_defaults``: 2048 batched tokens, 128 sequences), which its log
+# does not print.
+ENGINE_LIMITS = {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
 
 
 # -- workloads ---------------------------------------------------------------------------------
@@ -282,7 +289,8 @@ class Replica(VllmServer):
 def start_replicas(count: int, blocks: int, workdir: Path, exclusive: bool) -> list[Replica]:
     replicas = []
     for i in range(count):
-        replica = Replica(core=str(i % max(1, os.cpu_count() or 1)),
+        limits = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_LIMITS.items()]
+        replica = Replica(core=str(i % max(1, os.cpu_count() or 1)), extra_args=tuple(limits),
                           num_gpu_blocks_override=blocks, startup_timeout=STARTUP_TIMEOUT_S,
                           log_path=workdir / f"vllm-{blocks}-{i}.log")
         replica.take_lock = exclusive and i == 0
@@ -310,20 +318,6 @@ def stop_all(processes) -> None:
     for process in reversed(processes):
         with contextlib.suppress(Exception):
             process.stop()
-
-
-def engine_limits(replica: Replica) -> dict[str, int]:
-    """vLLM's scheduler limits as its log states them (``max_num_batched_tokens``,
-    ``max_num_seqs``), for the simulator; vLLM's defaults if the log does not say."""
-    import re
-
-    text = replica.log_path.read_text(errors="replace")
-    out = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
-    for name in out:
-        found = re.findall(rf"{name}[=:]\s*(\d+)", text)
-        if found:
-            out[name] = int(found[-1])
-    return out
 
 
 def reset_caches(replicas: list[Replica]) -> None:
@@ -756,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"starting {args.replicas} vLLM replicas with {blocks} blocks")
         replicas = start_replicas(args.replicas, blocks, workdir, args.exclusive)
         try:
-            limits = engine_limits(replicas[0])
+            limits = ENGINE_LIMITS
             if profile_path is None:
                 profile_path = args.profile or calibrate(replicas[0], workdir, log)
                 speed = json.loads(profile_path.read_text())["prefill_s_per_token"]
