@@ -478,35 +478,60 @@ async def drive(url: str, workload: Workload, keys: Keys) -> list[Outcome]:
 
 def decision_summary(decisions: list[dict]) -> dict[str, Any]:
     """What our gateway's decisions show: per replica the learned prefill seconds per token
-    (first, last, largest), the branches taken, how often a request left the replica that
-    held its longest prefix, and predicted against reported cached tokens."""
+    (first, last, largest); the branches taken; the requests sent to a replica predicted to
+    hold less of their prompt than another (how many, the tokens given up, and the waits
+    that made the holder look dearer); predicted against reported cached tokens, with the
+    requests where they differ split into those predicted cold (0) and the rest."""
     decisions = sorted(decisions, key=lambda d: d["time"])
     speeds: dict[str, list[float]] = {}
     branches: dict[str, int] = {}
     left_holder = left_holder_tokens = 0
+    holder_waits, chosen_waits = [], []
     predicted = reported = 0
+    under = {"cold": [0, 0], "partial": [0, 0]}  # [requests, tokens]
+    over = [0, 0]
     for d in decisions:
         branches[d["branch"]] = branches.get(d["branch"], 0) + 1
-        best_hit, holder = -1, None
+        expected = {}
         for c in d["candidates"]:
             scores = c.get("scores") or {}
             if "s_per_token" in scores:
                 speeds.setdefault(c["replica"], []).append(scores["s_per_token"])
-            hit = scores.get("expected_cached_tokens")
-            if hit is not None and hit > best_hit:
-                best_hit, holder = hit, c["replica"]
-        if holder is not None and best_hit > 0 and holder != d["replica"]:
-            chosen = next((c for c in d["candidates"] if c["replica"] == d["replica"]), {})
-            chosen_hit = (chosen.get("scores") or {}).get("expected_cached_tokens", 0)
+            expected[c["replica"]] = scores
+        best = max((v.get("expected_cached_tokens", 0) for v in expected.values()), default=0)
+        mine = expected.get(d["replica"], {})
+        if best > 0 and mine.get("expected_cached_tokens", 0) < best:
+            holder = next(v for v in expected.values()
+                          if v.get("expected_cached_tokens", 0) == best)
             left_holder += 1
-            left_holder_tokens += best_hit - (chosen_hit or 0)
-        predicted += d.get("predicted_cached_tokens") or 0
-        reported += d.get("reported_cached_tokens") or 0
+            left_holder_tokens += best - mine.get("expected_cached_tokens", 0)
+            holder_waits.append(holder.get("wait_s", 0.0))
+            chosen_waits.append(mine.get("wait_s", 0.0))
+        p, r = d.get("predicted_cached_tokens") or 0, d.get("reported_cached_tokens")
+        if r is None:
+            continue
+        predicted += p
+        reported += r
+        if r > p:
+            kind = under["cold" if p == 0 else "partial"]
+            kind[0] += 1
+            kind[1] += r - p
+        elif r < p:
+            over[0] += 1
+            over[1] += p - r
+
+    def ms(values: list[float]) -> float | None:
+        return round(1000 * statistics.median(values), 1) if values else None
+
     return {"decisions": len(decisions), "branches": branches,
             "s_per_token_us": {r: {"first": round(v[0] * 1e6, 1), "last": round(v[-1] * 1e6, 1),
                                    "max": round(max(v) * 1e6, 1)} for r, v in speeds.items()},
-            "left_prefix_holder": left_holder, "left_prefix_tokens": left_holder_tokens,
-            "predicted_cached_tokens": predicted, "reported_cached_tokens": reported}
+            "left_prefix_holder": left_holder, "left_prefix_tokens": round(left_holder_tokens),
+            "left_holder_wait_ms_median": ms(holder_waits),
+            "left_chosen_wait_ms_median": ms(chosen_waits),
+            "predicted_cached_tokens": predicted, "reported_cached_tokens": reported,
+            "under_predicted_cold": under["cold"], "under_predicted_partial": under["partial"],
+            "over_predicted": over}
 
 
 def run_once(router: str, workload: Workload, replicas: list[Replica], keys: Keys,
@@ -691,10 +716,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, default=None,
                         help="an engine profile (prefixroute calibrate --out) to use instead "
                              "of calibrating replica 0 at the start")
+    parser.add_argument("--rewrite", type=Path, default=None, metavar="JSON",
+                        help="only rewrite the report from an earlier run's JSON (its "
+                             "decision summaries recomputed from its workdir, if still there)")
     parser.add_argument("--exclusive", action="store_true",
                         help="hold the project's one-vLLM lock while the replicas run "
                              "(another real-vLLM suite then waits)")
     args = parser.parse_args(argv)
+    if args.rewrite:
+        return rewrite(args.rewrite, args.out_dir)
     if args.quick:
         args.seeds, args.requests, args.conversations, args.turns = 1, 40, 4, 3
         args.kv_blocks = args.kv_blocks.split(",")[0]
@@ -802,6 +832,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def rewrite(path: Path, out_dir: Path) -> int:
+    """Write the report again from a results JSON, with the decision summaries recomputed
+    from the decisions kept in its workdir (when the workdir still exists)."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"real_engines.py: cannot read {path}: {exc}", file=sys.stderr)
+        return 2
+    workdir = Path(report.get("workdir", ""))
+    for blocks, per_kv in report["kv"].items():
+        for name, data in per_kv.items():
+            if name == "engine_limits":
+                continue
+            for router, runs in data["runs"].items():
+                for run in runs:
+                    tag = f"{blocks}-{name}-{run.get('seed')}-{router}"
+                    kept = workdir / f"decisions-{tag}.json"
+                    if kept.exists():
+                        run["decisions"] = decision_summary(
+                            json.loads(kept.read_text())["decisions"])
+    write_report(report, out_dir, path.stem)
+    return 0
+
+
 # -- the report --------------------------------------------------------------------------------
 
 
@@ -809,8 +863,8 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _num(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _ms(value: float | None) -> str:
@@ -901,7 +955,8 @@ def write_report(report: dict, out_dir: Path, stem: str) -> None:
                 f"| {router} | {_pct(agg['token_hit_rate'])} | "
                 f"{_pct(agg['token_hit_rate_min'])}-{_pct(agg['token_hit_rate_max'])} | "
                 f"{_pct(row['simulated'])} ({SIMULATED[router]}) | "
-                f"{'-' if row['gap_points'] is None else format(row['gap_points'], '+.1f')} | {_ms(agg['ttft_p50_s'])}/{_ms(agg['ttft_p99_s'])}"
+                f"{_num(row['gap_points'], '+.1f')} | "
+                f"{_ms(agg['ttft_p50_s'])}/{_ms(agg['ttft_p99_s'])}"
                 f" | {' '.join('/'.join(map(str, p)) for p in agg['per_replica'])} | "
                 f"{agg['failed']} | {_num(agg['router_cpu_ms_per_request'])} | "
                 f"{min(loads):.1f}-{max(loads):.1f} |")
@@ -915,20 +970,30 @@ def write_report(report: dict, out_dir: Path, stem: str) -> None:
                   f"{' > '.join(comp['real_order'])}; simulated: "
                   f"{' > '.join(comp['simulated_order'])}; every router within 2 points: "
                   f"{'yes' if comp['within_2_points'] else 'no'}.", ""]
-        decisions = [r["decisions"] for r in data["runs"].get("prefixroute", [])
-                     if r.get("decisions")]
-        if decisions:
-            lines += ["prefixroute's decisions per seed: learned prefill us/token per replica "
-                      "(first -> last, max); requests sent away from the replica predicted "
-                      "to hold more (and the tokens given up); predicted vs reported cached "
-                      "tokens:", ""]
-            for i, d in enumerate(decisions):
+        for router in ("prefixroute", "prefixroute+calibrated"):
+            decisions = [(r.get("seed"), r["decisions"]) for r in data["runs"].get(router, [])
+                         if r.get("decisions")]
+            if not decisions:
+                continue
+            lines += [f"{router}'s decisions per seed: learned prefill us/token per replica "
+                      "(first -> last, max); requests sent to a replica predicted to hold "
+                      "less than another (tokens given up; median wait the holder showed "
+                      "and the chosen one); predicted vs reported cached tokens (requests "
+                      "and tokens under-predicted when predicted cold, and otherwise; "
+                      "over-predicted); branches:", ""]
+            for seed, d in decisions:
                 speeds = ", ".join(f"{r} {v['first']:.0f} -> {v['last']:.0f} (max "
                                    f"{v['max']:.0f})" for r, v in d["s_per_token_us"].items())
-                lines.append(f"- seed {i}: {speeds}; left holder {d['left_prefix_holder']} "
-                             f"({d['left_prefix_tokens']} tokens); predicted "
-                             f"{d['predicted_cached_tokens']} vs reported "
-                             f"{d['reported_cached_tokens']}; branches {d['branches']}")
+                lines.append(
+                    f"- seed {seed}: {speeds}; left holder {d['left_prefix_holder']} "
+                    f"({d['left_prefix_tokens']} tokens; waits "
+                    f"{d.get('left_holder_wait_ms_median')} vs "
+                    f"{d.get('left_chosen_wait_ms_median')} ms); predicted "
+                    f"{d['predicted_cached_tokens']} vs reported "
+                    f"{d['reported_cached_tokens']} (under: cold "
+                    f"{d.get('under_predicted_cold')}, partial "
+                    f"{d.get('under_predicted_partial')}; over {d.get('over_predicted')}); "
+                    f"{d['branches']}")
             lines.append("")
     lines += [f"Raw outcomes, decisions and logs: `{report['workdir']}` (not kept).", ""]
     (out_dir / f"{stem}.md").write_text("\n".join(lines))
