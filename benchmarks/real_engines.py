@@ -92,6 +92,7 @@ import math
 import os
 import random
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -303,11 +304,15 @@ def start_replicas(count: int, blocks: int, workdir: Path, exclusive: bool) -> l
         except BaseException as exc:  # reported below, after every thread ends
             errors.append(exc)
 
-    threads = [threading.Thread(target=start, args=(r,)) for r in replicas]
+    threads = [threading.Thread(target=start, args=(r,), daemon=True) for r in replicas]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:  # Ctrl-C or SIGTERM while they start: stop what has started
+        stop_all(replicas)
+        raise
     if errors:
         stop_all(replicas)
         raise errors[0]
@@ -416,6 +421,31 @@ def peer_router(name: str, command: Path, replicas: list[Replica],
     process.log_path = workdir / f"{name}-{tag}.log"
     process.startup_timeout = 120.0
     return process
+
+
+PEER_READY_TIMEOUT_S = 180.0
+
+
+def wait_for_workers(url: str, count: int) -> None:
+    """Wait until a peer router lists ``count`` healthy workers (``GET /workers``).
+
+    sglang-router answers ``/health`` before its workers are registered: it probes each
+    worker's metadata in the background (a step with a 10 s timeout, retried), and requests
+    in between fail with a server error. On this loaded machine a first run lost 132 of 200
+    requests that way. A router without ``/workers`` is taken as ready."""
+    deadline = time.monotonic() + PEER_READY_TIMEOUT_S
+    while True:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            answer = httpx.get(url + "/workers", timeout=5)
+            if answer.status_code == 404:
+                return
+            workers = answer.json().get("workers") or []
+            if len(workers) >= count and all(w.get("is_healthy", True) for w in workers):
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not list {count} healthy workers within "
+                               f"{PEER_READY_TIMEOUT_S:.0f} s")
+        time.sleep(0.5)
 
 
 # -- one run -----------------------------------------------------------------------------------
@@ -548,6 +578,8 @@ def run_once(router: str, workload: Workload, replicas: list[Replica], keys: Key
     load_start = os.getloadavg()[0]
     process.start()
     try:
+        if router not in OUR_POLICIES:
+            wait_for_workers(process.url, len(replicas))
         cpu_before = tree_cpu_seconds(process.process.pid)
         started = time.perf_counter()
         outcomes = asyncio.run(drive(process.url, workload, keys))
@@ -723,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="hold the project's one-vLLM lock while the replicas run "
                              "(another real-vLLM suite then waits)")
     args = parser.parse_args(argv)
+    # SIGTERM (kill PID) unwinds like Ctrl-C, so every process started here is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.rewrite:
         return rewrite(args.rewrite, args.out_dir)
     if args.quick:
