@@ -506,12 +506,22 @@ async def drive(url: str, workload: Workload, keys: Keys) -> list[Outcome]:
     return [o for lane_outcomes in results for o in lane_outcomes]
 
 
-def decision_summary(decisions: list[dict]) -> dict[str, Any]:
+def decision_summary(decisions: list[dict], elapsed_s: float | None = None) -> dict[str, Any]:
     """What our gateway's decisions show: per replica the learned prefill seconds per token
     (first, last, largest); the branches taken; the requests sent to a replica predicted to
     hold less of their prompt than another (how many, the tokens given up, and the waits
     that made the holder look dearer); predicted against reported cached tokens, with the
-    requests where they differ split into those predicted cold (0) and the rest."""
+    requests where they differ split into those predicted cold (0) and the rest.
+
+    With the run's ``elapsed_s``, also the speed a replica would learn if a prefill were
+    pending there all run long: ``elapsed_s`` over the prefill work (token-equivalents, the
+    policy's own :meth:`PrefixRoute.prefill_work`) of the requests routed there, from each
+    decision's expected cached tokens. With four requests in flight on two replicas a
+    prefill is pending almost always, so the learned speed should come close to it."""
+    from prefixroute.core.routing.policies.prefixroute_default import PrefixRoute
+
+    work_model = PrefixRoute()
+    work: dict[str, float] = {}
     decisions = sorted(decisions, key=lambda d: d["time"])
     speeds: dict[str, list[float]] = {}
     branches: dict[str, int] = {}
@@ -530,6 +540,9 @@ def decision_summary(decisions: list[dict]) -> dict[str, Any]:
             expected[c["replica"]] = scores
         best = max((v.get("expected_cached_tokens", 0) for v in expected.values()), default=0)
         mine = expected.get(d["replica"], {})
+        cached = mine.get("expected_cached_tokens", 0.0)
+        work[d["replica"]] = work.get(d["replica"], 0.0) + work_model.prefill_work(
+            d["num_tokens"] - cached, cached)
         if best > 0 and mine.get("expected_cached_tokens", 0) < best:
             holder = next(v for v in expected.values()
                           if v.get("expected_cached_tokens", 0) == best)
@@ -561,7 +574,9 @@ def decision_summary(decisions: list[dict]) -> dict[str, Any]:
             "left_chosen_wait_ms_median": ms(chosen_waits),
             "predicted_cached_tokens": predicted, "reported_cached_tokens": reported,
             "under_predicted_cold": under["cold"], "under_predicted_partial": under["partial"],
-            "over_predicted": over}
+            "over_predicted": over,
+            "implied_s_per_token_us": {r: round(1e6 * elapsed_s / w, 1) for r, w in work.items()
+                                       if w > 0} if elapsed_s else {}}
 
 
 def run_once(router: str, workload: Workload, replicas: list[Replica], keys: Keys,
@@ -619,7 +634,7 @@ def run_once(router: str, workload: Workload, replicas: list[Replica], keys: Key
     }
     if decisions is not None:
         (workdir / f"decisions-{tag}.json").write_text(json.dumps(decisions))
-        result["decisions"] = decision_summary(decisions["decisions"])
+        result["decisions"] = decision_summary(decisions["decisions"], elapsed)
     return result
 
 
@@ -885,7 +900,7 @@ def rewrite(path: Path, out_dir: Path) -> int:
                     kept = workdir / f"decisions-{tag}.json"
                     if kept.exists():
                         run["decisions"] = decision_summary(
-                            json.loads(kept.read_text())["decisions"])
+                            json.loads(kept.read_text())["decisions"], run.get("elapsed_s"))
     write_report(report, out_dir, path.stem)
     return 0
 
@@ -1027,6 +1042,7 @@ def write_report(report: dict, out_dir: Path, stem: str) -> None:
                     f"{d['reported_cached_tokens']} (under: cold "
                     f"{d.get('under_predicted_cold')}, partial "
                     f"{d.get('under_predicted_partial')}; over {d.get('over_predicted')}); "
+                    f"elapsed over predicted work {d.get('implied_s_per_token_us')} us/token; "
                     f"{d['branches']}")
             lines.append("")
     lines += [f"Raw outcomes, decisions and logs: `{report['workdir']}` (not kept).", ""]
