@@ -164,6 +164,12 @@ WORDS = ("cache prefix router replica token block engine request tenant policy q
 # (``EngineArgs.get_batch_defaults``: 2048 batched tokens, 128 sequences), which its log
 # does not print.
 ENGINE_LIMITS = {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+# vllm-router's cache_aware asks each worker for the request's token ids
+# (``POST /v1/chat/completions/render``) and routes on them. vLLM 0.32 registers the render
+# endpoints only with this flag (it adds endpoints and changes nothing else) and answers 403
+# otherwise; vllm-router then counts the decision as ``missing_tokens`` and routes without
+# any prefix (a first run here: 400 renders refused, its hit rate that of round robin).
+ENABLE_RENDER = "--enable-scale-out"
 
 
 # -- workloads ---------------------------------------------------------------------------------
@@ -290,8 +296,9 @@ class Replica(VllmServer):
 def start_replicas(count: int, blocks: int, workdir: Path, exclusive: bool) -> list[Replica]:
     replicas = []
     for i in range(count):
-        limits = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_LIMITS.items()]
-        replica = Replica(core=str(i % max(1, os.cpu_count() or 1)), extra_args=tuple(limits),
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_LIMITS.items()]
+        replica = Replica(core=str(i % max(1, os.cpu_count() or 1)),
+                          extra_args=(*flags, ENABLE_RENDER),
                           num_gpu_blocks_override=blocks, startup_timeout=STARTUP_TIMEOUT_S,
                           log_path=workdir / f"vllm-{blocks}-{i}.log")
         replica.take_lock = exclusive and i == 0
@@ -421,6 +428,28 @@ def peer_router(name: str, command: Path, replicas: list[Replica],
     process.log_path = workdir / f"{name}-{tag}.log"
     process.startup_timeout = 120.0
     return process
+
+
+def peer_decisions(process: ServiceProcess) -> dict[str, float]:
+    """A peer router's own counters of its routing decisions (its Prometheus port, from its
+    command line): vllm-router's ``prefix_routing_decisions`` by outcome, both routers'
+    cache-aware decision kinds where they export them."""
+    command = process.command()
+    if "--prometheus-port" not in command:
+        return {}
+    port = command[command.index("--prometheus-port") + 1]
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not ("decision" in line or "cache_aware" in line):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[name] = float(value)
+    return out
 
 
 PEER_READY_TIMEOUT_S = 180.0
@@ -601,6 +630,7 @@ def run_once(router: str, workload: Workload, replicas: list[Replica], keys: Key
         elapsed = time.perf_counter() - started
         cpu = tree_cpu_seconds(process.process.pid) - cpu_before
         decisions = None
+        peer_counts = peer_decisions(process) if router not in OUR_POLICIES else None
         if router in OUR_POLICIES:
             answer = httpx.get(process.url + "/debug/decisions?n=100000", timeout=30,
                                headers={"authorization": f"Bearer {keys.admin}"})
@@ -632,6 +662,8 @@ def run_once(router: str, workload: Workload, replicas: list[Replica], keys: Key
         "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "cached_per_request": [o.cached_tokens for o in outcomes],
     }
+    if peer_counts:
+        result["router_decisions"] = peer_counts
     if decisions is not None:
         (workdir / f"decisions-{tag}.json").write_text(json.dumps(decisions))
         result["decisions"] = decision_summary(decisions["decisions"], elapsed)
