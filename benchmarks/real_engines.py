@@ -452,7 +452,26 @@ def peer_decisions(process: ServiceProcess) -> dict[str, float]:
     return out
 
 
-PEER_READY_TIMEOUT_S = 180.0
+PEER_READY_TIMEOUT_S = 45.0
+PEER_STARTS = 3
+
+
+def start_router(process: ServiceProcess, peer: bool, workers: int) -> None:
+    """Start a router; a peer must also list its workers (:func:`wait_for_workers`), and is
+    started again (up to ``PEER_STARTS`` times) when it does not: on this loaded machine
+    sglang-router sometimes gave up registering both workers (its metadata step timed out
+    three times and it stopped trying) while a fresh start registered them."""
+    for attempt in range(1, PEER_STARTS + 1 if peer else 2):
+        process.start()
+        if not peer:
+            return
+        try:
+            wait_for_workers(process.url, workers)
+            return
+        except RuntimeError:
+            process.stop()
+            if attempt == PEER_STARTS:
+                raise
 
 
 def wait_for_workers(url: str, count: int) -> None:
@@ -620,10 +639,8 @@ def run_once(router: str, workload: Workload, replicas: list[Replica], keys: Key
         process = peer_router(router, peers[router], replicas, workdir, tag)
     before = engine_counters(replicas)
     load_start = os.getloadavg()[0]
-    process.start()
+    start_router(process, router not in OUR_POLICIES, len(replicas))
     try:
-        if router not in OUR_POLICIES:
-            wait_for_workers(process.url, len(replicas))
         cpu_before = tree_cpu_seconds(process.process.pid)
         started = time.perf_counter()
         outcomes = asyncio.run(drive(process.url, workload, keys))
