@@ -4,7 +4,12 @@ and what the simulator predicts for the same runs.
 Run::
 
     python benchmarks/real_engines.py --quick   # smoke run: 1 seed, small workloads, 160 blocks
-    python benchmarks/real_engines.py           # the full run (about 40 minutes here)
+    python benchmarks/real_engines.py           # the full run: 3 seeds, both KV sizes
+
+On an idle two-core machine a run of 200 requests takes about 15 s and a vLLM start about
+40 s; on the loaded machine of the recorded results (load average 15 to 35) they took 45 s and
+4 to 7 minutes, so the full run took about an hour with three seeds (the recorded one used
+``--seeds 2``).
 
 It writes ``benchmarks/results/real_engines.md`` and ``.json`` (``--out-dir``); ``--quick``
 writes ``real_engines_quick.*`` instead, so a smoke run never overwrites the full results.
@@ -52,7 +57,7 @@ request ``k`` of a lane depends on request ``k-1`` of the same lane only.
 
 Each seed draws new request sequences (tenants, user text; the documents stay); every router
 gets the identical sequence of a seed. Seeds run one after another, the order of the routers
-rotated by one per seed (``--seeds``, 5 by default), so each router is compared with the
+rotated by one per seed (``--seeds``, 3 by default), so each router is compared with the
 others on the same seed (paired) and no router always runs first after an engine start.
 
 **Measured per run**: token hit rate = sum of ``usage.prompt_tokens_details.cached_tokens``
