@@ -943,6 +943,17 @@ def rewrite(path: Path, out_dir: Path) -> int:
     except (OSError, ValueError) as exc:
         print(f"real_engines.py: cannot read {path}: {exc}", file=sys.stderr)
         return 2
+    partial = report.pop("partial", None)
+    if partial is not None:  # a run stopped early: its workdir's partial.json
+        pending = [b for b in report["settings"]["kv_blocks"] if str(b) not in report["kv"]]
+        if pending and len(partial) > 1:
+            report["kv"][str(pending[0])] = partial
+        report["stopped_early"] = True
+    profile = path.parent / "calibrated-profile.json"
+    if report.get("calibration") is None and profile.exists():
+        report["calibration"] = json.loads(profile.read_text())
+    report.setdefault("workdir", str(path.parent))
+    report.setdefault("elapsed_s", 0.0)
     workdir = Path(report.get("workdir", ""))
     for blocks, per_kv in report["kv"].items():
         for name, data in per_kv.items():
@@ -955,7 +966,7 @@ def rewrite(path: Path, out_dir: Path) -> int:
                     if kept.exists():
                         run["decisions"] = decision_summary(
                             json.loads(kept.read_text())["decisions"], run.get("elapsed_s"))
-    write_report(report, out_dir, path.stem)
+    write_report(report, out_dir, "real_engines" if partial is not None else path.stem)
     return 0
 
 
