@@ -123,7 +123,6 @@ from prefixroute.core.simulator.request import Request  # noqa: E402
 from prefixroute.core.simulator.simulation import (FleetConfig, PreparedWorkload,  # noqa: E402
                                                    prepare_workload, simulate_policy)
 from prefixroute.edges.gateway.config import hash_api_key  # noqa: E402
-from prefixroute.edges.listen import free_port  # noqa: E402
 from prefixroute.edges.loadtest.fleet import ServiceProcess  # noqa: E402
 from prefixroute.edges.profiles import load_profile  # noqa: E402
 from prefixroute.edges.tokenization import load_tokenizer  # noqa: E402
