@@ -149,3 +149,26 @@ def test_priority_is_read_as_vllms_pydantic_reads_an_int64():
     for bad in (None, 1.5, "0x10", "three", "2.", "\u0663", 1 << 63, [1]):
         caught = error(completion, prompt=[1, 2], priority=bad)
         assert caught.param == "priority" and caught.status == 400
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_requests_reuse_only_their_own_salts_tokenizations(kind):
+    from prefixroute.edges.emulator.tokens import FallbackTokenizer
+
+    text = f"one {kind} text sent by two tenants"
+    if kind == "completion":
+        def send(**body):
+            return completion(prompt=text, **body)
+    else:
+        def send(**body):
+            return parse_chat({"model": "tiny", "messages": [{"role": "user", "content": text}],
+                               **body}, MODELS, ENCODER, vocab_size=None)
+    send(cache_salt="tenant-a")
+    before = FallbackTokenizer._encode_text.cache_info()
+    send(cache_salt="tenant-b")
+    send()
+    middle = FallbackTokenizer._encode_text.cache_info()
+    send(cache_salt="tenant-b")
+    after = FallbackTokenizer._encode_text.cache_info()
+    assert middle.misses - before.misses == 2 and middle.hits == before.hits
+    assert after.hits - middle.hits == 1
