@@ -22,7 +22,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import httpx
 import pytest
 
 from prefixroute.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
+from prefixroute.edges import children
 from prefixroute.edges.kvevents.zmq import KVEventSubscriber
 from tests.real_vllm.vllm_server import (
     BLOCK_SIZE,
@@ -283,14 +283,14 @@ def emulator_run():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"emulator-fidelity-{http_port}.log",
                "wb")
-    process = subprocess.Popen(
+    process = children.spawn(
         [sys.executable, "-m", "prefixroute", "replica", "--port", str(http_port),
          "--block-size", str(BLOCK_SIZE), "--num-blocks", str(NUM_GPU_BLOCKS),
          "--max-model-len", str(MAX_MODEL_LEN), "--tokenizer", str(model_dir),
          "--served-model-name", SERVED_MODEL_NAME, "--time-scale", "0",
          "--kv-events", f"tcp://127.0.0.1:{port}", "--kv-events-topic", TOPIC,
          "--kv-events-replay", f"tcp://127.0.0.1:{replay_port}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{http_port}"
     try:
         deadline = time.monotonic() + 60
@@ -308,8 +308,7 @@ def emulator_run():
         _save(run, "emulator")
         yield run
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
+        children.stop(process, timeout=30)
         log.close()
         subscriber.stop()
 

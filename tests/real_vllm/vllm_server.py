@@ -8,7 +8,9 @@ Rules it enforces, because the test machine has two cores and a vLLM takes about
   ``$TMPDIR/prefixroute-vllm.lock`` while its server runs (waits for it, bounded);
 - it binds 127.0.0.1 only, on free ports;
 - it stops only the process it started: the server runs in its own session, and ``stop()``
-  signals that process group by the id it got from ``Popen`` (SIGTERM, then SIGKILL);
+  signals that process group by the id it got from ``Popen`` (SIGTERM, then SIGKILL); and the
+  server dies with the test process, even one killed with SIGKILL
+  (:mod:`prefixroute.edges.children`);
 - startup waits for ``GET /health`` with a bounded timeout and fails with the log's tail.
 
 KV events: pass ``kv_events_port`` (a port your subscriber has already *bound*; with a concrete
@@ -28,7 +30,6 @@ import contextlib
 import fcntl
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -37,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from prefixroute.edges import children
 from prefixroute.edges.listen import free_port
 
 VLLM_DIR_ENV = "PREFIXROUTE_VLLM_DIR"
@@ -144,10 +146,9 @@ class VllmServer:
         self._acquire_lock()
         try:
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen(
+                self.process = children.spawn(
                     self.command(), env=self.environment(), stdout=log,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True)
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -158,17 +159,8 @@ class VllmServer:
         """Stop the server this object started (its process group), then release the lock."""
         proc, self.process = self.process, None
         try:
-            if proc is not None and proc.poll() is None:
-                self._signal(proc, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    self._signal(proc, signal.SIGKILL)
-                    proc.wait(timeout=STOP_TIMEOUT_S)
-            if proc is not None:
-                # Engine-core children share the group; make sure none outlives the server.
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+            # Engine-core children share the group: stop() ends every member.
+            children.stop(proc, timeout=STOP_TIMEOUT_S)
         finally:
             self._client.close()
             self._client = httpx.Client(base_url=self.url, timeout=120.0)
@@ -179,11 +171,6 @@ class VllmServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-    @staticmethod
-    def _signal(proc: subprocess.Popen, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)  # the session we created: pgid == the child's pid
 
     def _acquire_lock(self) -> None:
         path = Path(tempfile.gettempdir()) / "prefixroute-vllm.lock"
@@ -296,7 +283,7 @@ def running_gateway(config: Path, log_path: Path, env: dict[str, str]):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
-        gateway = subprocess.Popen(
+        gateway = children.spawn(
             [sys.executable, "-m", "prefixroute", "serve", "--config", str(config),
              "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, **env})
@@ -313,10 +300,4 @@ def running_gateway(config: Path, log_path: Path, env: dict[str, str]):
                 time.sleep(0.3)
             yield url
         finally:
-            if gateway.poll() is None:
-                gateway.send_signal(signal.SIGTERM)
-                try:
-                    gateway.wait(timeout=40)
-                except subprocess.TimeoutExpired:
-                    gateway.kill()
-                    gateway.wait(timeout=10)
+            children.stop(gateway, timeout=40)
