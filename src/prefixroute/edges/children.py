@@ -12,11 +12,12 @@ Every server the project starts for a demo, a test or a benchmark goes through :
   this its servers keep their ports and memory until someone finds them.
 
 SIGTERM rather than SIGKILL, because the child's own cleanup is what reaches *its* children
-(a process group is not signalled when its leader dies). Two limits, from the kernel: the
-signal follows the death of the parent *thread* that forked, so call :func:`spawn` from a
-thread that lives as long as the child should (the main thread everywhere here); and a
-set-user-ID program drops the setting on exec. On systems without ``prctl`` the children
-only get their own session.
+(a process group is not signalled when its leader dies). The kernel sends the signal when the
+*thread* that forked dies, not the process, so a child started from a short-lived thread (a
+test starting two engines at once) would be killed when that thread ended: every child is
+therefore forked by one long-lived thread of this process, whichever thread asks. A
+set-user-ID program drops the setting on exec; on systems without ``prctl`` the children only
+get their own session.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
-from typing import Any, Sequence
+from concurrent.futures import Future
+from typing import Any, Callable, Sequence
 
 STOP_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -58,12 +62,47 @@ class _DieWithParent:
             os._exit(1)
 
 
+class _Forker:
+    """One daemon thread that runs every ``Popen`` of this process (see the module docstring);
+    a forked copy of the process gets its own thread on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+
+    def call(self, fn: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        with self._lock:
+            if self._owner != os.getpid():
+                self._owner = os.getpid()
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(target=self._run, args=(self._jobs,), name="child-forker",
+                                 daemon=True).start()
+            jobs = self._jobs
+        done: Future = Future()
+        jobs.put((fn, done))
+        return done.result()
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue) -> None:
+        while True:
+            fn, done = jobs.get()
+            try:
+                done.set_result(fn())
+            except BaseException as exc:  # handed to the caller's thread
+                done.set_exception(exc)
+
+
+_FORKER = _Forker()
+
+
 def spawn(command: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
     """``subprocess.Popen(command, **popen_kwargs)`` in a new session, dying with its parent."""
     if "preexec_fn" in popen_kwargs or "start_new_session" in popen_kwargs:
         raise ValueError("spawn sets preexec_fn and start_new_session itself")
-    return subprocess.Popen(list(command), start_new_session=True,
-                            preexec_fn=_DieWithParent(), **popen_kwargs)
+    argv = list(command)
+    return _FORKER.call(lambda: subprocess.Popen(argv, start_new_session=True,
+                                                 preexec_fn=_DieWithParent(), **popen_kwargs))
 
 
 def stop(process: subprocess.Popen | None, sig: int = signal.SIGTERM,
