@@ -44,7 +44,7 @@ from tests.real_vllm.vllm_server import (
     vllm_install_dir,
 )
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # vLLM starts slowly on a busy machine
 
 NUM_GPU_BLOCKS = 65  # 64 usable blocks: 2,048 tokens, the smallest pool vLLM accepts here
 TOPIC = "kv"
