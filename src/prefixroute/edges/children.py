@@ -12,7 +12,10 @@ Every server the project starts for a demo, a test or a benchmark goes through :
   this its servers keep their ports and memory until someone finds them.
 
 SIGTERM rather than SIGKILL, because the child's own cleanup is what reaches *its* children
-(a process group is not signalled when its leader dies). The kernel sends the signal when the
+(a process group is not signalled when its leader dies). The cost: a child acts on it only
+when its main thread next runs Python; a vLLM server still starting (its main thread waiting
+on the engine's compilation) shuts down, with its engine, once startup ends, minutes later on
+a loaded machine. :func:`stop` signals the whole group and has no such delay. The kernel sends the signal when the
 *thread* that forked dies, not the process, so a child started from a short-lived thread (a
 test starting two engines at once) would be killed when that thread ended: every child is
 therefore forked by one long-lived thread of this process, whichever thread asks. A
