@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prefixroute.core.simulator.metrics import percentile
+from prefixroute.edges import children
 
 try:
     import dpkt
@@ -81,7 +82,7 @@ class Capture:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "Capture":
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL,
+        self.process = children.spawn(self.command, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True)
         # tcpdump says "listening on lo" once the filter is attached; until then packets
         # would be missed.

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from prefixroute.edges import children
 from test_gateway_fleet import KEYS, Fleet, free_port, needs_emulator, stop_process, wait_healthy
 
 pytestmark = needs_emulator
@@ -78,11 +79,11 @@ def lone_replica(tmp_path_factory, tiny_tokenizer_dir):
     port, kv_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("doctor") / "replica.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(
+        process = children.spawn(
             [sys.executable, "-m", "prefixroute", "replica", "--port", str(port),
              "--block-size", str(BLOCK), "--tokenizer", str(tiny_tokenizer_dir),
              "--kv-events", f"tcp://*:{kv_port}", "--time-scale", "0"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", process, log)
         yield f"http://127.0.0.1:{port}", kv_port

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from prefixroute.edges import children
 from prefixroute.edges.gateway.config import hash_api_key
 from prefixroute.edges.listen import free_port
 
@@ -62,17 +63,7 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path,
 
 def stop_process(process: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
     """Stop one process this fleet started, by its PID (its own session: its group)."""
-    if process is None or process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=STOP_TIMEOUT_S)
+    children.stop(process, sig, STOP_TIMEOUT_S)
 
 
 class Fleet:
@@ -122,9 +113,8 @@ class Fleet:
         cmd += self.replica_args + self.per_replica_args.get(i, [])
         log = self.log(f"replica{i}")
         with open(log, "ab") as out:
-            self.replicas[i] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL,
-                                                start_new_session=True)
+            self.replicas[i] = children.spawn(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL)
         if wait:
             wait_healthy(self.replica_url(i), self.replicas[i], log)
 
@@ -168,11 +158,10 @@ class Fleet:
         path.write_text(json.dumps(self.config(), indent=2))
         log = self.log(name)
         with open(log, "ab") as out:
-            process = subprocess.Popen(
+            process = children.spawn(
                 [sys.executable, "-m", "prefixroute", "serve", "--config", str(path),
                  "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "PR_INTEGRATION_SECRET": SECRET})
+                stdin=subprocess.DEVNULL, env={**os.environ, "PR_INTEGRATION_SECRET": SECRET})
         wait_healthy(f"http://127.0.0.1:{port}", process, log)
         return process
 

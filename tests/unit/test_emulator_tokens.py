@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prefixroute.core.identity.identity import MediaItem
 from prefixroute.core.identity.media_parts import MEDIA_PART_TYPES
 from prefixroute.edges.emulator.tokens import (
@@ -71,3 +73,47 @@ def test_the_dummy_reply_repeats_a_fixed_text_and_honours_allowed_token_ids():
     assert dummy.text(3) == "".join(dummy.pieces[:3])
     assert dummy.token_ids(4, allowed=[7, 8]) == [7, 8, 7, 8]
     assert DummyOutput(PromptEncoder(), seed=1).cycle[0] == dummy.cycle[1]
+
+
+def _first_encoding_seconds(encode, texts) -> float:
+    """The fastest of several first encodings of distinct texts (the minimum is what noise on
+    a loaded machine cannot lower)."""
+    best = float("inf")
+    for text in texts:
+        start = time.perf_counter()
+        encode(text)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_the_fallback_tokenizing_cache_is_partitioned_by_cache_salt():
+    tokenizer = FallbackTokenizer()
+    text = "a prompt that tenant A sent first " * 4
+    tokenizer.encode(text, partition="salt-a")
+    before = FallbackTokenizer._encode_text.cache_info()
+    assert tokenizer.encode(text, partition="salt-a") == tokenizer.encode(text, partition="salt-b")
+    after = FallbackTokenizer._encode_text.cache_info()
+    assert (after.hits - before.hits, after.misses - before.misses) == (1, 1)
+
+
+def test_another_trust_groups_text_is_not_faster_to_encode():
+    """Tenant B's first sight of a text tenant A just sent costs a full tokenization, not a
+    cache lookup: with a text-keyed cache B's time was about a thousandth of A's."""
+    encoder = PromptEncoder()
+    words = " ".join(f"w{i}" for i in range(20_000))
+    texts = [f"{n} {words}" for n in range(5)]
+    cold = _first_encoding_seconds(lambda t: encoder.encode_text(t, cache_salt="salt-a"), texts)
+    other = _first_encoding_seconds(lambda t: encoder.encode_text(t, cache_salt="salt-b"), texts)
+    warm = _first_encoding_seconds(lambda t: encoder.encode_text(t, cache_salt="salt-a"), texts)
+    assert other > 0.25 * cold  # generous: equal work, only machine noise between them
+    assert other > 10 * warm  # the cache still serves the tenant who sent the text
+
+
+def test_chat_requests_are_cached_per_salt_with_a_real_tokenizer(tiny_tokenizer_dir):
+    encoder = PromptEncoder(tiny_tokenizer_dir)
+    messages = [{"role": "user", "content": "the same question from two tenants"}]
+    first = encoder.encode_chat(messages, cache_salt="salt-a").token_ids
+    before = encoder.tokenizer._encode_cached.cache_info()
+    assert encoder.encode_chat(messages, cache_salt="salt-b").token_ids == first
+    after = encoder.tokenizer._encode_cached.cache_info()
+    assert after.hits == before.hits and after.misses == before.misses + 1

@@ -2,6 +2,7 @@
 keys, the last-token rule), with switchable faults: the findings each fault must produce."""
 
 import json
+import queue
 
 import httpx
 import pytest
@@ -9,7 +10,8 @@ import pytest
 from prefixroute.core.caches.base import cacheable_tokens
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import CacheIdentity
-from prefixroute.edges.gateway.doctor import (FAIL, OK, PROBE_TOKENS, Doctor,
+from prefixroute.core.kvevents import BlockStored, EventBatch
+from prefixroute.edges.gateway.doctor import (FAIL, OK, PROBE_TOKENS, WARN, Doctor,
                                               parse_cache_config)
 from prefixroute.edges.tokenization import load_tokenizer
 from tests.helpers.tiny_tokenizer import copy_with_template
@@ -26,6 +28,19 @@ class FakeEngine:
         self.export_config = export_config
         self.render = render
         self.held: set[bytes] = set()
+        self.events = None  # an EventStream, when the engine publishes KV events
+
+    def publish(self, ids, salt, first, count):
+        """BlockStored for blocks ``first..count-1``, ids from the stream's hash function."""
+        if self.events is None or first == count:
+            return
+        hasher = self.events.hasher
+        keys = hasher.block_hashes(ids, CacheIdentity(cache_salt=salt))[first:count]
+        stored = BlockStored(block_hashes=tuple(hasher.event_block_hash(k) for k in keys),
+                             parent_block_hash=None, block_size=self.block_size,
+                             token_ids=tuple(ids[first * self.block_size:
+                                                 len(keys) * self.block_size]))
+        self.events.send(stored)
 
     def tokens(self, path, body):
         if path.startswith("/v1/chat"):
@@ -60,12 +75,45 @@ class FakeEngine:
             if key not in self.held:
                 break
             hit += 1
+        self.publish(ids, salt, hit, len(keys))
         self.held.update(keys)
         cached = min(hit * self.block_size, cacheable_tokens(len(ids), self.block_size))
         usage = {"prompt_tokens": len(ids), "completion_tokens": 1,
                  "prompt_tokens_details": {"cached_tokens": cached}
                  if self.report_cached else None}
         return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": usage})
+
+
+class Received:
+    def __init__(self, events):
+        self.batch = EventBatch(ts=0.0, events=(events,))
+
+
+class EventStream:
+    """The subscriber's side of an engine's KV events: nothing published before the
+    subscription is up (``joins_after`` requests, ZeroMQ's slow joiner) is delivered."""
+
+    def __init__(self, engine, joins_after=0, hasher=None):
+        self.joins_after = joins_after
+        self.hasher = hasher or engine.hasher
+        self.queue = queue.Queue()
+        self.sent = 0
+
+    def send(self, event):
+        self.sent += 1
+        if self.sent > self.joins_after:
+            self.queue.put(Received(event))
+
+    def get(self, timeout=None):
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+def with_events(engine, **kwargs):
+    engine.events = EventStream(engine, **kwargs)
+    return engine.events
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +217,39 @@ def test_cache_config_labels_are_read_as_the_exposition_format_defines_them():
 
 def test_a_page_the_parser_refuses_has_no_cache_config():
     assert parse_cache_config('vllm:cache_config_info{block_size="32" 1.0\n') == {}
+def test_kv_event_ids_equal_to_the_gateways_keys_pass(tokenizer):
+    engine = FakeEngine(tokenizer)
+    events = with_events(engine)
+    checks = by_name(doctor_for(engine, events=events).run())
+    assert checks["kv_events"].status == OK
+    assert checks["kv_events"].data["matched_blocks"] == 15  # 505 // 32
+
+
+def test_events_lost_before_the_subscription_joined_are_no_failure(tokenizer, monkeypatch):
+    # The stream joins late: the events of the first four requests (the prefix and salt
+    # probes, and more) are lost. The doctor once compared the probe it sent before with the
+    # events that did arrive and reported "only 0 of 15 probe blocks match".
+    monkeypatch.setattr("prefixroute.edges.gateway.doctor.EVENT_WAIT_S", 0.5)
+    engine = FakeEngine(tokenizer)
+    events = with_events(engine, joins_after=4)
+    checks = by_name(doctor_for(engine, events=events).run())
+    assert checks["kv_events"].status == OK, checks["kv_events"].detail
+
+
+def test_ids_from_another_hash_algorithm_fail(tokenizer):
+    engine = FakeEngine(tokenizer)
+    events = with_events(engine, hasher=BlockHasher("vllm", "sha256_cbor", 32))
+    check = by_name(doctor_for(engine, events=events).run())["kv_events"]
+    assert check.status == FAIL and "0 of 15" in check.detail
+
+
+def test_a_stream_that_never_carries_the_probe_warns_that_it_cannot_tell(tokenizer,
+                                                                          monkeypatch):
+    monkeypatch.setattr("prefixroute.edges.gateway.doctor.EVENT_WAIT_S", 0.3)
+    engine = FakeEngine(tokenizer)
+    events = with_events(engine)
+    events.queue.put(Received(BlockStored(block_hashes=(7,), parent_block_hash=None,
+                                          token_ids=tuple(range(32)), block_size=32)))
+    engine.events = None  # the engine's own events never arrive, but one stranger's did
+    check = by_name(doctor_for(engine, events=events).run())["kv_events"]
+    assert check.status == WARN and "cannot tell" in check.detail

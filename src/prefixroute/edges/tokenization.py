@@ -124,11 +124,17 @@ class LoadedTokenizer:
 
     # -- encoding ---------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; with ``add_special_tokens`` the post-processor's (BOS...)."""
-        return list(self._encode_cached(text, add_special_tokens))
+    def encode(self, text: str, add_special_tokens: bool = True, *,
+               partition: str | None = None) -> list[int]:
+        """Token ids of ``text``; with ``add_special_tokens`` the post-processor's (BOS...).
 
-    def _encode_uncached(self, text: str, add_special_tokens: bool) -> tuple[int, ...]:
+        ``partition`` names the trust group (a cache salt) whose cached texts this call may
+        reuse: a text cache shared across trust groups would answer one tenant faster because
+        another sent the same text, a timing side channel the salt is meant to close."""
+        return list(self._encode_cached(text, add_special_tokens, partition))
+
+    def _encode_uncached(self, text: str, add_special_tokens: bool,
+                         partition: str | None) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.replica.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
@@ -41,6 +43,24 @@ class EmulatorConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     scheduling_policy: str = "fcfs"     # vllm serve --scheduling-policy: fcfs or priority
     hash_algo: str = "sha256"           # vLLM's default --prefix-caching-hash-algo
+
+
+def served_model_config(config: EmulatorConfig) -> dict | None:
+    """The served model's ``config.json`` (in the ``--tokenizer`` directory, the model
+    directory vLLM would serve), or None without one: vLLM derives a few reported settings
+    from it (see :func:`prefixroute.edges.emulator.metrics.mamba_ssm_cache_dtype`)."""
+    if config.tokenizer is None:
+        return None
+    path = Path(config.tokenizer) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the model's config.json: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the model's config.json is not a JSON object")
+    return data
 
 
 def resolve_num_blocks(config: EmulatorConfig, profile: ServiceTimeModel) -> tuple[int, str]:

@@ -57,7 +57,6 @@ _CACHE_CONFIG_FIXED = {
     "mamba_cache_dtype": "auto",
     "mamba_cache_mode": "none",
     "mamba_page_size_padded": "None",
-    "mamba_ssm_cache_dtype": "auto",
     "num_cpu_blocks": "None",
     "prefix_cache_retention_interval": "0",
     "prefix_match_unit": "None",
@@ -72,11 +71,51 @@ _CACHE_CONFIG_FIXED = {
 }
 
 
+# vLLM 0.32 architectures whose config class sets the SSM state cache dtype from the model's
+# config when the server was given none (vllm/model_executor/models/config.py,
+# MODELS_CONFIG_MAP): NemotronH reads ``mamba_ssm_cache_dtype`` (default float32, "the only
+# dtype known to have no accuracy issues"), Qwen3.5 reads ``mamba_ssm_dtype`` of its text
+# config (no default: the value stays "auto").
+_SSM_DTYPE_FROM_CONFIG = {
+    "NemotronHForCausalLM": ("mamba_ssm_cache_dtype", "float32"),
+    "NemotronHPuzzleForCausalLM": ("mamba_ssm_cache_dtype", "float32"),
+    "NemotronH_Nano_VL_V2": ("mamba_ssm_cache_dtype", "float32"),
+    "Qwen3_5ForCausalLM": ("mamba_ssm_dtype", "auto"),
+    "Qwen3_5ForConditionalGeneration": ("mamba_ssm_dtype", "auto"),
+    "Qwen3_5MoeForCausalLM": ("mamba_ssm_dtype", "auto"),
+    "Qwen3_5MoeForConditionalGeneration": ("mamba_ssm_dtype", "auto"),
+    "ColQwen3_5": ("mamba_ssm_dtype", "auto"),
+}
+
+
+def mamba_ssm_cache_dtype(hf_config: dict | None) -> str:
+    """The ``mamba_ssm_cache_dtype`` a vLLM 0.32 GPU server reports for a model whose
+    ``config.json`` is ``hf_config`` (None: unknown model) and no ``--mamba-ssm-cache-dtype``.
+
+    "auto" unless the architecture's config class reads it from the model's config (see
+    ``_SSM_DTYPE_FROM_CONFIG``); multimodal configs keep it in ``text_config`` (vLLM's
+    ``hf_text_config``). vLLM's CPU build on a host with AVX-512 BF16 replaces "auto" with
+    "float32" for every model (``CpuPlatform.check_and_update_config``); the emulator
+    reports what a GPU server does."""
+    if not hf_config:
+        return "auto"
+    architectures = hf_config.get("architectures") or []
+    rule = next((_SSM_DTYPE_FROM_CONFIG[a] for a in architectures
+                 if a in _SSM_DTYPE_FROM_CONFIG), None)
+    if rule is None:
+        return "auto"
+    field_name, default = rule
+    value = (hf_config.get("text_config") or hf_config).get(field_name)
+    return value if isinstance(value, str) and value else default
+
+
 def cache_config_info(*, block_size: int, num_gpu_blocks: int, max_model_len: int,
                       hash_algo: str = "sha256", num_gpu_blocks_override: int | None = None,
-                      kv_cache_memory_bytes: int | None = None) -> dict[str, str]:
+                      kv_cache_memory_bytes: int | None = None,
+                      hf_config: dict | None = None) -> dict[str, str]:
     """The labels of ``vllm:cache_config_info`` (without ``engine``), as vLLM 0.32 exports
-    them: ``str()`` of each ``CacheConfig`` field, ``"None"`` when unset.
+    them: ``str()`` of each ``CacheConfig`` field, ``"None"`` when unset. ``hf_config`` is the
+    served model's ``config.json``, for the fields vLLM derives from it.
 
     ``num_gpu_blocks`` counts the reserved null block (vLLM's count);
     ``kv_cache_size_tokens`` is ``num_gpu_blocks * block_size`` and
@@ -92,6 +131,7 @@ def cache_config_info(*, block_size: int, num_gpu_blocks: int, max_model_len: in
         "kv_cache_max_concurrency": str(num_gpu_blocks / -(-max_model_len // block_size)),
         "kv_cache_memory_bytes": str(kv_cache_memory_bytes),
         "kv_cache_size_tokens": str(num_gpu_blocks * block_size),
+        "mamba_ssm_cache_dtype": mamba_ssm_cache_dtype(hf_config),
         "num_gpu_blocks": str(num_gpu_blocks),
         "num_gpu_blocks_override": str(num_gpu_blocks_override),
         "prefix_caching_hash_algo": hash_algo,

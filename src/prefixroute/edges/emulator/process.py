@@ -2,7 +2,8 @@
 
 :class:`EmulatorProcess` starts the emulator on a free local port (unless one is given), waits
 until ``GET /health`` answers, and on ``stop()`` signals only the process it started (its own
-session, by the id ``Popen`` returned: SIGTERM, then SIGKILL).
+session, by the id ``Popen`` returned: SIGTERM, then SIGKILL). The child dies with this process
+too, even when it is killed with SIGKILL (:mod:`prefixroute.edges.children`).
 
     with EmulatorProcess(["--num-blocks", "64", "--time-scale", "0"]) as replica:
         httpx.post(replica.url + "/v1/completions", json={...})
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,10 +22,10 @@ from typing import Sequence
 
 import httpx
 
+from prefixroute.edges import children
 from prefixroute.edges.listen import free_port
 
 STARTUP_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
 
 
 class EmulatorProcess:
@@ -58,9 +58,8 @@ class EmulatorProcess:
     def start(self) -> "EmulatorProcess":
         env = dict(os.environ if self.env is None else self.env)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.command(), env=env, stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self.process = children.spawn(self.command(), env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             self._wait_healthy()
         except BaseException:
@@ -83,16 +82,7 @@ class EmulatorProcess:
 
     def stop(self) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=STOP_TIMEOUT_S)
+        children.stop(proc)
 
     def log_tail(self, lines: int = 30) -> str:
         try:

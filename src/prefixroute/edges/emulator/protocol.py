@@ -341,11 +341,12 @@ def parse_completion(body: Any, models: ServedModels, encoder: PromptEncoder,
     if not isinstance(add_special, bool):
         raise bad_request("add_special_tokens must be a boolean", "add_special_tokens")
     if isinstance(prompt, str):
-        prompts = [encoder.encode_text(prompt, add_special)]
+        prompts = [encoder.encode_text(prompt, add_special, cache_salt=request.cache_salt)]
     elif isinstance(prompt, list) and _all_ints(prompt):
         prompts = [EncodedPrompt(_token_list(prompt, vocab_size, "prompt"))]
     elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        prompts = [encoder.encode_text(p, add_special) for p in prompt]
+        prompts = [encoder.encode_text(p, add_special, cache_salt=request.cache_salt)
+                   for p in prompt]
     elif isinstance(prompt, list) and all(isinstance(p, list) and p for p in prompt):
         prompts = [EncodedPrompt(_token_list(p, vocab_size, "prompt")) for p in prompt]
     else:
@@ -416,7 +417,8 @@ def parse_chat(body: Any, models: ServedModels, encoder: PromptEncoder,
     add_generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
         raise bad_request("add_generation_prompt must be a boolean", "add_generation_prompt")
-    prompt = encoder.encode_chat(messages, tools, add_generation_prompt)
+    prompt = encoder.encode_chat(messages, tools, add_generation_prompt,
+                                 cache_salt=request.cache_salt)
     if not prompt.token_ids:
         raise bad_request("the rendered chat prompt is empty", "messages")
     requested = _requested_max_tokens(body, ("max_completion_tokens", "max_tokens"),

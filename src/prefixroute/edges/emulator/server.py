@@ -62,6 +62,7 @@ from prefixroute.edges.emulator.config import (
     EmulatorConfig,
     resolve_max_model_len,
     resolve_num_blocks,
+    served_model_config,
 )
 from prefixroute.edges.emulator.driver import EngineDriver, EngineSequence
 from prefixroute.edges.emulator.metrics import CONTENT_TYPE, EmulatorMetrics, cache_config_info
@@ -173,7 +174,8 @@ class EmulatorServer:
             max_model_len=self.max_model_len, hash_algo=config.hash_algo,
             num_gpu_blocks_override=config.num_blocks,
             kv_cache_memory_bytes=(int(config.kv_memory_gib * GIB)
-                                   if config.kv_memory_gib is not None else None)))
+                                   if config.kv_memory_gib is not None else None),
+            hf_config=served_model_config(config)))
         self.publisher = None
         self.driver = EngineDriver(self.replica, self.metrics, publish=self._publish)
         self._identities: dict[tuple, CacheIdentity] = {}

@@ -14,6 +14,14 @@ identity: the part's ``uuid`` when the caller gave one (vLLM uses a
 caller-supplied UUID instead of hashing the media), else the SHA-256 of the part's payload
 (vLLM hashes the decoded media bytes; the emulator never fetches or decodes media, so two
 URLs of the same picture are two identities here).
+
+Tokenizing is cached per trust group. A text cache keyed by the text alone is a timing side
+channel: a tenant whose prompt another tenant sent moments ago would be answered measurably
+faster (a cache lookup instead of tokenizing), which tells them someone else sent it, even
+though their distinct ``cache_salt`` keeps them apart in the prefix cache. So every cache here
+is keyed by the request's ``cache_salt`` as well (``partition``): only requests that may share
+KV blocks may share tokenizations. Unsalted requests share one partition, as they share
+blocks.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Sequence
 
@@ -52,7 +60,8 @@ class FallbackTokenizer:
     post-processor does), ``EOS_ID``, ``MEDIA_ID`` (multimodal placeholders) and one id per
     chat role. The chat template writes ``<|role|>`` + content + newline per message, then
     ``<|assistant|>`` (the template of the project's tiny test model). ``decode`` only knows
-    pieces this tokenizer produced.
+    pieces this tokenizer produced. Texts are cached per ``partition`` (a trust group's cache
+    salt; see the module docstring for why).
     """
 
     BOS_ID = 1
@@ -77,19 +86,23 @@ class FallbackTokenizer:
         return token
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one instance per server, bounded
-    def _encode_text(self, text: str) -> tuple[int, ...]:
+    def _encode_text(self, text: str, partition: str | None) -> tuple[int, ...]:
+        # ``partition`` only keys the cache: one trust group never reuses another's entry.
         return tuple(self._piece_id(p) for p in self._PIECES.findall(text))
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = list(self._encode_text(text))
+    def encode(self, text: str, add_special_tokens: bool = True, *,
+               partition: str | None = None) -> list[int]:
+        ids = list(self._encode_text(text, partition))
         return [self.BOS_ID, *ids] if add_special_tokens else ids
 
-    def encode_chat_pieces(self, messages: Sequence[dict]) -> list[int | str]:
+    def encode_chat_pieces(self, messages: Sequence[dict], *, partition: str | None = None
+                           ) -> list[int | str]:
         """The chat prompt as ids, media marks left in place as strings (see PromptEncoder)."""
+        encode = partial(self.encode, partition=partition)
         out: list[int | str] = []
         for message in messages:
             out.append(self.ROLE_IDS.get(message["role"], self.OTHER_ROLE_ID))
-            out.extend(_split_marks(message["content"], self.encode))
+            out.extend(_split_marks(message["content"], encode))
             out.append(self.NEWLINE_ID)
         out.append(self.ROLE_IDS["assistant"])
         return out
@@ -156,21 +169,25 @@ class PromptEncoder:
             else f"tokenizer directory {self.tokenizer.path}"
 
     # -- completions ------------------------------------------------------------------------
-    def encode_text(self, text: str, add_special_tokens: bool = True) -> EncodedPrompt:
-        return EncodedPrompt(list(self.tokenizer.encode(text, add_special_tokens)), [], text)
+    def encode_text(self, text: str, add_special_tokens: bool = True, *,
+                    cache_salt: str | None = None) -> EncodedPrompt:
+        """``text`` as token ids; ``cache_salt`` picks the trust group's tokenizing cache."""
+        ids = self.tokenizer.encode(text, add_special_tokens, partition=cache_salt)
+        return EncodedPrompt(list(ids), [], text)
 
     # -- chat -------------------------------------------------------------------------------
     def encode_chat(self, messages: Sequence[dict], tools: list | None = None,
-                    add_generation_prompt: bool = True) -> EncodedPrompt:
+                    add_generation_prompt: bool = True, *,
+                    cache_salt: str | None = None) -> EncodedPrompt:
         """Render ``messages`` (already validated) and tokenize; media parts become runs of
-        placeholder tokens with identities."""
+        placeholder tokens with identities. ``cache_salt`` as in :meth:`encode_text`."""
         flat, identities, modalities = _flatten_messages(messages)
         if self.fallback:
-            pieces = self.tokenizer.encode_chat_pieces(flat)
+            pieces = self.tokenizer.encode_chat_pieces(flat, partition=cache_salt)
             text = None
         else:
             text = self.tokenizer.apply_chat_template(flat, add_generation_prompt, tools)
-            pieces = _split_marks(text, self.tokenizer.encode)
+            pieces = _split_marks(text, partial(self.tokenizer.encode, partition=cache_salt))
         if not identities:
             return EncodedPrompt(pieces, [], text)  # type: ignore[arg-type]
         token_ids: list[int] = []

@@ -17,7 +17,9 @@ fresh random ``cache_salt`` (so they can neither hit nor pollute anyone's cache)
                      ``cache_salt``; without it, tenants could probe each other).
 ``kv_events``        (with ``--kv-events``) the ``BlockStored`` ids the engine publishes for the
                      probe are the 64-bit keys the gateway computes (``vllm`` profile, salt,
-                     algorithm): proof that an event-driven view will match.
+                     algorithm): proof that an event-driven view will match. Canary requests
+                     first confirm the event stream is up; when the probe's events still do
+                     not arrive the check warns that it cannot tell.
 ``tokenize_*``       (with ``--tokenizer``) local tokens of a completion text and of a chat
                      conversation equal the engine's: compared token by token through
                      ``/v1/completions/render`` and ``/v1/chat/completions/render`` when the
@@ -49,7 +51,10 @@ from prefixroute.core.identity.identity import CacheIdentity
 
 PROBE_TOKENS = 505  # 504 = 3*128 + 64 + 32 + 16 + 8: the hit differs for each block size
 CANDIDATE_BLOCK_SIZES = (16, 32, 64, 128)
-EVENT_WAIT_S = 3.0
+EVENT_WAIT_S = 3.0  # per wait for KV events; a CPU engine publishes within a step
+CANARY_TOKENS = 2 * max(CANDIDATE_BLOCK_SIZES) + 1  # two full blocks at any common size
+CANARY_ATTEMPTS = 5  # requests that may pass before a fresh subscription sees events
+_NGRAM = 8  # leading token ids that tell a block of random probe tokens apart
 
 COMPLETION_TEXT = (
     "The quick brown fox jumps over the lazy dog. Prefix caches reuse the keys and values of "
@@ -125,7 +130,7 @@ class Doctor:
         first = self._prefix_hit(probe)
         if first is not None:
             self._salt_isolation(probe)
-            self._kv_events(probe, first)
+            self._kv_events()
         if self.tokenizer is not None:
             self._tokenize_completion()
             self._tokenize_chat()
@@ -263,41 +268,102 @@ class Doctor:
                                      "tokens: the engine ignores cache_salt, so tenants can "
                                      "observe each other's prefixes"))
 
-    def _kv_events(self, probe: list[int], first: dict) -> None:
+    def _kv_events(self) -> None:
+        """Compare the ``BlockStored`` ids of a fresh probe with the gateway's keys.
+
+        A subscriber that has just bound or connected misses what the engine publishes before
+        the ZeroMQ connection and subscription are up (the engine reconnects on its own
+        schedule), so the check first confirms the stream: canary requests, each under a
+        fresh salt with random token ids, until the events of one arrive. Only then is the
+        probe sent. Events are told apart by their token ids (random per run, so no other
+        traffic carries them): the probe's blocks that arrive are compared with the keys the
+        gateway computes, and when none of them arrive the check says it cannot tell rather
+        than reporting a mismatch it never saw.
+        """
         if self.events is None:
             self.checks.append(Check("kv_events", SKIP, "no --kv-events endpoint given"))
+            return
+        other_batches = 0
+        for _ in range(CANARY_ATTEMPTS):
+            canary = _random_tokens(CANARY_TOKENS)
+            if self._complete(canary, _fresh_salt()) is None:
+                return
+            stored, others = self._collect_stored(canary, need=1)
+            other_batches += others
+            if stored:
+                break
+        else:
+            data = {"canary_requests": CANARY_ATTEMPTS, "other_batches": other_batches}
+            if other_batches:
+                self.checks.append(Check("kv_events", WARN, f"cannot tell: {other_batches} "
+                                         "event batches arrived but none for the doctor's "
+                                         f"{CANARY_ATTEMPTS} canary requests", data))
+            else:
+                self.checks.append(Check("kv_events", FAIL, f"no KV event within "
+                                         f"{CANARY_ATTEMPTS} canary requests of "
+                                         f"{EVENT_WAIT_S:g} s each: check --kv-events-config "
+                                         "and whether the engine binds or connects", data))
+            return
+        probe = _random_tokens(PROBE_TOKENS)
+        salt = _fresh_salt()
+        if self._complete(probe, salt) is None:
             return
         hasher = BlockHasher("vllm", self.hash_algo or "sha256", self.block_size,
                              none_hash_seed=self.none_hash_seed)
         ours = [hasher.event_block_hash(d) for d in
-                hasher.block_hashes(probe, CacheIdentity(cache_salt=first["salt"]))]
-        seen: set[int] = set()
-        sizes: set[int] = set()
+                hasher.block_hashes(probe, CacheIdentity(cache_salt=salt))]
+        stored, _ = self._collect_stored(probe, need=len(ours))
+        sizes = sorted({size for size, _, _ in stored})
+        seen = {start // self.block_size: block_id for size, start, block_id in stored
+                if size == self.block_size}
+        matched = sum(1 for j, key in enumerate(ours) if seen.get(j) == key)
+        data = {"expected_blocks": len(ours), "arrived_blocks": len(stored),
+                "matched_blocks": matched, "event_block_sizes": sizes}
+        if sizes and sizes != [self.block_size]:
+            self.checks.append(Check("kv_events", FAIL, f"the engine publishes blocks of "
+                                     f"{sizes} tokens, the gateway hashes {self.block_size}",
+                                     data))
+        elif not stored:
+            self.checks.append(Check("kv_events", WARN, "cannot tell: the stream is up but "
+                                     f"no event of the probe arrived within {EVENT_WAIT_S:g} s "
+                                     "(the engine may not have stored it)", data))
+        elif matched < len(seen):
+            self.checks.append(Check("kv_events", FAIL, f"only {matched} of {len(seen)} probe "
+                                     "blocks match the published ids: hash algorithm, "
+                                     "PYTHONHASHSEED or block size differ", data))
+        elif matched < len(ours):
+            self.checks.append(Check("kv_events", WARN, f"the {matched} probe blocks that "
+                                     f"arrived equal the gateway's keys; {len(ours) - matched} "
+                                     f"did not arrive within {EVENT_WAIT_S:g} s", data))
+        else:
+            self.checks.append(Check("kv_events", OK, f"all {matched} BlockStored ids of the "
+                                     "probe equal the gateway's keys", data))
+
+    def _collect_stored(self, tokens: Sequence[int], need: int
+                        ) -> tuple[list[tuple[int, int, int]], int]:
+        """``BlockStored`` blocks of ``tokens`` as (block size, start offset, 64-bit id), read
+        until ``need`` arrived or ``EVENT_WAIT_S`` passed; and how many batches carried none."""
+        where = {tuple(tokens[i:i + _NGRAM]): i for i in range(len(tokens) - _NGRAM + 1)}
+        stored: list[tuple[int, int, int]] = []
+        others = 0
         deadline = time.monotonic() + EVENT_WAIT_S
-        while time.monotonic() < deadline and not set(ours) <= seen:
+        while time.monotonic() < deadline and len(stored) < need:
             item = self.events.get(timeout=0.2)
             if item is None:
                 continue
+            found = False
             for event in item.batch.events:
                 hashes = getattr(event, "block_hashes", None)
-                if hashes is not None and hasattr(event, "token_ids"):
-                    sizes.add(event.block_size)
-                    seen.update(h & ((1 << 64) - 1) if isinstance(h, int)
-                                else int.from_bytes(h, "big") & ((1 << 64) - 1) for h in hashes)
-        matched = sum(1 for k in ours if k in seen)
-        data = {"expected_blocks": len(ours), "matched_blocks": matched,
-                "event_block_sizes": sorted(sizes)}
-        if matched == len(ours) and ours:
-            self.checks.append(Check("kv_events", OK, f"all {matched} BlockStored ids of the "
-                                     "probe equal the gateway's keys", data))
-        elif not seen:
-            self.checks.append(Check("kv_events", FAIL, f"no BlockStored event within "
-                                     f"{EVENT_WAIT_S:g} s: check --kv-events-config and "
-                                     "whether the engine binds or connects", data))
-        else:
-            self.checks.append(Check("kv_events", FAIL, f"only {matched} of {len(ours)} probe "
-                                     "blocks match the published ids: hash algorithm, "
-                                     "PYTHONHASHSEED or block size differ", data))
+                if hashes is None or not hasattr(event, "token_ids"):
+                    continue
+                size = event.block_size
+                for n, block_hash in enumerate(hashes):
+                    start = where.get(tuple(event.token_ids[n * size:n * size + _NGRAM]))
+                    if start is not None:
+                        found = True
+                        stored.append((size, start, _low64(block_hash)))
+            others += not found
+        return stored, others
 
     def _tokenize_completion(self) -> None:
         local = self.tokenizer.encode(COMPLETION_TEXT, add_special_tokens=True)
@@ -427,6 +493,19 @@ class Doctor:
 
 def _fresh_salt() -> str:
     return "prefixroute-doctor-" + secrets.token_hex(16)
+
+
+def _random_tokens(count: int) -> list[int]:
+    """Token ids no other request carries: 8 random ids in 100..899 repeat by chance with
+    probability 800**-8. The range is the fixed probe's (valid for any real vocabulary)."""
+    return [100 + secrets.randbelow(800) for _ in range(count)]
+
+
+def _low64(block_hash: Any) -> int:
+    """A KV event's block id as the 64-bit key (ints as sent, bytes big-endian)."""
+    if isinstance(block_hash, int):
+        return block_hash & ((1 << 64) - 1)
+    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
 
 
 def _cached(response: dict | None) -> int | None:
