@@ -22,7 +22,7 @@ def register(subparsers) -> None:
                    help="the EPP's gRPC address (prefixroute epp --port)")
     p.add_argument("--fail-open", action="store_true",
                    help="let requests through when the EPP is down: unauthenticated, "
-                        "unsalted, round robin (default: fail closed, Envoy answers 500)")
+                        "unsalted, round robin (default: fail closed, Envoy answers 503)")
     p.add_argument("--original-dst", action="store_true",
                    help="an ORIGINAL_DST cluster routing on the header instead of "
                         "override_host (no fallback endpoints; needs epp.fallback_endpoints: 0)")

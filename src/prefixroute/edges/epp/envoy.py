@@ -17,7 +17,7 @@ What it sets up, and why:
   the response body streamed (SSE passes through event by event while the EPP reads usage).
   ``failure_mode_allow`` is ``--fail-open``: with it, when the EPP is down or too slow
   requests still flow, but **unauthenticated and unsalted**, routed round robin (see
-  docs/envoy.md); without it Envoy answers 500 and nothing reaches a replica unchecked.
+  docs/envoy.md); without it Envoy answers 503 and nothing reaches a replica unchecked.
 * **The route** retries on connect failures, resets and 502/503/504 (``retries`` of the
   config, the same count ``serve`` uses) and adds the served endpoint as a response header
   (``%UPSTREAM_HOST%``) that tells the EPP which replica answered; the EPP removes it.
@@ -72,6 +72,8 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool =
         "grpc_service": {"envoy_grpc": {"cluster_name": "prefixroute_epp"},
                          "timeout": f"{MESSAGE_TIMEOUT_S:g}s"},
         "failure_mode_allow": fail_open,
+        # Failing closed, the caller gets 503 (retry later) rather than Envoy's default 500.
+        "status_on_error": {"code": "ServiceUnavailable"},
         "processing_mode": {
             "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
             "response_header_mode": "SEND", "response_body_mode": "STREAMED",
