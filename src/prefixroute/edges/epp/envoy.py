@@ -13,14 +13,17 @@ What it sets up, and why:
 * **A header filter before the EPP** removes any ``x-gateway-destination-endpoint`` the
   caller sent, so only the EPP can choose a replica.
 * **The ext_proc filter**: request headers, then the request body buffered (the EPP reads the
-  whole JSON to prepare the prompt, and replaces it with the salted one), response headers,
-  the response body streamed (SSE passes through event by event while the EPP reads usage).
+  whole JSON to prepare the prompt, and replaces it with the salted one), then the response
+  body streamed (SSE passes through event by event while the EPP reads usage; a
+  non-streamed answer comes whole, by the EPP's per-request mode override). No response
+  headers message: the status and the replica that served (``upstream.address``) come as
+  attributes with the first body message.
   ``failure_mode_allow`` is ``--fail-open``: with it, when the EPP is down or too slow
   requests still flow, but **unauthenticated and unsalted**, routed round robin (see
   docs/envoy.md); without it Envoy answers 503 and nothing reaches a replica unchecked.
 * **The route** retries on connect failures, resets and 502/503/504 (``retries`` of the
-  config, the same count ``serve`` uses) and adds the served endpoint as a response header
-  (``%UPSTREAM_HOST%``) that tells the EPP which replica answered; the EPP removes it.
+  config, the same count ``serve`` uses). The response carries the EPP's ``x-request-id``
+  (``always_set_request_id_in_response``).
 * **Limits**: request bodies up to the config's ``max_body_bytes`` (Envoy buffers them for
   the EPP), request headers up to 64 KiB and 100 headers, the read timeout of the config
   (``timeouts.read_s``) as the route's timeout.
@@ -34,7 +37,7 @@ import yaml
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.edges.epp.config import endpoint_of
-from prefixroute.edges.epp.picker import DESTINATION, LB_NAMESPACE, SERVED
+from prefixroute.edges.epp.picker import DESTINATION, LB_NAMESPACE, RESPONSE_ATTRIBUTES
 from prefixroute.edges.gateway.config import GatewayConfig
 
 # Envoy's default is 200 ms per ext_proc message; a large prompt tokenized on a loaded
@@ -76,8 +79,13 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool =
         "status_on_error": {"code": "ServiceUnavailable"},
         "processing_mode": {
             "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
-            "response_header_mode": "SEND", "response_body_mode": "STREAMED",
+            "response_header_mode": "SKIP", "response_body_mode": "STREAMED",
             "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
+        # The status and the replica that served come with the first response body message
+        # instead of a headers message: one exchange fewer per request. A non-streamed answer
+        # is asked for whole (the EPP overrides the body mode per request).
+        "response_attributes": list(RESPONSE_ATTRIBUTES),
+        "allow_mode_override": True,
         "message_timeout": f"{MESSAGE_TIMEOUT_S:g}s",
         # The EPP's endpoint metadata lands in envoy.lb, where override_host reads it.
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
@@ -93,8 +101,6 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool =
             "timeout": read_timeout,
             "retry_policy": {"retry_on": RETRY_ON, "num_retries": config.retries},
         },
-        "response_headers_to_add": [{"header": {"key": SERVED, "value": "%UPSTREAM_HOST%"},
-                                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
     }
     hcm = {
         "@type": _TYPE + "filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -103,6 +109,8 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool =
         "max_request_headers_kb": MAX_HEADERS_KB,
         "common_http_protocol_options": {"max_headers_count": MAX_HEADERS_COUNT},
         "stream_idle_timeout": read_timeout,
+        # The EPP's request id (sent to the replica, in /debug/decisions) back to the caller.
+        "always_set_request_id_in_response": True,
         "route_config": {"name": "prefixroute", "virtual_hosts": [
             {"name": "inference", "domains": ["*"], "routes": [route]}]},
         "http_filters": [

@@ -38,6 +38,7 @@ import os
 from typing import Any, AsyncIterator
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from envoy.type.v3 import http_status_pb2
@@ -56,6 +57,8 @@ log = logging.getLogger("prefixroute.epp")
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
 LB_NAMESPACE = "envoy.lb"
+ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"  # where Envoy puts the attributes it sends
+RESPONSE_ATTRIBUTES = ("response.code", "upstream.address")
 ENDPOINTS = {path: endpoint for endpoint, path in PATHS.items()}  # path -> endpoint
 _NON_STREAM_LIMIT = 16 * 1024 * 1024  # a non-streamed answer kept to read its usage
 
@@ -86,6 +89,12 @@ def immediate(error: GatewayError, request_id: str | None = None) -> ext.Process
         body=encode_json(error.body()),
         details=f"prefixroute_{error.code or error.status}"))
 
+
+# A non-streamed answer is read in one message (its usage is at its end) rather than chunk by
+# chunk: one exchange with Envoy fewer per request. Past Envoy's buffer limit the rest of
+# the answer passes without the EPP, and the request ends without a usage report.
+_WHOLE_ANSWER = ProcessingMode(response_header_mode=ProcessingMode.SKIP,
+                               response_body_mode=ProcessingMode.BUFFERED_PARTIAL)
 
 _CONTINUE_REQUEST_HEADERS = ext.ProcessingResponse(
     request_headers=ext.HeadersResponse(response=ext.CommonResponse()))
@@ -165,7 +174,7 @@ class Exchange:
         if kind == "response_headers":
             return self._response_headers(message)
         if kind == "response_body":
-            return self._response_body(message.response_body)
+            return self._response_body(message)
         if kind == "request_trailers":
             return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
         if kind == "response_trailers":
@@ -290,7 +299,8 @@ class Exchange:
                 header_mutation=ext.HeaderMutation(set_headers=set_headers,
                                                    remove_headers=remove),
                 body_mutation=ext.BodyMutation(body=payload))),
-            dynamic_metadata=metadata)
+            dynamic_metadata=metadata,
+            mode_override=None if checked.stream else _WHOLE_ANSWER)
 
     def _book(self, candidates: list[Backend], attempt_no: int) -> Attempt:
         job = self.job
@@ -314,16 +324,30 @@ class Exchange:
     # -- the response ---------------------------------------------------------------------
 
     def _response_headers(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        """Response headers, for a data plane that sends them (``prefixroute envoy-config``
+        skips them and reads the same from attributes on the body; see
+        :meth:`_response_body`): the status, and the served endpoint from the header or the
+        protocol's metadata. The served header is removed, the request id set."""
         headers = _headers_of(message.response_headers)
         mutation = ext.HeaderMutation(remove_headers=[SERVED],
                                       set_headers=[_header("x-request-id", self.request_id)])
         response = ext.ProcessingResponse(response_headers=ext.HeadersResponse(
             response=ext.CommonResponse(header_mutation=mutation)))
-        attempt, job = self.attempt, self.job
-        if attempt is None or job is None or self.done:
+        if self.attempt is None or self.job is None or self.done:
             return response
-        self.status = status = int(headers.get(":status", "0") or 0)
-        served = headers.get(SERVED) or _served_from_metadata(message)
+        status = int(headers.get(":status", "0") or 0)
+        self._answer_started(status, headers.get(SERVED) or _served_from_metadata(message))
+        if message.response_headers.end_of_stream:
+            self._end_of_answer()
+        return response
+
+    def _answer_started(self, status: int, served: str | None) -> None:
+        """The answer's status and the replica that served it are known: end the attempts
+        that failed before it, and the attempt itself unless it succeeded (then its usage
+        ends it)."""
+        job = self.job
+        assert job is not None
+        self.status = status
         self._follow_fallback(served)
         attempt = self.attempt
         assert attempt is not None
@@ -339,9 +363,6 @@ class Exchange:
         elif job.checked.stream:
             self.relay = SSERelay(job, attempt, None, None, b"", self.picker,  # type: ignore
                                   self.gateway._job_done)
-        if message.response_headers.end_of_stream:
-            self._end_of_answer()
-        return response
 
     def _follow_fallback(self, served: str | None) -> None:
         """Envoy reached ``served``: if that is a fallback, every replica named before it
@@ -359,22 +380,27 @@ class Exchange:
                 break
             if failed is attempt.backend:
                 router.failed(attempt, "envoy_retry")
-                job.failures.append(f"envoy_retry: {failed.name}")
+            else:  # a fallback Envoy tried and passed over: never booked, but it failed
+                failed.record_failure("envoy_retry")
+            job.failures.append(f"envoy_retry: {failed.name}")
         self.gateway.metrics.retries.labels("envoy_retry").inc()
         self._book([backend], job.attempts)
 
-    def _response_body(self, message: ext.HttpBody) -> ext.ProcessingResponse:
-        attempt, job = self.attempt, self.job
-        if attempt is None or job is None or self.done:
+    def _response_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        if self.attempt is None or self.job is None or self.done:
             return _CONTINUE_RESPONSE_BODY
-        data = message.body
+        if not self.status:  # no headers message: the attributes on the first body message
+            self._answer_started(*_response_attributes(message))
+        attempt, job = self.attempt, self.job
+        body = message.response_body
+        data = body.body
         response = _CONTINUE_RESPONSE_BODY
         relay = self.relay
         if relay is not None:
             if data:
                 self.picker.router.first_byte(attempt)
             out = relay.take(data) if data else b""
-            if message.end_of_stream:
+            if body.end_of_stream:
                 out += relay.tail()
             if out != data:
                 response = ext.ProcessingResponse(response_body=ext.BodyResponse(
@@ -382,7 +408,7 @@ class Exchange:
         elif not attempt.finished and self.answer_size < _NON_STREAM_LIMIT:
             self.answer.append(data)
             self.answer_size += len(data)
-        if message.end_of_stream:
+        if body.end_of_stream:
             self._end_of_answer()
         return response
 
@@ -441,6 +467,26 @@ class Exchange:
         elif self.open:
             self.open = False
             self.gateway.open_requests -= 1
+
+
+def _response_attributes(message: ext.ProcessingRequest) -> tuple[int, str | None]:
+    """The status and the replica that served (``response.code``, ``upstream.address``:
+    the ``response_attributes`` the bootstrap asks Envoy for), from the first response
+    message when Envoy sends no headers message; then the protocol's metadata."""
+    attributes = message.attributes.get(ATTRIBUTES_KEY)
+    status, served = 0, None
+    if attributes is not None:
+        code = attributes.fields.get("response.code")
+        if code is not None:
+            kind = code.WhichOneof("kind")
+            if kind == "number_value":
+                status = int(code.number_value)
+            elif kind == "string_value" and code.string_value.isdigit():
+                status = int(code.string_value)
+        address = attributes.fields.get("upstream.address")
+        if address is not None and address.string_value:
+            served = address.string_value
+    return status, served or _served_from_metadata(message)
 
 
 def _served_from_metadata(message: ext.ProcessingRequest) -> str | None:
