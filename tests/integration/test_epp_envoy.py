@@ -119,7 +119,8 @@ def wait_listening(port: int, process: subprocess.Popen, log: Path,
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    with EnvoyFleet(tmp_path_factory.mktemp("epp")) as running:
+    # KV events on: the EPP's replica views are fed by the engines' events, as serve's are.
+    with EnvoyFleet(tmp_path_factory.mktemp("epp"), kv_events=True) as running:
         yield running
 
 
@@ -207,6 +208,9 @@ def test_debug_decisions_show_the_decision_of_a_request(fleet):
     assert all(d["tenant"] == "b" for d in own["decisions"])
     assert fleet.metric("prefixroute_gateway_requests_total", endpoint="chat",
                         status="200") >= 1
+    debug = fleet.debug(1)
+    assert [r["view"] for r in debug["replicas"]] == ["events", "events"]
+    assert fleet.metric("prefixroute_gateway_kv_events_total") > 0
 
 
 @pytest.mark.parametrize("fail_open", [False, True])

@@ -86,7 +86,9 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool =
         # is asked for whole (the EPP overrides the body mode per request).
         "response_attributes": list(RESPONSE_ATTRIBUTES),
         "allow_mode_override": True,
-        "message_timeout": f"{MESSAGE_TIMEOUT_S:g}s",
+        # A request may wait in the EPP's admission queue before its body message is
+        # answered: Envoy waits that long too, plus the message's own time.
+        "message_timeout": f"{config.limits.queue_timeout_s + MESSAGE_TIMEOUT_S:g}s",
         # The EPP's endpoint metadata lands in envoy.lb, where override_host reads it.
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
     }

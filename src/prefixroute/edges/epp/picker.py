@@ -3,29 +3,32 @@ gateway's own request handling.
 
 Envoy carries the bytes; for each HTTP request it opens one ext_proc stream and sends what
 its processing mode asks for (``prefixroute envoy-config`` writes that mode: request headers,
-the request body buffered, response headers, the response body streamed). One
-:class:`Exchange` follows one such stream:
+the request body buffered, no response headers, the response body streamed, or whole for a
+non-streamed answer). One :class:`Exchange` follows one such stream:
 
-==================  ==================================================================
-Envoy sends         the EPP does
-==================  ==================================================================
-request headers     authenticate the tenant (API key, or the trusted tenant header), its
-                    rate limit; ``GET /v1/models`` is answered here
-request body        :meth:`Gateway.admit` (the checks, salt and media identities, block
-                    keys, admission slot: the code ``serve`` runs), then the lifecycle
-                    runner's decision; the body is replaced by the salted one, and the
-                    picked ``ip:port`` (then the fallbacks) goes into the
-                    ``x-gateway-destination-endpoint`` header and the ``envoy.lb``
-                    dynamic metadata, as the Endpoint Picker Protocol says
-response headers    which replica served (``x-gateway-destination-endpoint-served``, set
-                    by the route Envoy runs); a fallback replica means the picked one
-                    failed: that attempt ends failed and the served one is booked
-response body       usage (``cached_tokens``) from the JSON or the SSE stream, through
-                    the same :class:`SSERelay` logic ``serve`` relays streams with (the
-                    usage chunk the caller did not ask for is dropped)
-the stream ends     the attempt ends: completed with its usage, refused, failed or
-                    abandoned, as in ``serve``
-==================  ==================================================================
+====================  ================================================================
+Envoy sends           the EPP does
+====================  ================================================================
+request headers       authenticate the tenant (API key, or the trusted tenant header), its
+                      rate limit; ``GET /v1/models`` is answered here
+request body          :meth:`Gateway.admit` (the checks, salt and media identities, block
+                      keys, admission slot: the code ``serve`` runs), then the lifecycle
+                      runner's decision; the body is replaced by the salted one, and the
+                      picked ``ip:port`` (then the fallbacks) goes into the
+                      ``x-gateway-destination-endpoint`` header and the ``envoy.lb``
+                      dynamic metadata, as the Endpoint Picker Protocol says
+first response        the status and the replica that served (``response.code`` and
+message               ``upstream.address`` attributes; from a data plane that sends
+                      response headers, the ``x-gateway-destination-endpoint-served``
+                      header or the protocol's ``envoy.lb`` metadata): a fallback replica
+                      means those named before it failed; the picked one's attempt ends
+                      failed and the served one is booked, as a retry in ``serve``
+response body         usage (``cached_tokens``) from the JSON or the SSE stream, through
+                      the same :class:`SSERelay` logic ``serve`` relays streams with (the
+                      usage chunk the caller did not ask for is dropped)
+the stream ends       the attempt ends: completed with its usage, refused, failed or
+                      abandoned, as in ``serve``
+====================  ================================================================
 
 Refusals are immediate responses with the OpenAI error object and status ``serve`` would
 answer (400, 401, 404, 413, 429, 503), so a client sees the same errors through either.
@@ -456,12 +459,8 @@ class Exchange:
         caller left during the answer."""
         attempt, job = self.attempt, self.job
         if attempt is not None and job is not None and not attempt.finished:
-            if self.status:
-                self.picker.router.abandoned(attempt, started=True)
-                job.status = "client_closed"
-            else:
-                self.picker.router.abandoned(attempt, started=False)
-                job.status = "client_closed"
+            self.picker.router.abandoned(attempt, started=bool(self.status))
+            job.status = "client_closed"
         if job is not None:
             self._finish()
         elif self.open:
