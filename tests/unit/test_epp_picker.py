@@ -18,7 +18,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext  # noqa: E40
 from prefixroute.core.clock import ManualClock  # noqa: E402
 from prefixroute.core.identity.identity import derive_trust_group_salt  # noqa: E402
 from prefixroute.edges.epp.config import EppSettings  # noqa: E402
-from prefixroute.edges.epp.picker import DESTINATION, SERVED, EndpointPicker  # noqa: E402
+from prefixroute.edges.epp.picker import EndpointPicker  # noqa: E402
+from prefixroute.edges.epp.protocol import DESTINATION, SERVED  # noqa: E402
 from prefixroute.edges.gateway.app import Gateway  # noqa: E402
 from prefixroute.edges.gateway.config import hash_api_key, parse_config  # noqa: E402
 

@@ -36,7 +36,11 @@ def run(args) -> int:
     from prefixroute.edges.epp.config import load_epp_config
 
     config, settings = load_epp_config(args.config)
-    from prefixroute.edges.epp.server import serve_epp
+    try:
+        from prefixroute.edges.epp.server import serve_epp
+    except ImportError as exc:  # grpcio / xds-protos are the [envoy] extra
+        raise ConfigError(f"prefixroute epp needs {exc.name or 'grpcio'}: "
+                          "pip install 'prefixroute[envoy]'") from None
 
     host = f"[{args.host}]" if ":" in args.host else args.host
     return serve_epp(config, settings, f"{host}:{args.port}", args.host, args.admin_port,

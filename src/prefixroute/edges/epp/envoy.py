@@ -37,7 +37,7 @@ import yaml
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.edges.epp.config import endpoint_of
-from prefixroute.edges.epp.picker import DESTINATION, LB_NAMESPACE, RESPONSE_ATTRIBUTES
+from prefixroute.edges.epp.protocol import DESTINATION, LB_NAMESPACE, RESPONSE_ATTRIBUTES
 from prefixroute.edges.gateway.config import GatewayConfig
 
 # Envoy's default is 200 ms per ext_proc message; a large prompt tokenized on a loaded

@@ -48,6 +48,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from prefixroute.edges.epp.config import EppSettings, endpoint_of
+from prefixroute.edges.epp.protocol import ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE, SERVED
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.backends import Backend, candidates_for
 from prefixroute.edges.gateway.errors import GatewayError
@@ -57,11 +58,6 @@ from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, encode_json
 
 log = logging.getLogger("prefixroute.epp")
 
-DESTINATION = "x-gateway-destination-endpoint"
-SERVED = "x-gateway-destination-endpoint-served"
-LB_NAMESPACE = "envoy.lb"
-ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"  # where Envoy puts the attributes it sends
-RESPONSE_ATTRIBUTES = ("response.code", "upstream.address")
 ENDPOINTS = {path: endpoint for endpoint, path in PATHS.items()}  # path -> endpoint
 _NON_STREAM_LIMIT = 16 * 1024 * 1024  # a non-streamed answer kept to read its usage
 
@@ -500,4 +496,4 @@ def _served_from_metadata(message: ext.ProcessingRequest) -> str | None:
     return value.string_value if value is not None and value.string_value else None
 
 
-__all__ = ["EndpointPicker", "Exchange", "immediate", "DESTINATION", "SERVED"]
+__all__ = ["EndpointPicker", "Exchange", "immediate"]
