@@ -386,6 +386,79 @@ def run_part2(workdir: Path, requests: int, time_scale: float,
     return results
 
 
+def run_in_process(count: int = 2000) -> dict:
+    """The EPP's own work per request without gRPC or Envoy: :class:`EndpointPicker`'s
+    exchange driven with the three messages Envoy sends for a non-streamed request (request
+    headers, request body, the answer with its attributes), over a started gateway whose
+    two replicas answer health checks in process. CPU milliseconds per request."""
+    import orjson
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+
+    from prefixroute.core.clock import ManualClock
+    from prefixroute.edges.epp.config import EppSettings
+    from prefixroute.edges.epp.picker import EndpointPicker
+    from prefixroute.edges.gateway.app import Gateway
+    from prefixroute.edges.gateway.config import hash_api_key, parse_config
+
+    os.environ.setdefault("PR_EPP_BENCH_SECRET", "b" * 32)
+    endpoints = ["10.0.0.1:8000", "10.0.0.2:8000"]
+    config = parse_config({
+        "server_secret": {"env": "PR_EPP_BENCH_SECRET"}, "policy": "prefixroute",
+        "backends": [{"name": f"r{i}", "url": f"http://{e}", "models": [MODEL]}
+                     for i, e in enumerate(endpoints)],
+        "tenants": [{"name": "bench", "api_key_sha256": hash_api_key("sk-bench")}],
+        "health": {"interval_s": 3600, "metrics_interval_s": 3600}}, "in-process")
+    requests = hop_requests(count, 100.0)
+
+    def headers(**pairs: str) -> base_pb2.HeaderMap:
+        return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
+                                           for k, v in pairs.items()])
+
+    usage = orjson.dumps({"choices": [], "usage": {
+        "prompt_tokens": 100, "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 64}}})
+    answers = {}  # the answer from each replica, as Envoy reports it
+    for endpoint in endpoints:
+        answer = answers[endpoint] = ext.ProcessingRequest(response_body=ext.HttpBody(
+            body=usage, end_of_stream=True))
+        answer.attributes["envoy.filters.http.ext_proc"].update(
+            {"response.code": 200, "upstream.address": endpoint})
+    head = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=headers(**{
+        ":path": "/v1/completions", ":method": "POST", "authorization": "Bearer sk-bench"})))
+
+    async def run() -> float:
+        async def replica(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, text="")
+
+        gateway = Gateway(config, transport=httpx.MockTransport(replica), clock=ManualClock())
+        picker = EndpointPicker(gateway, EppSettings())
+        await gateway.start()
+        try:
+            started = time.process_time()
+            for request in requests:
+                body = ext.ProcessingRequest(request_body=ext.HttpBody(
+                    body=request.body, end_of_stream=True))
+
+                replies: list = []
+
+                async def stream(body=body, replies=replies):
+                    yield head
+                    yield body
+                    # The picked replica answers (the first endpoint the EPP named).
+                    named = replies[-1].dynamic_metadata.fields["envoy.lb"].struct_value
+                    picked = named.fields["x-gateway-destination-endpoint"].string_value
+                    yield answers[picked.split(",")[0]]
+                async for reply in picker.Process(stream(), None):
+                    replies.append(reply)
+            return time.process_time() - started
+        finally:
+            await gateway.stop()
+
+    seconds = asyncio.run(run())
+    return {"requests": count, "cpu_ms_per_request": round(1000 * seconds / count, 3)}
+
+
 # -- the report ------------------------------------------------------------------------------
 
 
@@ -423,6 +496,11 @@ def markdown(result: dict) -> str:
                   f"(target <= {TARGET_ADDED_P50_MS:g}), p99 {added['p99_ms']} ms "
                   f"(target <= {TARGET_ADDED_P99_MS:g}); EPP CPU per request "
                   f"{added['epp_cpu_ms']} ms against serve's {added['serve_cpu_ms']} ms.", ""]
+    if result.get("in_process"):
+        lines += ["The EPP's own work (admission, salting, hashing, policy, runner, the "
+                  "exchange's messages) without gRPC or Envoy, in process: "
+                  f"{result['in_process']['cpu_ms_per_request']} ms CPU per request "
+                  f"({result['in_process']['requests']} requests).", ""]
     if result.get("part2"):
         lines += ["## Part 2: the design scenario", "",
                   "| router | ok | failed | token hit rate | TTFT p50 s | TTFT p99 s |",
@@ -461,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
                               "load_note": args.load_note}
     with tempfile.TemporaryDirectory(prefix="epp-bench-") as tmp:
         workdir = Path(tmp)
+        log("the EPP's own work per request, in process (no gRPC, no Envoy)")
+        result["in_process"] = run_in_process()
         if not args.skip_hop:
             part1 = result["part1"] = run_part1(workdir, args.rate, log)
             fixed = part1["fixed_rate"]
