@@ -29,6 +29,8 @@ SUBCOMMAND_MODULES = [
     "replica",
     "calibrate",
     "serve",
+    "epp",
+    "envoy_config",
     "doctor",
     "demo",
 ]

@@ -38,17 +38,18 @@ from starlette.routing import Route
 from prefixroute.core.clock import Clock, MonotonicClock
 from prefixroute.core.routing.registry import create_policy
 from prefixroute.edges.gateway.admission import AdmissionQueue
-from prefixroute.edges.gateway.backends import BackendPool
+from prefixroute.edges.gateway.backends import Backend, BackendPool
 from prefixroute.edges.gateway.busypoll import BusyPoller
 from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.metrics import GatewayMetrics
-from prefixroute.edges.gateway.prompts import CHARS, PromptPreparer
+from prefixroute.edges.gateway.prompts import CHARS, PreparedPrompt, PromptPreparer
 from prefixroute.edges.gateway.proxy import Job, Proxy, caller_send, send_response
 from prefixroute.edges.gateway.render import RenderClient
 from prefixroute.edges.gateway.router import GatewayRouter
-from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
-from prefixroute.edges.gateway.tenants import TenantRegistry
+from prefixroute.edges.gateway.sanitize import (CHAT, COMPLETIONS, CheckedRequest, check_request,
+                                                parse_json_body)
+from prefixroute.edges.gateway.tenants import Tenant, TenantRegistry
 from prefixroute.edges.http1 import Client, HTTP1Transport, HttpxClient
 
 log = logging.getLogger("prefixroute.gateway")
@@ -197,30 +198,9 @@ class Gateway:
         try:
             tenant = self.tenants.authenticate(request.headers.get("authorization"))
             tenant_name = tenant.name
-            try:
-                self.tenants.check_rate(tenant)
-            except GatewayError:
-                self.metrics.rate_limited.labels(tenant.name).inc()
-                raise
+            self.check_rate(tenant)
             raw = await self._read_body(request)
-            body = parse_json_body(raw)
-            checked = check_request(endpoint, body, tenant, self.tenants,
-                                    self.config.caller_cache_salt)
-            backends = self.pool.serving(checked.model)
-            if not backends:
-                known = ", ".join(self.pool.models()) or "none yet"
-                raise GatewayError(404, f"the model {checked.model!r} does not exist on any "
-                                   f"replica; available: {known}", param="model",
-                                   code="model_not_found")
-            adapter = next((b.adapters[checked.model] for b in backends
-                            if checked.model in b.adapters), None)
-            # Large bodies are tokenized and hashed on a worker thread, to keep the loop (and
-            # every stream) moving; tokenization: backend awaits a replica's render first.
-            prompt = await self.prompts.prepare_async(
-                checked, adapter, backends, offload=len(raw) > OFFLOAD_PREPARE_BYTES)
-            if prompt.fallback_reason:
-                self.metrics.tokenize_fallbacks.inc()
-            await self.admission.acquire()
+            checked, backends, prompt = await self.admit(endpoint, tenant, raw)
         except GatewayError as error:
             self.open_requests -= 1
             self._account(endpoint, str(error.status), started, request_id, tenant_name,
@@ -248,6 +228,44 @@ class Gateway:
                 "event": "internal_error", "request_id": request_id}})
             return GatewayError(500, "internal error in the gateway; the request may not have "
                                 "completed", code="internal_error").response(request_id)
+
+    # -- what every body does with a request before routing it (serve, the EPP) ----------
+
+    def check_rate(self, tenant: Tenant) -> None:
+        """Take one request from ``tenant``'s rate limit, or raise 429 (counted)."""
+        try:
+            self.tenants.check_rate(tenant)
+        except GatewayError:
+            self.metrics.rate_limited.labels(tenant.name).inc()
+            raise
+
+    async def admit(self, endpoint: str, tenant: Tenant, raw: bytes
+                    ) -> tuple[CheckedRequest, list[Backend], PreparedPrompt]:
+        """From an authenticated tenant's raw body to a request ready to route: the body
+        checked and salted (:func:`check_request`), the replicas serving its model, the
+        prompt's block keys, and a slot in the admission queue (the caller releases it,
+        through :meth:`_job_done`). Raises :class:`GatewayError` for what the caller sent or
+        a full queue. The HTTP gateway and the Envoy Endpoint Picker both come through here,
+        so a request is prepared the same way whichever body receives it."""
+        body = parse_json_body(raw)
+        checked = check_request(endpoint, body, tenant, self.tenants,
+                                self.config.caller_cache_salt)
+        backends = self.pool.serving(checked.model)
+        if not backends:
+            known = ", ".join(self.pool.models()) or "none yet"
+            raise GatewayError(404, f"the model {checked.model!r} does not exist on any "
+                               f"replica; available: {known}", param="model",
+                               code="model_not_found")
+        adapter = next((b.adapters[checked.model] for b in backends
+                        if checked.model in b.adapters), None)
+        # Large bodies are tokenized and hashed on a worker thread, to keep the loop (and
+        # every stream) moving; tokenization: backend awaits a replica's render first.
+        prompt = await self.prompts.prepare_async(
+            checked, adapter, backends, offload=len(raw) > OFFLOAD_PREPARE_BYTES)
+        if prompt.fallback_reason:
+            self.metrics.tokenize_fallbacks.inc()
+        await self.admission.acquire()
+        return checked, backends, prompt
 
     def _job_done(self, job: Job) -> None:
         self.admission.release()

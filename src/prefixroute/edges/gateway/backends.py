@@ -500,3 +500,13 @@ class BackendPool:
                 seen.setdefault(model, None)
         return list(seen)
 
+
+
+def candidates_for(backends: list[Backend], tried: set[int]) -> list[Backend]:
+    """The replicas an attempt may go to: those not tried yet that are healthy and whose
+    breaker lets requests through; if none is, those whose breaker alone allows it (health
+    checks may lag a recovery; the breaker still guards)."""
+    found = [b for b in backends if b.index not in tried and b.available()]
+    if not found:
+        found = [b for b in backends if b.index not in tried and b.breaker.available()]
+    return found

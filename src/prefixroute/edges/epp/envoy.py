@@ -1,0 +1,186 @@
+"""An Envoy bootstrap that puts the Endpoint Picker in front of the configured replicas.
+
+What it sets up, and why:
+
+* **The replicas cluster** is ``STATIC`` (the config's backends) with Envoy's
+  ``override_host`` load balancer: it sends each request to the first endpoint named in the
+  ``x-gateway-destination-endpoint`` header (or the ``envoy.lb`` metadata), and on a retry to
+  the next one of the comma-separated list the EPP gave: the Endpoint Picker Protocol's
+  fallbacks. A request the EPP named nothing for (only when the filter fails open) goes
+  round robin. ``--original-dst`` writes the protocol's other form instead: an
+  ``ORIGINAL_DST`` cluster that connects to whatever address the header names (no list,
+  so no fallback; retries go to the same replica).
+* **A header filter before the EPP** removes any ``x-gateway-destination-endpoint`` the
+  caller sent, so only the EPP can choose a replica.
+* **The ext_proc filter**: request headers, then the request body buffered (the EPP reads the
+  whole JSON to prepare the prompt, and replaces it with the salted one), then the response
+  body streamed (SSE passes through event by event while the EPP reads usage; a
+  non-streamed answer comes whole, by the EPP's per-request mode override). No response
+  headers message: the status and the replica that served (``upstream.address``) come as
+  attributes with the first body message.
+  ``failure_mode_allow`` is ``--fail-open``: with it, when the EPP is down or too slow
+  requests still flow, but **unauthenticated and unsalted**, routed round robin (see
+  docs/envoy.md); without it Envoy answers 503 and nothing reaches a replica unchecked.
+* **The route** retries on connect failures, resets and 502/503/504 (``retries`` of the
+  config, the same count ``serve`` uses). The response carries the EPP's ``x-request-id``
+  (``always_set_request_id_in_response``).
+* **Limits**: request bodies up to the config's ``max_body_bytes`` (Envoy buffers them for
+  the EPP), request headers up to 64 KiB and 100 headers, the read timeout of the config
+  (``timeouts.read_s``) as the route's timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.edges.epp.config import endpoint_of
+from prefixroute.edges.epp.protocol import DESTINATION, LB_NAMESPACE, RESPONSE_ATTRIBUTES
+from prefixroute.edges.gateway.config import GatewayConfig
+
+# Envoy's default is 200 ms per ext_proc message; a large prompt tokenized on a loaded
+# machine takes longer, and a streamed answer's chunks each wait for the EPP.
+MESSAGE_TIMEOUT_S = 5.0
+MAX_HEADERS_KB = 64  # Envoy's default is 60 KiB; API keys and tracing headers fit well within
+MAX_HEADERS_COUNT = 100  # Envoy's default
+RETRY_ON = "connect-failure,reset,refused-stream,gateway-error"
+
+_TYPE = "type.googleapis.com/envoy.extensions."
+
+
+def split_host_port(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what} must be HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _address(host: str, port: int) -> dict:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool = False,
+              original_dst: bool = False, admin: str | None = None) -> dict[str, Any]:
+    """The bootstrap as a mapping (``render`` writes it as YAML)."""
+    listen_host, listen_port = split_host_port(listen, "--listen")
+    epp_host, epp_port = split_host_port(epp, "--epp")
+    read_timeout = f"{config.timeouts.read_s:g}s"
+    connect_timeout = f"{config.timeouts.connect_s:g}s"
+
+    ext_proc = {
+        "@type": _TYPE + "filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {"envoy_grpc": {"cluster_name": "prefixroute_epp"},
+                         "timeout": f"{MESSAGE_TIMEOUT_S:g}s"},
+        "failure_mode_allow": fail_open,
+        # Failing closed, the caller gets 503 (retry later) rather than Envoy's default 500.
+        "status_on_error": {"code": "ServiceUnavailable"},
+        "processing_mode": {
+            "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
+            "response_header_mode": "SKIP", "response_body_mode": "STREAMED",
+            "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
+        # The status and the replica that served come with the first response body message
+        # instead of a headers message: one exchange fewer per request. A non-streamed answer
+        # is asked for whole (the EPP overrides the body mode per request).
+        "response_attributes": list(RESPONSE_ATTRIBUTES),
+        "allow_mode_override": True,
+        # A request may wait in the EPP's admission queue before its body message is
+        # answered: Envoy waits that long too, plus the message's own time.
+        "message_timeout": f"{config.limits.queue_timeout_s + MESSAGE_TIMEOUT_S:g}s",
+        # The EPP's endpoint metadata lands in envoy.lb, where override_host reads it.
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+    }
+    strip_destination = {
+        "@type": _TYPE + "filters.http.header_mutation.v3.HeaderMutation",
+        "mutations": {"request_mutations": [{"remove": DESTINATION}]},
+    }
+    route = {
+        "match": {"prefix": "/"},
+        "route": {
+            "cluster": "prefixroute_replicas",
+            "timeout": read_timeout,
+            "retry_policy": {"retry_on": RETRY_ON, "num_retries": config.retries},
+        },
+    }
+    hcm = {
+        "@type": _TYPE + "filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "prefixroute",
+        "codec_type": "AUTO",
+        "max_request_headers_kb": MAX_HEADERS_KB,
+        "common_http_protocol_options": {"max_headers_count": MAX_HEADERS_COUNT},
+        "stream_idle_timeout": read_timeout,
+        # The EPP's request id (sent to the replica, in /debug/decisions) back to the caller.
+        "always_set_request_id_in_response": True,
+        "route_config": {"name": "prefixroute", "virtual_hosts": [
+            {"name": "inference", "domains": ["*"], "routes": [route]}]},
+        "http_filters": [
+            {"name": "prefixroute.strip_destination", "typed_config": strip_destination},
+            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            {"name": "envoy.filters.http.router", "typed_config": {
+                "@type": _TYPE + "filters.http.router.v3.Router"}},
+        ],
+    }
+    listener = {
+        "name": "prefixroute",
+        "address": _address(listen_host, listen_port),
+        # Envoy buffers the whole request body for the EPP: room for the largest accepted.
+        "per_connection_buffer_limit_bytes": config.limits.max_body_bytes,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": hcm}]}],
+    }
+    clusters = [_replicas_cluster(config, connect_timeout, original_dst), {
+        "name": "prefixroute_epp",
+        "type": "STATIC",
+        "connect_timeout": connect_timeout,
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _TYPE + "upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}},
+        "load_assignment": {"cluster_name": "prefixroute_epp", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": _address(epp_host, epp_port)}}]}]},
+    }]
+    out: dict[str, Any] = {"static_resources": {"listeners": [listener], "clusters": clusters}}
+    if admin is not None:
+        admin_host, admin_port = split_host_port(admin, "--admin")
+        out["admin"] = {"address": _address(admin_host, admin_port)}
+    return out
+
+
+def _replicas_cluster(config: GatewayConfig, connect_timeout: str,
+                      original_dst: bool) -> dict[str, Any]:
+    if original_dst:
+        return {"name": "prefixroute_replicas", "type": "ORIGINAL_DST",
+                "lb_policy": "CLUSTER_PROVIDED", "connect_timeout": connect_timeout,
+                "original_dst_lb_config": {"use_http_header": True,
+                                           "http_header_name": DESTINATION}}
+    endpoints = []
+    for backend in config.backends:
+        endpoint = endpoint_of(backend.url)
+        if endpoint is None:
+            raise ConfigError(f"backend {backend.name!r}: Envoy routes to ip:port; its url must "
+                              f"be http://IP:PORT, got {backend.url!r}")
+        host, port = split_host_port(endpoint, "backend url")
+        endpoints.append({"endpoint": {"address": _address(host, port)}})
+    lb = {"name": "envoy.load_balancing_policies.override_host", "typed_config": {
+        "@type": _TYPE + "load_balancing_policies.override_host.v3.OverrideHost",
+        "override_host_sources": [
+            {"header": DESTINATION},
+            {"metadata": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION}]}}],
+        "fallback_policy": {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.round_robin", "typed_config": {
+                "@type": _TYPE + "load_balancing_policies.round_robin.v3.RoundRobin"}}}]},
+    }}
+    return {"name": "prefixroute_replicas", "type": "STATIC",
+            "connect_timeout": connect_timeout,
+            "load_balancing_policy": {"policies": [{"typed_extension_config": lb}]},
+            "load_assignment": {"cluster_name": "prefixroute_replicas",
+                                "endpoints": [{"lb_endpoints": endpoints}]}}
+
+
+def render(config: GatewayConfig, listen: str, epp: str, **kwargs: Any) -> str:
+    """The bootstrap as YAML text, ready for ``envoy -c``."""
+    header = ("# Envoy bootstrap for prefixroute's Endpoint Picker, written by "
+              "`prefixroute envoy-config`\n# from " + config.source + " (docs/envoy.md).\n")
+    return header + yaml.safe_dump(bootstrap(config, listen, epp, **kwargs), sort_keys=False)

