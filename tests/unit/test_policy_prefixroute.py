@@ -269,9 +269,9 @@ def test_a_rejected_request_leaves_no_phantom_queue():
     # served, so it never ran and is dropped; the wait is "a"'s 1.5 s.
     policy = plain(attention_context_tokens=1000)
     assert _rejected_scenario(policy).scores[1]["wait_s"] == pytest.approx(1.5)
-    # Kept (the benchmark's drop_ended=false), it is the newest entry, the 1,000 pending tokens are taken for
-    # its last fifth, 0.2 x 17,500 = 3,500 token-equivalents: 3.5 s of a queue that is not
-    # there. In the agentic-sessions benchmark a rejected 807,523-token prompt left 330 s.
+    # Kept (the benchmark's drop_ended=false), it is the newest entry, the 1,000 pending
+    # tokens are taken for its last fifth, 0.2 x 17,500 = 3,500 token-equivalents: 3.5 s of a
+    # queue that is not there. In the agentic-sessions benchmark a rejected 807,523-token prompt left 330 s.
     kept = _rejected_scenario(ablated(attention_context_tokens=1000, drop_ended=False))
     assert kept.scores[1]["wait_s"] == pytest.approx(3.5)
 

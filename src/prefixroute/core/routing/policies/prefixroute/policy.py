@@ -104,14 +104,13 @@ class PrefixRoute(BasePolicy):
 
     def __init__(self, params: PrefixRouteParams | None = None,
                  rules: Sequence[BalanceRule] | None = None) -> None:
-        self.params = params = params or self.params_type()
+        self.params = params = self.params_type() if params is None else params
         self.rules = list(default_rules(params) if rules is None else rules)
         self.costs = CostModel(params)
         self._replicas: dict[int, ReplicaState] = {}
         self._pending: dict[str, PendingRoute] = {}  # from route to on_routed
         self._predictions: dict[str, Prediction] = {}
         self._rho = 0.0          # fleet prefill utilisation at the last decision
-        self._block_size = 16
         self._clock = 0.0        # the latest time a request showed
         self._residence_s = 0.0  # how long a request stays on a replica (0: not known yet)
         # Whether the runner's pending_prefill_tokens count a waiting request's whole prompt
@@ -185,7 +184,6 @@ class PrefixRoute(BasePolicy):
         block = request.block_size
         n = request.num_tokens
         limit = hit_limit(request)
-        self._block_size = block
         scores: dict[int, dict[str, float]] = {}
         candidates: list[Candidate] = []
         deadlines: dict[int, float | None] = {}
