@@ -572,9 +572,9 @@ def decision_summary(decisions: list[dict], elapsed_s: float | None = None) -> d
     policy's own :meth:`PrefixRoute.prefill_work`) of the requests routed there, from each
     decision's expected cached tokens. With four requests in flight on two replicas a
     prefill is pending almost always, so the learned speed should come close to it."""
-    from prefixroute.core.routing.policies.prefixroute_default import PrefixRoute
+    from prefixroute.core.routing.policies.prefixroute import PrefixRoute
 
-    work_model = PrefixRoute()
+    work_model = PrefixRoute().costs
     work: dict[str, float] = {}
     decisions = sorted(decisions, key=lambda d: d["time"])
     speeds: dict[str, list[float]] = {}

@@ -178,6 +178,16 @@ def test_policy_parameters_are_checked(tmp_path):
     assert "no parameter" in error_of(tmp_path, MINIMAL + "policy: hybrid:bogus=1\n")
 
 
+def test_prefixroute_parameters_reach_the_policy_and_removed_ones_say_why(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL + "policy: prefixroute:priority_slack=0\n"))
+    assert config.policy == "prefixroute:priority_slack=0"
+    assert "no parameter 'bogus'" in error_of(tmp_path, MINIMAL + "policy: prefixroute:bogus=1\n")
+    message = error_of(tmp_path, MINIMAL + "policy: prefixroute:replicate=true\n")
+    assert "'replicate': removed: it lost" in message and "field 'policy'" in message
+    message = error_of(tmp_path, MINIMAL + "policy: prefixroute:cold_cap=0.5\n")
+    assert "cold_cap must be 0 (off) or at least 1" in message
+
+
 def test_xxhash_needs_the_engines_hash_seed(tmp_path):
     message = error_of(tmp_path, MINIMAL + "hashing: {algo: xxhash}\n")
     assert "PYTHONHASHSEED" in message and "hashing.none_hash_seed" in message

@@ -1,26 +1,51 @@
 """``prefixroute``, our default policy, as specifications.
 
-Every scenario is small enough to check by hand. Unless a test says otherwise the policy runs
-with the attention term, the step overhead, the delay-to-others charge, the cold-request
-balance and session moves switched off, so a replica's cost is ``wait + uncached tokens x
-seconds per token`` and the cheapest replica wins; replicas state 1 ms per token
-(``prefill_s_per_token=1e-3``), so 100 uncached tokens cost 0.1 s.
+Every scenario is small enough to check by hand. Unless a test says otherwise the policy is
+:func:`plain`: the linear cost model (``LINEAR``: no attention term, no step overhead, no
+delay charged to others) and no balance rules, so a replica's cost is ``wait + uncached
+tokens x seconds per token`` and the cheapest replica wins; replicas state 1 ms per token
+(``prefill_s_per_token=1e-3``), so 100 uncached tokens cost 0.1 s. A test of a balance rule
+passes that rule. The variants that switch a mechanism off come from the benchmark's
+``prefixroute_ablation`` (``benchmarks/prefixroute_ablations.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import pytest
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import Decision, ReplicaView, RequestView
+from prefixroute.core.routing.policies.prefixroute import (ColdBalance, PrefixRoute,
+                                                          PrefixRouteParams, SessionMove)
+from prefixroute.core.routing.policies.prefixroute.queue import PrefillQueue, QueuedPrefill
 from prefixroute.core.routing.registry import create_policy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from prefixroute_ablations import AblationParams, PrefixRouteAblation  # noqa: E402
 
 B = 16
 MS = 1e-3  # seconds per token every replica states
-PLAIN = ("prefixroute:attention_context_tokens=1e12,step_overhead_tokens=0,tie_tolerance=0,"
-         "tie_s=0,externality=false,cold_cap=0,move_cap=0")
+# The cost model a reader checks by hand: attention negligible (L = 10^12 tokens), no step
+# overhead, no delay charged to others.
+LINEAR = dict(attention_context_tokens=1e12, step_overhead_tokens=0, max_externality=0)
+# The default balance rules with their default parameters.
+COLD = ColdBalance(cap=1.1, free_share=0.1, cold_share=0.5, horizon_s=300.0)
+MOVE = SessionMove(cap=1.1, floor=0.7, max_s=10.0, horizon_s=300.0)
+
+
+def plain(rules=(), **changes) -> PrefixRoute:
+    """The linear cost model with ``changes``, and only the balance ``rules`` given."""
+    return PrefixRoute(PrefixRouteParams(**(LINEAR | changes)), rules=rules)
+
+
+def ablated(**switches) -> PrefixRouteAblation:
+    """:func:`plain` with one of the benchmark's switches, e.g. ``feedback=False``."""
+    return PrefixRouteAblation(AblationParams(**(LINEAR | switches)), rules=())
 
 
 def blocks(family: str, n: int) -> tuple:
@@ -61,16 +86,40 @@ def send(policy, request, replica, replicas, cached_tokens=None):
 def test_default_configuration_is_documented_and_valid():
     policy = create_policy("prefixroute")
     assert policy.name == "prefixroute"
-    assert policy.prefill_s_per_token == 4.0e-5          # Llama-3-8B on H100 preset
-    assert policy.attention_context_tokens == 44_000.0   # 4.0e-5 / 9.0e-10
-    assert policy.chunk_tokens == 8192                   # vLLM max_num_batched_tokens
-    assert (policy.replicate, policy.balance_cap, policy.externality) == (False, 0.0, True)
-    assert policy.cold_cap == 1.1
-    assert (policy.move_cap, policy.move_max_s, policy.move_floor) == (1.1, 10.0, 0.7)
-    assert policy.priority_slack == 2.0  # deadlines at twice the own prefill
+    params = policy.params
+    assert params.prefill_s_per_token == 4.0e-5          # Llama-3-8B on H100 preset
+    assert params.attention_context_tokens == 44_000.0   # 4.0e-5 / 9.0e-10
+    assert params.chunk_tokens == 8192                   # vLLM max_num_batched_tokens
+    assert params.max_externality == 20.0                # rho = 0.95
+    assert params.priority_slack == 2.0  # deadlines at twice the own prefill
+    assert len(dataclasses.fields(params)) <= 20
+    assert policy.describe() == dataclasses.asdict(params)
+    # The balance rules, in order: session moves, then cold balance.
+    assert [rule.branch for rule in policy.rules] == ["session_move", "cold_balance"]
+    move, cold = policy.rules
+    assert (move.cap, move.max_s, move.floor) == (1.1, 10.0, 0.7)
+    assert (cold.cap, cold.cold_share, cold.free_share) == (1.1, 0.5, 0.1)
+    # A cap of 0 turns its rule off.
+    assert create_policy("prefixroute:move_cap=0,cold_cap=0").rules == []
 
 
-@pytest.mark.parametrize("spec", ["prefixroute:survival_width=1", "prefixroute:balance_cap=0.5",
+def test_a_configured_parameter_reaches_the_policy():
+    policy = create_policy("prefixroute:priority_slack=4,chunk_tokens=2048,move_cap=0")
+    assert (policy.params.priority_slack, policy.params.chunk_tokens) == (4.0, 2048)
+    assert [rule.branch for rule in policy.rules] == ["cold_balance"]
+
+
+@pytest.mark.parametrize("name, why", [
+    ("replicate", "lost"), ("balance_cap", "lost"), ("max_copy", "lost"),
+    ("replica_share", "lost"), ("tie_tolerance", "lost"), ("tie_s", "lost"),
+    ("cold_slack", "lost"), ("feedback", "experiment switch"), ("debias", "experiment switch"),
+    ("externality", "max_externality=0")])
+def test_a_removed_parameter_is_a_config_error_that_says_why(name, why):
+    with pytest.raises(ConfigError, match=f"'{name}': removed: .*{why}"):
+        create_policy(f"prefixroute:{name}=1")
+
+
+@pytest.mark.parametrize("spec", ["prefixroute:survival_width=1", "prefixroute:max_externality=-1",
                                   "prefixroute:speed_memory=0", "prefixroute:chunk_tokens=0",
                                   "prefixroute:learning_rate=2"])
 def test_bad_parameters_are_config_errors(spec):
@@ -79,7 +128,7 @@ def test_bad_parameters_are_config_errors(spec):
 
 
 def test_prefers_the_cached_replica_when_the_queue_is_short():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
     # 12 blocks = 192 tokens; replica 1 holds the first 10 (160 tokens): 32 uncached = 0.032 s
@@ -102,7 +151,7 @@ class Engine(Holds):
 def test_blocks_an_engine_view_shows_count_though_we_never_sent_them():
     # Another gateway instance put 10 blocks of "A" on replica 1: our mirror has nothing,
     # the events show them. 160 of 192 tokens cached there, as if we had sent them.
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = [ReplicaView(i, capacity_blocks=1000, prefill_s_per_token=MS,
                             cache=Engine(10 * i)) for i in (0, 1)]
     decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), replicas)
@@ -111,7 +160,7 @@ def test_blocks_an_engine_view_shows_count_though_we_never_sent_them():
     # A view that knows only what this router sent (approximate) cannot show them.
     blind = [ReplicaView(i, capacity_blocks=1000, prefill_s_per_token=MS,
                          cache=Holds(10 * i)) for i in (0, 1)]
-    decision = create_policy(PLAIN).route(req(blocks("A", 10) + blocks("B", 2), "r"), blind)
+    decision = plain().route(req(blocks("A", 10) + blocks("B", 2), "r"), blind)
     assert decision.scores[1]["expected_cached_tokens"] == 0
 
 
@@ -119,7 +168,7 @@ def test_a_view_that_knows_only_what_we_sent_does_not_veto_the_mirror():
     # An approximate view holds nothing the mirror lacks, and its plain LRU drops a prompt's
     # head first where vLLM drops the tail first: its "gone" is not evidence. Here it says
     # replica 1 holds nothing; the mirror's 10 blocks of A still count.
-    policy = create_policy(PLAIN)
+    policy = plain()
     blind = fleet(cache=Holds(0))
     send(policy, req(blocks("A", 10), "warm"), 1, blind, cached_tokens=0)
     decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"), blind)
@@ -130,7 +179,7 @@ def test_the_mirror_drops_a_prompts_tail_before_its_head():
     # A replica of 10 blocks: A's 8 blocks, then B's 4 new ones. The mirror keeps 10 and,
     # as vLLM frees a request's blocks tail first, the two that go are A's last two: A's
     # first 6 blocks still count (4 inserts since A, well inside the 10-block LRU).
-    policy = create_policy(PLAIN)
+    policy = plain()
     small = [ReplicaView(i, capacity_blocks=10, prefill_s_per_token=MS, cache=Holds())
              for i in (0, 1)]
     send(policy, req(blocks("A", 8), "a"), 1, small, cached_tokens=0)
@@ -153,7 +202,7 @@ def _after_unreported(policy, replicas, tail, ran):
 def test_a_request_the_engine_never_ran_leaves_nothing_in_the_mirror():
     # A's 10 blocks ran on replica 1; then A + B (12 blocks) was refused there: B's 2 blocks
     # were never cached, A's 10 still are.
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     send(policy, req(blocks("A", 10), "a"), 1, replicas, cached_tokens=0)
     refused = _after_unreported(policy, replicas, "B", ran=False)
@@ -166,7 +215,7 @@ def test_a_request_the_engine_never_ran_leaves_nothing_in_the_mirror():
 def test_a_replica_reset_forgets_what_was_sent_there():
     # The gateway reports that replica 1 stopped answering health checks (a restart): its
     # cache is empty, whatever the mirror remembers.
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     send(policy, req(blocks("A", 10), "a"), 1, replicas, cached_tokens=0)
     policy.on_replica_reset(1)
@@ -179,7 +228,7 @@ def test_a_replica_reset_forgets_what_was_sent_there():
 
 
 def test_spills_when_the_holders_queue_costs_more_than_the_prefill_saved():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
     # Replica 1 then gets a 2,000-token prompt it has not started: 2 s of queue.
@@ -195,18 +244,17 @@ def test_spills_when_the_holders_queue_costs_more_than_the_prefill_saved():
 
 
 def test_a_half_done_queue_waits_half_as_long():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     send(policy, req(blocks("C", 125), "big"), 1, replicas)  # 2,000 tokens queued
     decision = policy.route(req(blocks("D", 1), "r"), fleet(pending=[0, 1000]))
     assert decision.scores[1]["wait_s"] == pytest.approx(1.0)
 
 
-def _rejected_scenario(spec):
+def _rejected_scenario(policy):
     """Replica 1 has "a" (1,000 tokens) queued; then "huge" (5,000 tokens, longer than its
     KV) is sent there and rejected at once: the runner reports it done with nothing cached
     and still 1,000 pending tokens, those of "a"."""
-    policy = create_policy(spec)
     send(policy, req(blocks("a", 62), "a", extra_tokens=8), 1, fleet())  # 1,000 tokens
     a_queued = fleet(pending=[0, 1000])
     send(policy, req(blocks("h", 312), "huge", extra_tokens=8), 1, a_queued,
@@ -217,19 +265,19 @@ def _rejected_scenario(spec):
 def test_a_rejected_request_leaves_no_phantom_queue():
     # With the attention term at L = 1,000 tokens, work is u + u^2 / 2L: "a" is 1,000 + 500
     # = 1,500 token-equivalents (1.5 s), "huge" 5,000 + 12,500 = 17,500.
-    spec = PLAIN.replace("attention_context_tokens=1e12", "attention_context_tokens=1000")
     # "huge" ended while "a", routed before it, is still queued: prefill is first come, first
     # served, so it never ran and is dropped; the wait is "a"'s 1.5 s.
-    assert _rejected_scenario(spec).scores[1]["wait_s"] == pytest.approx(1.5)
-    # Kept (drop_ended=false), it is the newest entry, the 1,000 pending tokens are taken for
-    # its last fifth, 0.2 x 17,500 = 3,500 token-equivalents: 3.5 s of a queue that is not
-    # there. In the agentic-sessions benchmark a rejected 807,523-token prompt left 330 s.
-    kept = _rejected_scenario(spec + ",drop_ended=false")
+    policy = plain(attention_context_tokens=1000)
+    assert _rejected_scenario(policy).scores[1]["wait_s"] == pytest.approx(1.5)
+    # Kept (the benchmark's drop_ended=false), it is the newest entry, the 1,000 pending
+    # tokens are taken for its last fifth, 0.2 x 17,500 = 3,500 token-equivalents: 3.5 s of a
+    # queue that is not there. In the agentic-sessions benchmark a rejected 807,523-token prompt left 330 s.
+    kept = _rejected_scenario(ablated(attention_context_tokens=1000, drop_ended=False))
     assert kept.scores[1]["wait_s"] == pytest.approx(3.5)
 
 
 def test_a_prompt_longer_than_the_kv_leaves_the_mirror_as_it_was():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()  # 1,000 blocks each
     send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
     # 1,001 blocks (16,016 tokens), the first 10 of them "A", cannot fit replica 1's 1,000:
@@ -245,7 +293,7 @@ def test_a_prompt_longer_than_the_kv_leaves_the_mirror_as_it_was():
 
 def test_an_ended_head_of_the_queue_is_left_to_the_reconciliation():
     # The oldest entry ran; when it ends the pending tokens decide what is left, as before.
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     send(policy, req(blocks("a", 125), "a"), 1, replicas, cached_tokens=0)  # 2,000 tokens
     decision = policy.route(req(blocks("r", 1), "r"), fleet(pending=[0, 1000]))
@@ -255,7 +303,7 @@ def test_an_ended_head_of_the_queue_is_left_to_the_reconciliation():
 def test_a_burst_follows_the_replica_computing_its_prefix():
     # The engine's view (KV events) shows nothing yet (blocks are still being computed), but
     # the first request of the burst is in flight on replica 1, so the second waits there.
-    policy = create_policy(PLAIN)
+    policy = plain()
     empty = fleet(cache=Engine(0))
     send(policy, req(blocks("H", 50), "first"), 1, empty)
     decision = policy.route(req(blocks("H", 50) + blocks("u", 1), "second"), empty)
@@ -268,7 +316,7 @@ def test_a_burst_follows_the_replica_computing_its_prefix():
 
 
 def test_feedback_shrinks_the_predicted_hit():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     send(policy, req(blocks("P", 10), "p"), 0, replicas, cached_tokens=0)
     send(policy, req(blocks("Q", 10), "q"), 0, replicas, cached_tokens=0)
@@ -288,7 +336,7 @@ def test_feedback_shrinks_the_predicted_hit():
 
 
 def test_a_hit_deeper_than_predicted_brings_the_horizon_back():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     for family, n in (("W", 10), ("P", 5), ("S", 5), ("Q", 10)):  # stamps 0, 1, 2, 3
         send(policy, req(blocks(family, n), family), 0, replicas, cached_tokens=0)
@@ -310,7 +358,7 @@ def small_replica_holding_p():
     """(policy, replicas, probe): one replica of 100 blocks (width 0.25: a block is certain up
     to 75 inserts after its touch, gone at 100) that was sent P's 4 blocks; the probe asks for
     them again."""
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = [ReplicaView(0, capacity_blocks=100, prefill_s_per_token=MS, cache=Holds())]
     send(policy, req(blocks("P", 4), "p"), 0, replicas, cached_tokens=0)
     return policy, replicas, req(blocks("P", 4) + blocks("x", 1), "probe")
@@ -328,7 +376,7 @@ def test_the_insert_clock_counts_what_the_replica_inserted():
 
 
 def test_a_request_routed_without_asking_is_predicted_as_route_would():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     for family, n in (("W", 5), ("P", 10)):
         send(policy, req(blocks(family, n), family), 0, replicas, cached_tokens=0)
@@ -341,8 +389,8 @@ def test_a_request_routed_without_asking_is_predicted_as_route_would():
     assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 5 * B
 
 
-def test_feedback_can_be_switched_off():
-    policy = create_policy(PLAIN + ",feedback=false")
+def test_without_feedback_the_miss_teaches_nothing():
+    policy = ablated(feedback=False)
     replicas = fleet()
     send(policy, req(blocks("P", 10), "p"), 0, replicas, cached_tokens=0)
     send(policy, req(blocks("Q", 10) + blocks("y", 1), "q"), 0, replicas, cached_tokens=4 * B)
@@ -362,14 +410,13 @@ def test_survival_falls_with_the_blocks_inserted_since():
     assert policy.route(probe, replicas).scores[0]["expected_cached_tokens"] == 0
 
 
-def _speed_scenario(spec, stated=MS):
+def _speed_scenario(policy, stated=MS):
     """Replica 1 computes 5,000 of a 10,000-token prompt in 2.5 s (0.5 ms per token), then a
     1,016-token cold request arrives with both replicas idle."""
     def replicas(pending=(0, 0)):
         return [ReplicaView(i, capacity_blocks=1000, prefill_s_per_token=stated,
                             pending_prefill_tokens=pending[i], cache=Holds()) for i in (0, 1)]
 
-    policy = create_policy(spec)
     send(policy, req(blocks("W", 625), "work", now=0.0), 1, replicas())
     policy.route(req(blocks("n1", 1), "look", now=2.5), replicas((0, 5000)))
     policy.route(req(blocks("n2", 1), "done", now=3.0), replicas())
@@ -380,28 +427,28 @@ def _speed_scenario(spec, stated=MS):
 def test_a_learned_prefill_speed_moves_the_decision():
     # With the prior (8,192 tokens at the stated 1 ms = 8.192 s), forgotten by 0.99 per
     # observation: (0.99 x 8.192 + 2.5) s / (0.99 x 8,192 + 5,000) tokens = 0.81 ms per token.
-    learned = _speed_scenario(PLAIN + ",learn_speed=true")
+    learned = _speed_scenario(ablated(learn_speed="true"))
     assert learned.scores[1]["s_per_token"] == pytest.approx((0.99 * 8.192 + 2.5)
                                                              / (0.99 * 8192 + 5000))
     assert learned.scores[0]["s_per_token"] == pytest.approx(MS)
     assert learned.replica == 1  # 1,016 tokens: 0.82 s there against 1.016 s on replica 0
-    fixed = _speed_scenario(PLAIN + ",learn_speed=false")
+    fixed = _speed_scenario(ablated(learn_speed="false"))
     # Equal costs: the tie goes to the replica with fewer recent requests.
     assert fixed.scores[1]["s_per_token"] == pytest.approx(MS)
     assert fixed.replica == 0
 
 
 def test_speed_is_learned_only_where_the_runner_states_none_by_default():
-    stated = _speed_scenario(PLAIN)  # learn_speed=auto and 1 ms stated: kept
+    stated = _speed_scenario(plain())  # 1 ms stated: kept
     assert stated.scores[1]["s_per_token"] == pytest.approx(MS)
-    unknown = _speed_scenario(PLAIN, stated=None)  # the policy's 4e-5 prior, then learned
+    unknown = _speed_scenario(plain(), stated=None)  # the policy's 4e-5 prior, then learned
     assert unknown.scores[0]["s_per_token"] == pytest.approx(4.0e-5)
     assert unknown.scores[1]["s_per_token"] > 4.0e-5
     assert unknown.replica == 0
 
 
 def test_a_full_kv_makes_the_request_wait_for_running_ones():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = fleet()
     # One request routed at t=0 completes when the next one shows at t=10: requests stay 10 s.
     send(policy, req(blocks("a", 1), "a", now=0.0), 0, replicas)
@@ -444,7 +491,7 @@ def test_every_decision_carries_scores_and_a_reason():
 
 
 def test_decode_interference_makes_a_busy_decoder_dearer():
-    policy = create_policy(PLAIN)
+    policy = plain()
     replicas = [ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS, running=40,
                             kv_usage=0.5, cache=Holds()),
                 ReplicaView(1, capacity_blocks=1000, prefill_s_per_token=MS, cache=Holds())]
@@ -465,11 +512,11 @@ def test_candidates_with_gaps_and_unknown_replicas():
     policy.on_completed(req(blocks("Z", 1), "never-routed"), 5, 0)  # tolerated
 
 
-def _cold_balance_scenario(extra=""):
+def _cold_balance_scenario(rules=(), **changes):
     """Replica 0 computed a 1,000-token prompt (1.0 s of prefill routed there, done); replica
     1 has a 50-token prompt queued (0.05 s). Both are idle or nearly: a cold 100-token request
     costs 0.1 s on replica 0 and 0.05 + 0.1 s on replica 1."""
-    policy = create_policy(PLAIN + extra)
+    policy = plain(rules, **changes)
     send(policy, req(blocks("a", 62), "a", extra_tokens=8), 0, fleet(), cached_tokens=0)
     send(policy, req(blocks("b", 3), "b", extra_tokens=2), 1, fleet())
     return policy, fleet(pending=[0, 50])
@@ -486,10 +533,8 @@ def test_without_cold_balance_the_momentary_cost_decides():
     assert decision.scores[1]["long_load_s"] == pytest.approx(0.05)
 
 
-@pytest.mark.parametrize("extra", [",cold_cap=1.1", ",cold_cap=1.1,cold_share=0.5",
-                                   ",cold_cap=1.1,cold_rho_max=0.1"])
-def test_cold_balance_places_a_cold_request_below_the_cap(extra):
-    policy, replicas = _cold_balance_scenario(extra)
+def test_cold_balance_places_a_cold_request_below_the_cap():
+    policy, replicas = _cold_balance_scenario([COLD])
     decision = policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas)
     # Mean long-horizon load (1.0 + 0.05) / 2 = 0.525 s, cap 1.1 x 0.525 = 0.5775 s: replica
     # 0 (1.0 s) is over it, replica 1 (0.05 s) holds as little of the request (nothing).
@@ -499,7 +544,7 @@ def test_cold_balance_places_a_cold_request_below_the_cap(extra):
 
 
 def test_cold_balance_leaves_a_request_with_its_cache():
-    policy, replicas = _cold_balance_scenario(",cold_cap=1.1")
+    policy, replicas = _cold_balance_scenario([COLD])
     # 62 blocks of "a" are expected cached on replica 0 only: 992 of 1,032 tokens, far more
     # than free_share (10%) of the prompt above replica 1's 0. It stays with its cache.
     decision = policy.route(req(blocks("a", 62) + blocks("x", 2), "r2", extra_tokens=8),
@@ -508,22 +553,11 @@ def test_cold_balance_leaves_a_request_with_its_cache():
     assert decision.branch == "cache_affinity"
 
 
-def test_cold_balance_is_on_by_default_on_a_quiet_fleet_only():
-    policy = create_policy("prefixroute")
-    assert (policy.cold_cap, policy.cold_share, policy.cold_rho_max) == (1.1, 0.5, 0.1)
+def test_balance_rules_act_on_a_quiet_fleet_only():
+    assert create_policy("prefixroute").params.cold_rho_max == 0.1
     # cold_rho_max = 0: the fleet's prefill utilisation (here 0) is never below it.
-    policy, replicas = _cold_balance_scenario(",cold_cap=1.1,cold_rho_max=0")
+    policy, replicas = _cold_balance_scenario([COLD], cold_rho_max=0)
     assert policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas).replica == 0
-
-
-def test_cold_balance_slack_bounds_the_extra_cost():
-    # cold_slack = 0.1 of the request's own prefill (0.1 s): 0.01 s; the move costs 0.05 s.
-    policy, replicas = _cold_balance_scenario(",cold_cap=1.1,cold_slack=0.1")
-    decision = policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas)
-    assert decision.replica == 0
-    # At cold_slack = 1 (0.1 s allowed) it moves.
-    policy, replicas = _cold_balance_scenario(",cold_cap=1.1,cold_slack=1")
-    assert policy.route(req(blocks("r", 6), "r", extra_tokens=4), replicas).replica == 1
 
 
 @pytest.mark.parametrize("spec", ["prefixroute:cold_cap=0.5", "prefixroute:free_share=2",
@@ -535,10 +569,9 @@ def test_bad_cold_balance_parameters_are_config_errors(spec):
 
 
 def test_the_utilisation_has_no_start_up_bias():
-    from prefixroute.core.routing.policies.prefixroute_default import ReplicaEstimate
-    est = ReplicaEstimate(MS, 8192)
+    est = PrefillQueue(MS, 8192)
     est.observe(0, now=100.0, forget=1.0, horizon_s=30.0)  # first sight: the clock starts
-    est.add_work(1000, 1000, 1000)  # 1,000 tokens at 1 ms: busy for the next second
+    est.add(QueuedPrefill(1000, 1000, 1000, "a", 100.0))  # 1,000 tokens at 1 ms: 1 s of work
     est.observe(0, now=101.0, forget=1.0, horizon_s=30.0)
     # The raw 30 s average shows 1 s of work as 1/30 busy; one second is all there was.
     assert est.utilisation == pytest.approx(1 / 30)
@@ -549,26 +582,26 @@ def test_the_utilisation_has_no_start_up_bias():
         (1 / 30) * decay / ((1 - math.exp(-1 / 30)) * decay + 1 - decay))
 
 
-def test_the_start_up_bias_correction_can_be_switched_off():
-    policy = create_policy(PLAIN + ",debias=false")
+def test_the_start_up_bias_correction_against_the_raw_average():
+    policy = ablated(debias=False)
     replicas = fleet()
     send(policy, req(blocks("a", 4), "r1", now=0.0), 0, replicas)
     replicas = fleet(pending=[0, 0])
     decision = policy.route(req(blocks("b", 4), "r2", now=1.0), replicas)
     assert decision.scores[0]["prefill_busy"] == pytest.approx(64 * MS / 30)
-    on = create_policy(PLAIN)
+    on = plain()
     send(on, req(blocks("a", 4), "r1", now=0.0), 0, fleet())
     decision = on.route(req(blocks("b", 4), "r2", now=1.0), fleet(pending=[0, 0]))
     assert decision.scores[0]["prefill_busy"] == pytest.approx(
         64 * MS / 30 / (1 - math.exp(-1 / 30)))
 
 
-def _busy_holder_scenario(extra=""):
+def _busy_holder_scenario(rules=(), **changes):
     """Replica 0 has had a request in flight for the last 600 s (two balance horizons),
     replica 1 none: their occupancies are 1 - e^-2 = 0.865 and 0 (mean 0.432). A session's
     next turn holds 10 of its 12 blocks on replica 0: 0.032 s there, 0.192 s on idle
     replica 1."""
-    policy = create_policy(PLAIN + extra)
+    policy = plain(rules, **changes)
     replicas = fleet()
     replicas[0].in_flight = 1
     send(policy, req(blocks("s", 10), "s0", now=0.0), 0, replicas)
@@ -577,9 +610,8 @@ def _busy_holder_scenario(extra=""):
 
 
 def test_a_replica_with_work_most_of_the_time_hands_a_session_to_an_idle_one():
-    policy, replicas, turn = _busy_holder_scenario(",move_cap=1.1")
+    policy, replicas, turn = _busy_holder_scenario([MOVE])
     decision = policy.route(turn, replicas)
-    assert create_policy("prefixroute").move_cap == 1.1  # on by default
     assert decision.scores[0]["occupancy"] == pytest.approx(1 - math.exp(-2))
     assert decision.scores[1]["occupancy"] == 0.0
     # 0.865 > 1.1 x 0.432 and > the floor 0.7: replica 1, idle and below the mean, takes it
@@ -589,24 +621,27 @@ def test_a_replica_with_work_most_of_the_time_hands_a_session_to_an_idle_one():
 
 
 def test_without_session_moves_the_session_stays_with_its_cache():
-    policy, replicas, turn = _busy_holder_scenario(",move_cap=0")
+    policy, replicas, turn = _busy_holder_scenario()
     decision = policy.route(turn, replicas)
     assert (decision.replica, decision.branch) == (0, "cache_affinity")
 
 
-@pytest.mark.parametrize("extra", [
-    ",move_cap=1.1,move_max_s=0.1",   # the move would cost 0.16 s more, over 0.1 s
-    ",move_cap=2.5",                  # 0.865 is not over 2.5 x 0.432
-    ",move_cap=1.1,move_floor=0.9",   # nor over the floor: work 87% of the time is not most
-    ",move_cap=1.1,cold_rho_max=0",   # moves only on a fleet whose prefill is quiet
+@pytest.mark.parametrize("rule, changes", [
+    (SessionMove(cap=1.1, floor=0.7, max_s=0.1, horizon_s=300),  # 0.16 s more, over 0.1 s
+     {}),
+    (SessionMove(cap=2.5, floor=0.7, max_s=10, horizon_s=300),   # 0.865 <= 2.5 x 0.432
+     {}),
+    (SessionMove(cap=1.1, floor=0.9, max_s=10, horizon_s=300),   # nor over the floor 0.9
+     {}),
+    (MOVE, {"cold_rho_max": 0}),  # moves only on a fleet whose prefill is quiet
 ])
-def test_session_moves_are_bounded(extra):
-    policy, replicas, turn = _busy_holder_scenario(extra)
+def test_session_moves_are_bounded(rule, changes):
+    policy, replicas, turn = _busy_holder_scenario([rule], **changes)
     assert policy.route(turn, replicas).replica == 0
 
 
 def test_a_move_needs_a_replica_with_nothing_in_flight():
-    policy, replicas, turn = _busy_holder_scenario(",move_cap=1.1")
+    policy, replicas, turn = _busy_holder_scenario([MOVE])
     replicas[1].in_flight = 1  # busy now, though idle over the horizon
     assert policy.route(turn, replicas).replica == 0
 
@@ -614,7 +649,7 @@ def test_a_move_needs_a_replica_with_nothing_in_flight():
 def test_a_replica_counts_as_having_work_from_the_request_routed_there():
     # Routed at t=0 to replica 1, whose view said idle (the request is not in it yet); at
     # t=300 the view says idle again (it has finished): 0 .. 300 counted as work.
-    policy = create_policy(PLAIN)
+    policy = plain()
     send(policy, req(blocks("a", 4), "a", now=0.0), 1, fleet())
     decision = policy.route(req(blocks("b", 4), "b", now=300.0), fleet())
     assert decision.scores[1]["occupancy"] == pytest.approx(1 - math.exp(-1))
@@ -632,7 +667,7 @@ def test_bad_session_move_parameters_are_config_errors(spec):
 def _priority_queue_scenario(scheduling_policy):
     """One replica. "h" (1,000 tokens) and "x" (2,000) are routed at t=0 and not started;
     then "r" (100 tokens) comes, also at t=0."""
-    policy = create_policy(PLAIN)
+    policy = plain()
 
     def replicas(pending):
         return [ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS,
@@ -645,7 +680,7 @@ def _priority_queue_scenario(scheduling_policy):
         request = RequestView(rid, n, B, blocks(family, n // B), now=0.0)
         decisions[rid] = policy.route(request, replicas(pending))
         policy.on_routed(request, decisions[rid])
-    order = [entry[3] for entry in policy._replicas[0].queue]
+    order = [entry.request_id for entry in policy._replicas[0].queue.entries]
     return decisions, order
 
 
@@ -677,7 +712,7 @@ def test_a_first_come_first_served_replica_gets_no_priority_and_the_whole_queue(
 
 
 def test_priority_hints_can_be_switched_off():
-    policy = create_policy(PLAIN + ",priority_slack=0")
+    policy = plain(priority_slack=0)
     replica = ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS, cache=Holds(),
                           scheduling_policy="priority")
     decision = policy.route(RequestView("r", 100, B, blocks("R", 6), now=5.0), [replica])
@@ -693,7 +728,7 @@ def test_bad_priority_slack_is_a_config_error(slack):
 def test_a_short_request_never_passes_the_head_of_the_queue():
     # "h" (1,000 tokens, due at 2 s) alone on the replica is the head: vLLM is prefilling it.
     # "r" (100 tokens, due at 0.2 s) waits for it and goes behind it, passing nobody.
-    policy = create_policy(PLAIN)
+    policy = plain()
     decisions = {}
     for rid, n, pending in (("h", 1000, 0), ("r", 100, 1000)):
         request = RequestView(rid, n, B, blocks(rid.upper(), n // B), now=0.0)
@@ -704,13 +739,13 @@ def test_a_short_request_never_passes_the_head_of_the_queue():
         policy.on_routed(request, decisions[rid])
     r = decisions["r"].scores[0]
     assert (r["wait_s"], r["delay_others_s"]) == (pytest.approx(1.0), 0.0)
-    assert [entry[3] for entry in policy._replicas[0].queue] == ["h", "r"]
+    assert [entry.request_id for entry in policy._replicas[0].queue.entries] == ["h", "r"]
 
 
 def test_the_deadline_counts_from_the_requests_arrival():
     # Routed at 10 s (after a wait at the gateway, or again after a failed attempt), it
     # arrived at 4 s: its deadline is 4 + 2 x 0.1 s.
-    policy = create_policy(PLAIN)
+    policy = plain()
     replica = ReplicaView(0, capacity_blocks=1000, prefill_s_per_token=MS, cache=Holds(),
                           scheduling_policy="priority")
     request = RequestView("r", 100, B, blocks("R", 6), now=10.0, arrival=4.0)

@@ -1,11 +1,15 @@
 """Policies by name: ``NAME[:key=value,...]`` specs, as the CLI and the gateway config write them.
 
 Each policy module under ``policies/`` registers its class with :func:`register`; the module
-list below is the catalogue (order = the order ``all`` expands to).
+list below is the catalogue (order = the order ``all`` expands to). A policy's parameters are
+its constructor's keyword arguments, or, for a class with a ``params_type`` (a dataclass), that
+dataclass's fields: the policy is then built as ``cls(params_type(**values))``, and a
+parameter the dataclass lists in its ``REMOVED`` mapping gets that mapping's explanation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from typing import Any, Callable
@@ -17,7 +21,7 @@ POLICY_MODULES = [
     "prefix_hash", "affinity_only", "hybrid",
     "sglang_cache_aware", "ray_prefix_affinity", "llmd_weighted", "dynamo_kv_cost",
     "aibrix_prefix_cache", "preble_e2",
-    "prefixroute_default",
+    "prefixroute",
 ]
 
 _REGISTRY: dict[str, type] = {}
@@ -92,6 +96,9 @@ def create_policy(spec: str, **context: Any):
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ConfigError(f"unknown policy {name!r}; known: {', '.join(_REGISTRY)}")
+    params_type = getattr(cls, "params_type", None)
+    if params_type is not None:
+        return _create_with_params(name, cls, params_type, raw)
     signature = inspect.signature(cls.__init__)
     params = {k: v for k, v in signature.parameters.items() if k != "self"}
     kwargs: dict[str, Any] = {}
@@ -109,6 +116,30 @@ def create_policy(spec: str, **context: Any):
             kwargs[key] = value
     try:
         return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"policy {name!r}: {exc}") from None
+
+
+def _create_with_params(name: str, cls: type, params_type: type, raw: dict[str, str]):
+    """A policy configured by one parameters dataclass (run facts are not its parameters)."""
+    fields = {f.name: f for f in dataclasses.fields(params_type)}
+    values: dict[str, Any] = {}
+    for key, text in raw.items():
+        field = fields.get(key)
+        if field is None:
+            why = getattr(params_type, "REMOVED", {}).get(key)
+            if why:
+                raise ConfigError(f"policy {name!r} parameter {key!r}: {why}")
+            raise ConfigError(f"policy {name!r} has no parameter {key!r}; its parameters: "
+                              f"{', '.join(fields)}")
+        try:
+            values[key] = _convert(text, field.type, field.default)
+        except ValueError as exc:
+            raise ConfigError(f"policy {name!r} parameter {key!r}: {exc}") from None
+    try:
+        return cls(params_type(**values))
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,201 @@
+"""The blocks the router sent to one replica, and the chance each is still cached there.
+
+The mirror is an LRU of the replica's KV size (as approximate routers keep), each block
+stamped with the *touch* (one per request routed here) that last used it. ``inserts`` counts
+the blocks newly inserted on the replica so far; ``inserts_at[stamp]`` is that count just
+after the touch, so a block's LRU age is ``inserts - inserts_at[stamp]``: only new blocks push
+old ones out, re-used blocks do not.
+
+Survival. A block after which ``k`` new blocks were inserted survives the replica's LRU of
+``C`` blocks with probability 1 up to ``k = C (1 - w)``, 0 from ``k = C`` (``C`` inserts surely
+flush a ``C``-block LRU), linear between (``w = survival_width``: blocks pinned by running
+requests and vLLM's tail-first freeing make a block go up to about a quarter of the pool
+sooner than a pure LRU). Expected cached blocks are the running minimum of those
+probabilities summed along the prefix chain: block ``i`` only hits if ``0 .. i-1`` do.
+
+Heads outlive tails. vLLM frees a finished request's blocks in reverse order, so a prompt's
+tail is evicted before its head; the mirror records a request's blocks tail first too.
+
+Views. A view of the engine (``observes_engine``: KV events, the simulated cache) vetoes
+blocks it says are gone, except those of requests still in flight here (they are being
+computed: a burst of same-prefix requests follows the first to its replica), and blocks it
+confirms past the mirror's end count too (another gateway instance sent them). A view that
+knows only what this router sent holds nothing the mirror lacks and drops a prompt's head
+first, so it vetoes nothing.
+
+Feedback. The engine's reported ``cached_tokens`` move the eviction ``horizon``: blocks
+stamped at or below it count as gone (:meth:`BlockMirror.learn`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from itertools import groupby
+from typing import Hashable, NamedTuple, Sequence
+
+from prefixroute.core.caches.base import fits_kv
+from prefixroute.core.routing.base import CacheView, RequestView
+
+_UNKNOWN_CAPACITY = 1 << 40
+
+# A stamp run ``(stamp, end)``: the blocks before ``end`` (and after the previous run) had
+# that stamp. Stamps only fall along a prefix, as every request touching block ``i`` touched
+# ``0 .. i-1``.
+StampRun = tuple[int, int]
+
+
+class HitEstimate(NamedTuple):
+    """What a replica is expected to reuse of a prompt."""
+
+    expected_blocks: float   # expected cached leading blocks (survival-weighted)
+    view_blocks: int         # leading blocks the runner's view confirms
+    stamps: list[int]        # stamps of the blocks counted (-1: seen only by the view)
+
+
+class BlockMirror:
+    """The router's record of one replica's cache: blocks, insert clock, eviction horizon."""
+
+    __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity", "in_flight")
+
+    def __init__(self) -> None:
+        self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
+        self.inserts = 0          # blocks newly inserted so far (the LRU clock)
+        self.inserts_at: list[int] = []  # stamp -> inserts after that touch
+        self.horizon = -1         # blocks stamped at or below this were evicted (feedback)
+        self.capacity = 0         # the replica's KV in blocks (0: unknown)
+        self.in_flight: dict[str, int] = {}  # request id -> its stamp, in routing order
+
+    def survival(self, stamp: int, width: float) -> float:
+        """Probability that a block last touched at ``stamp`` is still cached (unknown
+        capacity: no decay)."""
+        if stamp <= self.horizon:
+            return 0.0
+        capacity = self.capacity
+        if capacity <= 0:
+            return 1.0
+        age = self.inserts - self.inserts_at[stamp]
+        low = capacity * (1.0 - width)
+        if age <= low:
+            return 1.0
+        if age >= capacity:
+            return 0.0
+        return (capacity - age) / (capacity - low)
+
+    def fits(self, request: RequestView) -> bool:
+        """Whether the request can run on this replica's KV at all (:func:`fits_kv`)."""
+        return fits_kv(request.num_tokens, request.output_tokens_hint or 1,
+                       self.capacity, request.block_size)
+
+    def expected(self, keys: Sequence[Hashable], limit: int, view: CacheView, width: float,
+                 floor: int | None) -> HitEstimate:
+        """Expected hits among the first ``limit`` of ``keys``. ``floor`` is the stamp of the
+        oldest request in flight here (None: none counts), whose blocks the view may not
+        veto yet."""
+        get = self.blocks.get
+        first = get(keys[0]) if limit > 0 and keys else None
+        beyond_mirror = getattr(view, "observes_engine", False)
+        if first is None and not beyond_mirror:
+            return HitEstimate(0.0, 0, [])
+        view_blocks = view.match(keys) if beyond_mirror else min(limit, len(keys))
+        if first is None and not view_blocks:
+            return HitEstimate(0.0, 0, [])
+        # Past the view's last block nothing counts unless a request in flight computes it.
+        end = min(limit, len(keys)) if floor is not None else min(limit, len(keys), view_blocks)
+        stamps: list[int] = list(map(get, keys[:end]))
+        if None in stamps:  # the mirror ends there
+            del stamps[stamps.index(None):]
+        expected = 0.0
+        running = 1.0
+        i = 0
+        # Blocks touched together share a stamp, hence a survival chance: a run at a time.
+        for stamp, run in groupby(stamps):
+            n = len(list(run))
+            p = self.survival(stamp, width)
+            # From the view's last block on, only blocks of a request in flight since before
+            # this stamp count.
+            cut = view_blocks if i + n > view_blocks and floor is not None and stamp < floor \
+                else None
+            counted = n if cut is None else max(0, cut - i)
+            if p < running:
+                running = p
+            if running <= 0.0 or counted == 0:
+                del stamps[i:]
+                return HitEstimate(expected, view_blocks, stamps)
+            expected += counted * running
+            if cut is not None:
+                del stamps[cut:]
+                return HitEstimate(expected, view_blocks, stamps)
+            i += n
+        # The mirror ended (or was empty) where a view of the engine goes on.
+        beyond = min(view_blocks, limit) - len(stamps) if beyond_mirror else 0
+        if beyond > 0:
+            expected += beyond * running
+            stamps.extend([-1] * beyond)
+        return HitEstimate(expected, view_blocks, stamps)
+
+    def touch(self, keys: Sequence[Hashable], predicted_hits: int) -> tuple[int, list[StampRun]]:
+        """The request's blocks were sent here: the new ones are inserted and all become most
+        recent under a new stamp; the mirror keeps at most the replica's KV of blocks.
+
+        Returns the stamp and the blocks' stamps before this touch, from the first block to
+        the first one the mirror lacked, as runs: a hit deeper than predicted says how old a
+        surviving block was (:meth:`learn`)."""
+        blocks = self.blocks
+        self.inserts += max(0, len(keys) - predicted_hits)
+        stamp = len(self.inserts_at)
+        self.inserts_at.append(self.inserts)
+        runs: list[StampRun] = []
+        held = True
+        for i, key in enumerate(keys):
+            before = blocks.pop(key, None)  # re-inserted below: the most recent
+            if held:
+                if before is None:
+                    held = False
+                elif runs and runs[-1][0] == before:
+                    runs[-1] = (before, i + 1)
+                else:
+                    runs.append((before, i + 1))
+        # Tail first, as vLLM frees them: the head is the most recent, the last to go.
+        for key in reversed(keys):
+            blocks[key] = stamp
+        limit = self.capacity or _UNKNOWN_CAPACITY
+        while len(blocks) > limit:
+            blocks.popitem(last=False)
+        return stamp, runs
+
+    def untouch(self, keys: Sequence[Hashable], stamp: int, held: int, inserted: int) -> None:
+        """A touch the engine never ran: its blocks past the ``held`` it already had leave
+        (unless a later request touched them since) and the clock takes back ``inserted``."""
+        blocks = self.blocks
+        for key in keys[held:]:
+            if blocks.get(key) == stamp:
+                del blocks[key]
+        self.inserts -= inserted
+
+    def learn(self, reported: int, stamps: Sequence[int], chain: Sequence[StampRun],
+              predicted_blocks: int) -> None:
+        """The replica reused ``reported`` leading blocks of a request routed with these
+        ``stamps`` (blocks predicted cached) and ``chain`` (:meth:`touch`).
+
+        Fewer than predicted: the first missing block was evicted, and with it every block
+        touched before it (LRU), so the horizon moves to its stamp; the request's own blocks
+        were recomputed and cached again, so they stay. More: the deepest reused block
+        survived, so a horizon past it goes back to just before it. The insert clock then
+        counts the blocks the replica really inserted, not those predicted uncached."""
+        if reported < len(stamps):
+            lost = stamps[reported]
+            if lost >= 0:
+                self.horizon = max(self.horizon, lost)
+        elif reported > 0 and chain:
+            # Stamps only fall along a prefix: the deepest reused block the mirror held is
+            # the oldest that survived.
+            depth = min(reported, chain[-1][1])
+            survived = next(before for before, end in chain if end >= depth)
+            if survived <= self.horizon:
+                self.horizon = survived - 1
+        self.inserts += predicted_blocks - reported
+
+    def reset(self) -> None:
+        """The replica's cache is empty (it restarted)."""
+        self.blocks.clear()
+        self.in_flight.clear()

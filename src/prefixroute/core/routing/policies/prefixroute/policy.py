@@ -1,0 +1,371 @@
+"""``prefixroute``: each request goes where its first token is expected soonest.
+
+Per candidate replica the policy estimates the request's time to first token (:mod:`.costs`)
+over three pieces of state kept per replica: the blocks it sent there with their survival
+(:mod:`.mirror`), the prefill queue it sent there with the replica's learned speed
+(:mod:`.queue`) and the recent load (:mod:`.load`). The cheapest replica wins; equal costs go
+to the replica with the fewest recent requests, then the fewest in flight, then the lowest
+index. On a quiet fleet the balance rules (:mod:`.balance`) may then move the request.
+
+Branches: ``cache_affinity`` (the winner holds the most), ``follow_inflight`` (it holds the
+most because a request computing the prefix is in flight there: a burst follows the first
+one), ``spill`` (a holder exists but costs more), ``cold_spread`` (nobody holds a prefix),
+and the balance rules' ``session_move`` and ``cold_balance``.
+
+Priority hints. On a replica started with ``--scheduling-policy priority`` every request gets
+a deadline: its arrival plus ``priority_slack`` times its own predicted prefill there, sent as
+whole milliseconds in :attr:`Decision.priority`. A short prompt may pass a long one queued
+before it, but a long prompt is passed only until it has waited that long (earliest deadline
+first, with no starvation). The queue record is then ordered by deadline, the wait counts
+only the work due before the request, and each queued request it passes is charged its
+prefill as delay to others. Elsewhere nothing changes (vLLM ignores a priority there).
+
+Feedback. :meth:`PrefixRoute.on_completed` (the engine's ``cached_tokens``) moves the mirror's
+eviction horizon and corrects its insert clock, and times how long requests stay (for the KV
+wait). A request that ends leaves the queue and the requests in flight; one that ended with no
+report and never ran (:meth:`PrefixRoute.on_unreported`) also takes back its blocks. A prompt
+longer than the replica's KV is rejected at once: it enters neither the mirror nor the load.
+
+Learning the speed. A replica whose speed the runner states (an engine profile) keeps it; one
+whose speed is unknown (the gateway before calibration) learns it online.
+
+Subclasses in ``benchmarks/prefixroute_ablations.py`` switch single mechanisms off through the
+small hook methods below (``_learns_speed``, ``_prefill_busy``, ``_inflight_floor``,
+``_leave_queue``, ``_learn_from_report``), so the benchmark can show what each is worth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Hashable, NamedTuple, Sequence
+
+from prefixroute.core.caches.base import cacheable_blocks, fits_kv
+from prefixroute.core.routing.base import (BasePolicy, CacheView, Decision, ReplicaView,
+                                           RequestView)
+from prefixroute.core.routing.registry import register
+
+from .balance import BalanceRule, Candidate, default_rules
+from .costs import CostModel, to_ms
+from .load import RecentLoad
+from .mirror import BlockMirror, HitEstimate, StampRun
+from .params import PrefixRouteParams
+from .queue import PrefillQueue, QueuedPrefill
+
+
+class _TrustMirror:
+    """A cache view that vetoes nothing (for requests routed without a view at hand)."""
+
+    def match(self, keys: Sequence[Hashable]) -> int:
+        return len(keys)
+
+
+_TRUST_MIRROR = _TrustMirror()
+
+
+class ReplicaState:
+    """What the router believes about one replica."""
+
+    __slots__ = ("mirror", "queue", "load")
+
+    def __init__(self, s_per_token: float, prior_work: float) -> None:
+        self.mirror = BlockMirror()
+        self.queue = PrefillQueue(s_per_token, prior_work)
+        self.load = RecentLoad()
+
+
+class PendingRoute(NamedTuple):
+    """What :meth:`PrefixRoute.route` predicted for the replica it chose."""
+
+    replica: int
+    stamps: list[int]
+    cached_tokens: float
+
+
+class Prediction(NamedTuple):
+    """A routed request until it ends: what was predicted, for the feedback."""
+
+    replica: int
+    stamps: list[int]          # stamps of the blocks predicted cached
+    chain: list[StampRun]      # the mirror's stamps along the prompt before its touch
+    predicted_blocks: int
+    routed_at: float
+
+
+def hit_limit(request: RequestView) -> int:
+    """Blocks of the prompt the engine can reuse at most (all but the last token)."""
+    block = request.block_size
+    return min(len(request.block_keys), cacheable_blocks(request.num_tokens, block)) \
+        if block > 0 else 0
+
+
+@register("prefixroute")
+class PrefixRoute(BasePolicy):
+    params_type = PrefixRouteParams
+
+    def __init__(self, params: PrefixRouteParams | None = None,
+                 rules: Sequence[BalanceRule] | None = None) -> None:
+        self.params = params = self.params_type() if params is None else params
+        self.rules = list(default_rules(params) if rules is None else rules)
+        self.costs = CostModel(params)
+        self._replicas: dict[int, ReplicaState] = {}
+        self._pending: dict[str, PendingRoute] = {}  # from route to on_routed
+        self._predictions: dict[str, Prediction] = {}
+        self._rho = 0.0          # fleet prefill utilisation at the last decision
+        self._clock = 0.0        # the latest time a request showed
+        self._residence_s = 0.0  # how long a request stays on a replica (0: not known yet)
+        # Whether the runner's pending_prefill_tokens count a waiting request's whole prompt
+        # (the simulator's engine) or only its uncached part (the documented meaning, the
+        # gateway): found out as soon as a replica reports more than we sent uncached.
+        self._pending_counts_prompt = False
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self.params)
+
+    # -- hooks (the benchmark's ablations override them) --------------------------------------
+    def _learns_speed(self, replica: ReplicaView) -> bool:
+        """Learn the replica's speed only where the runner states none."""
+        return replica.prefill_s_per_token is None
+
+    def _prefill_busy(self, state: ReplicaState) -> float:
+        return state.queue.prefill_busy(self.params.load_horizon_s)
+
+    def _inflight_floor(self, state: ReplicaState) -> int | None:
+        """The stamp of the oldest request in flight there: its blocks are being computed."""
+        in_flight = state.mirror.in_flight
+        return next(iter(in_flight.values())) if in_flight else None
+
+    def _leave_queue(self, state: ReplicaState, request_id: str) -> None:
+        state.queue.drop(request_id)
+
+    def _learn_from_report(self, state: ReplicaState, prediction: Prediction,
+                           reported: int) -> None:
+        state.mirror.learn(reported, prediction.stamps, prediction.chain,
+                           prediction.predicted_blocks)
+
+    # -- state ----------------------------------------------------------------------------------
+    def _new_state(self, s_per_token: float) -> ReplicaState:
+        return ReplicaState(s_per_token, self.params.chunk_tokens)
+
+    def _observe(self, replica: ReplicaView, now: float) -> ReplicaState:
+        state = self._replicas.get(replica.index)
+        if state is None:
+            prior = replica.prefill_s_per_token or self._fleet_speed()
+            state = self._replicas[replica.index] = self._new_state(prior)
+        if replica.capacity_blocks:
+            state.mirror.capacity = replica.capacity_blocks
+        queue = state.queue
+        pending = replica.pending_prefill_tokens
+        if pending > queue.units + 0.5 and not self._pending_counts_prompt and queue.entries:
+            self._pending_counts_prompt = True
+        p = self.params
+        queue.observe(pending, now, p.speed_memory, self._learns_speed(replica),
+                      p.load_horizon_s)
+        state.load.occupancy.observe(replica.load > 0, now, p.balance_horizon_s)
+        return state
+
+    def _fleet_speed(self) -> float:
+        if not self._replicas:
+            return self.params.prefill_s_per_token
+        speeds = sorted(s.queue.s_per_token for s in self._replicas.values())
+        return speeds[len(speeds) // 2]
+
+    def _expected(self, state: ReplicaState, keys: Sequence[Hashable], limit: int,
+                  view: CacheView) -> HitEstimate:
+        return state.mirror.expected(keys, limit, view, self.params.survival_width,
+                                     self._inflight_floor(state))
+
+    # -- routing --------------------------------------------------------------------------------
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> Decision:
+        p = self.params
+        now = request.now
+        arrived = now if request.arrival is None else min(request.arrival, now)
+        self._clock = max(self._clock, now)
+        keys = request.block_keys
+        block = request.block_size
+        n = request.num_tokens
+        limit = hit_limit(request)
+        scores: dict[int, dict[str, float]] = {}
+        candidates: list[Candidate] = []
+        deadlines: dict[int, float | None] = {}
+        hits: dict[int, HitEstimate] = {}
+        states = [self._observe(replica, now) for replica in replicas]
+        busy = [self._prefill_busy(state) for state in states]
+        rho = self._rho = min(sum(busy) / len(states), 0.999)
+        gamma = self.costs.delay_factor(rho)
+        for replica, state, prefill_busy in zip(replicas, states, busy):
+            hit = hits[replica.index] = self._expected(state, keys, limit, replica.cache)
+            cached = min(hit.expected_blocks * block, float(limit * block))
+            uncached = n - cached
+            s = state.queue.s_per_token
+            prefill = self.costs.prefill_work(uncached, cached) * s
+            # In whole milliseconds as sent, so the queue's order and the engine's agree.
+            deadline = (to_ms(arrived + p.priority_slack * prefill) / 1000.0
+                        if p.priority_slack and replica.scheduling_policy == "priority"
+                        else None)
+            deadlines[replica.index] = deadline
+            wait, behind = state.queue.wait_s(deadline)
+            decode = self.costs.decode_work(replica, uncached, block) * s
+            kv_wait = self.costs.kv_wait(replica, uncached, block, self._residence_s)
+            delay = (gamma + behind) * prefill
+            cost = wait + kv_wait + prefill + decode + delay
+            score = scores[replica.index] = {
+                "expected_cached_tokens": round(cached, 1),
+                "mirror_blocks": float(len(hit.stamps)),
+                "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
+                "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
+                "cost_s": cost, "s_per_token": s, "prefill_busy": prefill_busy,
+                "load": float(replica.load),
+                "recent_requests": round(state.load.routed.read(now, p.load_horizon_s), 3),
+                "long_load_s": state.load.routed_s.read(now, p.balance_horizon_s),
+                "occupancy": state.load.occupancy.share}
+            if deadline is not None:
+                score["deadline_s"] = deadline
+            candidates.append(Candidate(replica.index, cost, score["expected_cached_tokens"],
+                                        score["load"], score["occupancy"],
+                                        score["long_load_s"]))
+        fits = all(fits_kv(n, request.output_tokens_hint or 1, r.capacity_blocks, block)
+                   for r in replicas)
+        choice, branch, reason = self._choose(candidates, scores, hits, n, fits)
+        chosen = scores[choice]
+        reason += (f"; cost {chosen['cost_s']:.3f} s = wait {chosen['wait_s']:.3f} + prefill "
+                   f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f} + delay to "
+                   f"others {chosen['delay_others_s']:.3f}")
+        hit = hits[choice]
+        self._pending[request.request_id] = PendingRoute(choice, hit.stamps,
+                                                         chosen["expected_cached_tokens"])
+        deadline = deadlines[choice]
+        priority = None if deadline is None else to_ms(deadline)
+        if priority is not None:
+            reason += f"; priority {priority} (deadline {deadline:.3f} s)"
+        return Decision(choice, branch, reason, scores,
+                        int(hit.expected_blocks + 0.5) * block, priority=priority)
+
+    def _choose(self, candidates: list[Candidate], scores: dict[int, dict[str, float]],
+                hits: dict[int, HitEstimate], n: int, fits: bool) -> tuple[int, str, str]:
+        """The cheapest replica (equal costs: the fewest recent requests), then the balance
+        rules on a quiet fleet; the branch says why."""
+        best_hit = max(c.expected_cached_tokens for c in candidates)
+        cheapest = min(candidates, key=lambda c: (c.cost_s, c.index))
+        tied = [c for c in candidates if c.cost_s <= cheapest.cost_s]
+        chosen = cheapest
+        spread = ""
+        if len(tied) > 1:
+            chosen = min(tied, key=lambda c: (scores[c.index]["recent_requests"], c.load,
+                                              c.cost_s, c.index))
+            if chosen is not cheapest:
+                spread = (f" (as cheap as replica {cheapest.index}: the fewest recent "
+                          f"requests)")
+        choice = chosen.index
+        quiet = len(candidates) > 1 and self._rho < self.params.cold_rho_max and fits
+        if quiet:
+            for rule in self.rules:
+                move = rule.move(chosen, candidates, n, best_hit)
+                if move is not None:
+                    return move.replica, rule.branch, move.reason
+        if best_hit <= 0:
+            return choice, "cold_spread", (f"no replica is expected to hold a prefix: replica "
+                                           f"{choice}{spread}")
+        if chosen.expected_cached_tokens >= best_hit:
+            hit = hits[choice]
+            inflight = len(hit.stamps) > hit.view_blocks
+            return choice, "follow_inflight" if inflight else "cache_affinity", (
+                f"replica {choice} holds the most: {chosen.expected_cached_tokens:.0f} of "
+                f"{n} tokens expected cached"
+                + (" (a request computing this prefix is still in flight there)"
+                   if inflight else "") + spread)
+        holder = min((c for c in candidates if c.expected_cached_tokens >= best_hit),
+                     key=lambda c: (c.cost_s, c.index))
+        return choice, "spill", (
+            f"holder replica {holder.index} would cost {holder.cost_s:.3f} s (wait "
+            f"{scores[holder.index]['wait_s']:.3f} s); replica {choice} costs "
+            f"{chosen.cost_s:.3f} s with {chosen.expected_cached_tokens:.0f} tokens expected "
+            f"cached{spread}")
+
+    # -- what happens to a routed request -----------------------------------------------------
+    def on_routed(self, request: RequestView, decision: Decision) -> None:
+        p = self.params
+        index = decision.replica
+        state = self._replicas.get(index)
+        if state is None:
+            state = self._replicas[index] = self._new_state(self._fleet_speed())
+        keys = request.block_keys
+        pending = self._pending.pop(request.request_id, None)
+        if pending is not None and pending.replica == index:
+            stamps, cached = pending.stamps, pending.cached_tokens
+        else:  # routed elsewhere than we said (or by someone else): predict afresh
+            hit = self._expected(state, keys, hit_limit(request), _TRUST_MIRROR)
+            stamps, cached = hit.stamps, hit.expected_blocks * request.block_size
+        uncached = max(0.0, request.num_tokens - cached)
+        units = request.num_tokens if self._pending_counts_prompt else uncached
+        work = self.costs.prefill_work(uncached, cached)
+        # Its place in the replica's order: the deadline sent as priority, else its arrival.
+        order = request.now if decision.priority is None else decision.priority / 1000.0
+        state.queue.add(QueuedPrefill(units, uncached, work, request.request_id, order))
+        predicted_blocks = int(round(cached / request.block_size)) if request.block_size else 0
+        # A prompt longer than the replica's KV is rejected at once: touching the mirror with
+        # it would push every block out (an 800k-token prompt is 12,500 blocks against
+        # 6,400), and the sessions held there would look cold everywhere and move.
+        mirror = state.mirror
+        fits = mirror.fits(request)
+        stamp, chain = mirror.touch(keys if fits else (), predicted_blocks)
+        mirror.in_flight[request.request_id] = stamp
+        load = state.load
+        # The replica has work from now on (the view route() saw was before this request).
+        load.occupancy.observe(True, request.now, p.balance_horizon_s)
+        load.routed.add(1.0, request.now, p.load_horizon_s)
+        load.routed_s.read(request.now, p.balance_horizon_s)
+        if fits:
+            load.routed_s.value += work * state.queue.s_per_token
+        self._clock = max(self._clock, request.now)
+        self._predictions[request.request_id] = Prediction(
+            index, stamps, chain, predicted_blocks if fits else 0, request.now)
+
+    def _end(self, request_id: str, replica: int
+             ) -> tuple[Prediction | None, ReplicaState | None, int | None]:
+        """The request left: it leaves the replica's requests in flight and its queue.
+        Returns its prediction, the replica's state and its stamp there (None if unknown)."""
+        prediction = self._predictions.pop(request_id, None)
+        state = self._replicas.get(replica)
+        if state is None:
+            return prediction, None, None
+        stamp = state.mirror.in_flight.pop(request_id, None)
+        self._leave_queue(state, request_id)
+        return prediction, state, stamp
+
+    def on_unreported(self, request: RequestView, replica: int, ran: bool) -> None:
+        """Ended with no ``cached_tokens`` (refused, failed, abandoned, no usage). If the
+        engine did not run it, the blocks it added to the mirror go again."""
+        prediction, state, stamp = self._end(request.request_id, replica)
+        if ran or state is None or prediction is None or prediction.replica != replica \
+                or stamp is None:
+            return
+        chain = prediction.chain
+        held = chain[-1][1] if chain else 0  # blocks the mirror had before this request
+        mirror = state.mirror
+        inserted = max(0, len(request.block_keys) - prediction.predicted_blocks) \
+            if mirror.fits(request) else 0
+        mirror.untouch(request.block_keys, stamp, held, inserted)
+
+    def on_replica_reset(self, replica: int) -> None:
+        """The replica's cache is empty (it most likely restarted): forget what was sent
+        there. Its speed and recent load stay."""
+        state = self._replicas.get(replica)
+        if state is not None:
+            state.mirror.reset()
+
+    def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
+        """Learn from the replica's reported hit (:meth:`BlockMirror.learn`) and time the
+        request's stay."""
+        prediction, state, _ = self._end(request.request_id, replica)
+        if prediction is not None:
+            # Completions carry no time: the latest request seen is the clock.
+            stay = max(0.0, self._clock - prediction.routed_at)
+            self._residence_s = stay if self._residence_s <= 0 else \
+                self._residence_s + self.params.learning_rate * (stay - self._residence_s)
+        if state is None or prediction is None or prediction.replica != replica \
+                or request.block_size <= 0 or not state.mirror.fits(request):
+            return  # (a prompt that cannot fit was rejected: its 0 says nothing of the cache)
+        # (A runner that counts tokens otherwise than the engine cannot report more blocks
+        # than the prompt has.)
+        reported = min(max(0, cached_tokens) // request.block_size, len(request.block_keys))
+        self._learn_from_report(state, prediction, reported)
