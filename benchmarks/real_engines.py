@@ -569,7 +569,7 @@ def decision_summary(decisions: list[dict], elapsed_s: float | None = None) -> d
 
     With the run's ``elapsed_s``, also the speed a replica would learn if a prefill were
     pending there all run long: ``elapsed_s`` over the prefill work (token-equivalents, the
-    policy's own :meth:`PrefixRoute.prefill_work`) of the requests routed there, from each
+    policy's own :meth:`CostModel.prefill_work`) of the requests routed there, from each
     decision's expected cached tokens. With four requests in flight on two replicas a
     prefill is pending almost always, so the learned speed should come close to it."""
     from prefixroute.core.routing.policies.prefixroute import PrefixRoute
