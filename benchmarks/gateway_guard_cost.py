@@ -6,10 +6,12 @@ so other work on the machine moves the figures little. Two measurements:
 * the head guard (``edges/gateway/guard.py``) alone: one typical streaming request (about
   700 bytes, head and body in one read) fed repeatedly to a guard whose inner protocol does
   nothing, on one kept-alive connection; the httptools parse it adds is shown beside it;
-* how a stream finds the uvicorn cycle it splices into: reading the request task's coroutine
-  frame (``cr_frame.f_locals``, how the gateway did it before) against the context variable
-  the app sets around its handler (``proxy.caller_send``), inside a task shaped like
-  uvicorn's (a coroutine method ``run_asgi`` of a ``RequestResponseCycle``).
+* how a stream finds where to splice: reading the request task's coroutine frame
+  (``cr_frame.f_locals``, how the gateway did it first) against the context variables it
+  reads now: the app's ``proxy.caller_send`` (set, read, reset around its handler) and the
+  guard's ``guard.connection`` (read; its set and reset around each read are in the head
+  guard's figure), inside a task shaped like uvicorn's (a coroutine method ``run_asgi`` of
+  a ``RequestResponseCycle``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from contextvars import ContextVar
 import httptools
 
 from prefixroute.edges.gateway import guard
+from prefixroute.edges.gateway.guard import connection
 
 N = 100_000
 RUNS = 5
@@ -92,7 +95,8 @@ class RequestResponseCycle:
 
         def context_variable() -> None:
             token = caller_send.set(self.send)
-            getattr(caller_send.get(), "__self__", None)
+            connection.get()
+            caller_send.get()
             caller_send.reset(token)
 
         return _best_us(frame_lookup), _best_us(context_variable)
@@ -103,8 +107,8 @@ def main() -> None:
     print(f"head guard: {guarded:.2f} us CPU per request (of which the httptools parse "
           f"{parse:.2f} us); best of {RUNS} x {N}")
     frame, variable = asyncio.run(RequestResponseCycle().run_asgi())
-    print(f"finding the cycle: frame lookup {frame * 1000:.0f} ns, context variable (set, "
-          f"get, reset) {variable * 1000:.0f} ns per request")
+    print(f"finding where to splice: frame lookup {frame * 1000:.0f} ns, context variables "
+          f"{variable * 1000:.0f} ns per request")
 
 
 if __name__ == "__main__":

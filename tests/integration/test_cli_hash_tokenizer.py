@@ -39,6 +39,14 @@ def test_tokenizer_tiny_writes_a_directory_that_lint_and_hash_read(tmp_path):
     assert again.returncode == 2 and "exists" in again.stderr
 
 
+def test_tokenizer_tiny_under_a_file_is_a_usage_error_not_a_traceback(tmp_path):
+    (tmp_path / "notes.txt").write_text("a file, not a directory")
+    result = prefixroute("tokenizer", "--tiny", tmp_path / "notes.txt" / "tok")
+    assert result.returncode == 2, result.stderr
+    assert "cannot write" in result.stderr and "notes.txt" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_the_shared_test_tokenizer_is_the_one_the_command_writes(tmp_path, tiny_tokenizer_dir):
     directory = tmp_path / "tok"
     assert prefixroute("tokenizer", "--tiny", directory).returncode == 0

@@ -77,6 +77,14 @@ def wait_counted(fleet: Fleet, expected: float) -> None:
     assert requests_counted(fleet) == expected
 
 
+def wait_first_event(lines: list[str], timeout_s: float = 20) -> None:
+    """Until a reader thread appending a stream's ``lines`` has its first data event."""
+    deadline = time.monotonic() + timeout_s
+    while not any(line.startswith("data: {") for line in lines):
+        assert time.monotonic() < deadline, "no first event"
+        time.sleep(0.02)
+
+
 def bodies(fleet: Fleet, n: int, tag: str) -> list[dict]:
     return [{"model": fleet.model, "prompt": f"{tag} request {i} about shared context " * 6,
              "max_tokens": 2} for i in range(n)]
@@ -110,10 +118,7 @@ def test_stream_cut_midway_ends_with_an_error_event(tmp_path):
 
         reader = threading.Thread(target=read)
         reader.start()
-        deadline = time.monotonic() + 20
-        while not any(line.startswith("data: {") for line in lines):
-            assert time.monotonic() < deadline, "no first event"
-            time.sleep(0.02)
+        wait_first_event(lines)
         fleet.kill_replica(0, signal.SIGKILL)
         reader.join(timeout=30)
         assert not reader.is_alive()
@@ -244,10 +249,7 @@ def test_a_shutdown_drains_then_cuts_open_streams_with_an_error_event(tmp_path):
 
         reader = threading.Thread(target=read)
         reader.start()
-        deadline = time.monotonic() + 20
-        while not any(line.startswith("data: {") for line in lines):
-            assert time.monotonic() < deadline, "no first event"
-            time.sleep(0.02)
+        wait_first_event(lines)
         assert fleet.gateway is not None
         signalled = time.monotonic()
         fleet.gateway.send_signal(signal.SIGTERM)

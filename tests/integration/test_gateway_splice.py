@@ -24,6 +24,7 @@ import uvicorn
 from prefixroute.edges.gateway import proxy
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import hash_api_key, parse_config
+from prefixroute.edges.gateway.guard import guarded_protocol
 from tests.helpers.scripted_http import read_request
 
 SECRET = "s" * 64
@@ -145,8 +146,10 @@ async def running(monkeypatch, script: list, *, read_s: float = 30.0, **extra):
     monkeypatch.setattr(proxy, "_SpliceSink", CountingSink)
     gateway = Gateway(config)
     sock = free_socket()
-    web = uvicorn.Server(uvicorn.Config(gateway.app, http="httptools", lifespan="on",
-                                        log_level="warning", access_log=False))
+    # served as ``prefixroute serve`` serves it: httptools behind the head guard, whose
+    # connection the splice writes to
+    web = uvicorn.Server(uvicorn.Config(gateway.app, http=guarded_protocol(64 * 1024, 10.0),
+                                        lifespan="on", log_level="warning", access_log=False))
     web.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(web.serve(sockets=[sock]))
     while not web.started:

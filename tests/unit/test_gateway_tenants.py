@@ -205,3 +205,16 @@ def test_malformed_json_is_400(raw, code):
     with pytest.raises(GatewayError) as info:
         parse_json_body(raw)
     assert info.value.status == 400 and info.value.code == code
+
+
+@pytest.mark.parametrize("raw", [b'{"max_tokens": 1e400}', b'{"temperature": NaN}',
+                                 b'{"temperature": -Infinity}',
+                                 b'{"top_p": ' + b"9" * 400 + b'.5}'])
+def test_a_number_that_is_not_finite_is_400_not_sent_on_as_null(raw):
+    with pytest.raises(GatewayError) as info:
+        parse_json_body(raw)
+    assert info.value.status == 400 and info.value.code == "number_not_finite"
+
+
+def test_large_finite_numbers_still_parse():
+    assert parse_json_body(b'{"a": 1e300, "b": -2.5e-300}') == {"a": 1e300, "b": -2.5e-300}

@@ -173,5 +173,6 @@ class BasePolicy:
 
 
 def least_loaded(replicas: Sequence[ReplicaView]) -> ReplicaView:
-    """Lowest load, ties to the lowest index (the tie rule of SPEC section 3 item 3)."""
+    """Lowest load, ties to the lowest index: a run is then reproducible whatever order
+    the candidates arrive in."""
     return min(replicas, key=lambda r: (r.load, r.index))

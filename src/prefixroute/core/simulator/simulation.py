@@ -561,7 +561,8 @@ def _summarize(workload: PreparedWorkload, fleet: FleetConfig, spec: str, view: 
 def simulate(workload: PreparedWorkload, fleet: FleetConfig, specs: Sequence[str], *,
              view: str = DEFAULT_VIEW, seed: int = 0,
              progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
-    """Every policy in ``specs`` over the same workload and fleet: the JSON of issue 3."""
+    """Every policy in ``specs`` over the same workload and fleet: ``runs`` by policy
+    spec, and the ``report`` comparing them."""
     runs = {}
     for spec in specs:
         callback = (lambda done, total, _s=spec: progress(_s, done, total)) if progress else None

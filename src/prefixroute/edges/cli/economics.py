@@ -101,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     trace.add_argument("--trace-block-size", metavar="N",
                        help="block size of the trace's block ids (default: the format's)")
     trace.add_argument("--requests", metavar="N", help="replay only the first N requests")
-    trace.add_argument("--breakpoints", metavar="SPEC",
+    trace.add_argument("--breakpoints", metavar="BREAKPOINTS",
                        help="'auto' (automatic prefix caching, the default) or up to 4 "
                             "cache_control breakpoints: end, end-N or a token position N, "
                             "comma-separated (e.g. 10000,end: the end of a 10,000-token static "

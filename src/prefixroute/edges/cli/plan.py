@@ -114,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     provider.add_argument("--no-prewarm", action="store_true",
                           help="do not consider keep-alive pre-warming")
     simulation = parser.add_argument_group("simulation")
-    simulation.add_argument("--policy", action="append", metavar="SPEC",
+    simulation.add_argument("--policy", action="append", metavar="NAME[:k=v,...]",
                             help=f"routing policy to simulate, repeatable (default: "
                                  f"{', '.join(DEFAULT_CANDIDATES)}, those registered)")
     simulation.add_argument("--sim-requests", type=int, metavar="N",

@@ -37,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
         if (directory / "tokenizer.json").exists():
             raise ConfigError(f"{directory / 'tokenizer.json'} exists; choose an empty directory")
         from prefixroute.edges.tiny_tokenizer import make_tiny_tokenizer
-        make_tiny_tokenizer(directory)
+        try:  # the directory first: an unwritable place fails before the training
+            directory.mkdir(parents=True, exist_ok=True)
+            make_tiny_tokenizer(directory)
+        except OSError as exc:
+            raise ConfigError(f"--tiny: cannot write {directory}: {exc.strerror or exc}") from None
     elif not directory.is_dir():
         raise ConfigError(f"{directory}: no such directory (make one with 'prefixroute tokenizer "
                           f"--tiny {directory}')")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextvars import ContextVar
 from typing import Any
 
 import httptools
@@ -42,6 +43,14 @@ from prefixroute.edges.gateway.errors import error_body
 HTTPTOOLS_PROTOCOL: type[asyncio.Protocol] = import_from_string(HTTP_PROTOCOLS["httptools"])
 LINGER_S = 2.0
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+# The connection (its :class:`HeadGuard`) whose bytes are being handed to uvicorn: set around
+# uvicorn's ``data_received``, where it starts a request's task, so that the task (asyncio
+# copies the current context into a task it creates) knows the connection its request came
+# on. A pipelined request's task is started from the previous one's, on the same connection.
+# How a stream splices into the caller's connection (``proxy._SpliceSink``).
+connection: ContextVar["HeadGuard | None"] = ContextVar("prefixroute_connection", default=None)
 
 
 def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[asyncio.Protocol]:
@@ -76,6 +85,12 @@ class HeadGuard(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.passthrough = False  # the parsers disagree or the protocol switched: hand on
         self.refused = False
+        # What a stream spliced into this connection needs, kept here from the transport's
+        # own callbacks: the writes uvicorn makes go through ``output``.
+        self.output: Output | None = None
+        self.write_paused = False
+        self.disconnected = False
+        self.writable: asyncio.Future | None = None  # awaited by drain() while paused
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -83,7 +98,8 @@ class HeadGuard(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.loop = asyncio.get_running_loop()
         self._start_clock()
-        self.inner.connection_made(transport)
+        self.output = Output(transport)
+        self.inner.connection_made(self.output)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
         if self.refused:
@@ -101,20 +117,43 @@ class HeadGuard(asyncio.Protocol):
                     self._refuse(431, f"the request line and headers exceed "
                                  f"{self.max_header_bytes} bytes", "headers_too_large")
                     return
-        self.inner.data_received(data)
+        token = connection.set(self)
+        try:
+            self.inner.data_received(data)
+        finally:
+            connection.reset(token)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.disconnected = True
+        self._now_writable()
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        self.write_paused = True
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
+        self._now_writable()
         self.inner.resume_writing()
+
+    # -- for a spliced stream ------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Until the caller's write buffer is below its low-water mark (or the caller left)."""
+        while self.write_paused and not self.disconnected:
+            if self.writable is None:
+                self.writable = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self.writable)
+
+    def _now_writable(self) -> None:
+        writable, self.writable = self.writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
 
     # -- httptools callbacks (the guard's own parser) ------------------------------------
 
@@ -179,3 +218,50 @@ class HeadGuard(asyncio.Protocol):
             return
         transport.pause_reading()
         asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+
+
+class Output:
+    """The transport as uvicorn's protocol sees it: writes go to the real one, except that
+    after :meth:`hold` the next write (a response head) waits to leave in one write with what
+    follows it (one syscall and one segment instead of two): the next write here (a whole
+    answer's body), or the first event of a spliced stream, which takes the head
+    (:meth:`take`).
+    Anything else asked of the transport (close, is_closing...) sends a waiting head first
+    and goes to the real one."""
+
+    __slots__ = ("transport", "head", "holding")
+
+    def __init__(self, transport: Any):
+        self.transport = transport
+        self.head = b""
+        self.holding = False
+
+    def write(self, data: bytes) -> None:
+        if self.holding:
+            self.holding = False
+            self.head = data
+            return
+        if self.head:
+            data, self.head = self.head + data, b""
+        self.transport.write(data)
+
+    def hold(self) -> None:
+        """Keep the next write back (see the class docstring)."""
+        self.release()
+        self.holding = True
+
+    def take(self) -> bytes:
+        """The held head, now the caller's to write."""
+        head, self.head = self.head, b""
+        return head
+
+    def release(self) -> None:
+        """Stop holding; write a head still held (nothing followed it, or an error came)."""
+        self.holding = False
+        head = self.take()
+        if head:
+            self.transport.write(head)
+
+    def __getattr__(self, name: str) -> Any:
+        self.release()
+        return getattr(self.transport, name)

@@ -15,16 +15,19 @@ chunk again when the caller did not ask for it.
 Two drivers relay a stream, sharing the per-event logic (:class:`SSERelay`'s ``take``, ``tail``
 and ``broke``):
 
-* *spliced* (served by uvicorn's httptools protocol, replicas through ``edges/http1.py``):
-  once the replica's headers are in, its connection's data callback hands each body chunk to
-  a sink that frames it as an HTTP/1.1 chunk and writes it straight to the caller's
-  transport: no task wake-up, no generator, no ASGI message per event. The first event too:
+* *spliced* (served by uvicorn's httptools protocol behind our own protocol,
+  ``guard.HeadGuard``, which holds the caller's transport; replicas through
+  ``edges/http1.py``): once the replica's headers are in, its connection's data callback
+  hands each body chunk to a sink that frames it as an HTTP/1.1 chunk and writes it straight
+  to the caller's transport: no task wake-up, no generator, no ASGI message per event. The first event too:
   the sink starts the response with uvicorn's own ``send`` (run to completion in place) and
   writes the event, in the same write as the response head, inside the engine step's burst
   of events, not after it; until then the request's task waits, and retries if the stream
   breaks before its first event. When the caller's write buffer is full, reading the
   replica pauses until it drains. The response's start and end go through uvicorn's
-  ``send``, so its connection state (keep-alive, completion) stays its own;
+  ``send``, so its connection state (keep-alive, completion) stays its own. Nothing of
+  uvicorn's is read but what its ASGI ``send`` does: the transport, its flow control and the
+  disconnect are the guard's own (``guard.connection``);
 * *generic* (any other ASGI server, in-process test clients, an httpx transport): an async
   generator under a ``StreamingResponse``.
 """
@@ -43,6 +46,7 @@ from starlette.responses import Response, StreamingResponse
 from prefixroute.core.clock import Clock
 from prefixroute.edges.gateway.backends import Backend
 from prefixroute.edges.gateway.errors import GatewayError, sse_error
+from prefixroute.edges.gateway.guard import HeadGuard, connection
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import PreparedPrompt
 from prefixroute.edges.gateway.router import Attempt, GatewayRouter
@@ -115,17 +119,15 @@ class ClosingStreamingResponse(StreamingResponse):
         watcher = asyncio.ensure_future(watch())
         self.relay.task = task  # a shutdown cuts a generic stream by cancelling it
         try:
-            cycle = None if self.sink is not None else _uvicorn_cycle(
-                getattr(send, "__self__", None)) if hasattr(self.relay.upstream, "splice") \
-                else None
+            caller = None if self.sink is not None or not hasattr(
+                self.relay.upstream, "splice") else connection.get()
             if self.sink is not None:  # spliced since the first event
                 await self.relay.finish_splice(self.sink, send)
-            elif cycle is None:
+            elif caller is None:
                 await self.stream_response(send)
             else:
-                await send(self.start_message())
-                if cycle.chunked_encoding is True:
-                    await self.relay.splice(cycle, send)
+                if await _start_chunked(caller, send, self.start_message()):
+                    await self.relay.splice(caller, send)
                 else:  # not what this splice was written for: relay as Starlette would
                     async for chunk in self.body_iterator:
                         await send({"type": "http.response.body", "body": chunk,
@@ -292,10 +294,11 @@ class Proxy:
                 upstream, job), media_type=upstream.headers.get("content-type"))
 
         if job.checked.stream:
-            cycle = _running_cycle() if hasattr(upstream, "splice") else None
-            if cycle is not None:
+            caller = connection.get() if hasattr(upstream, "splice") else None
+            send = caller_send.get()
+            if caller is not None and send is not None:
                 return await self._spliced_stream(job, attempt, upstream, status, on_done,
-                                                  cycle)
+                                                  caller, send)
             chunks = upstream.aiter_raw()
             try:
                 first = await _first_chunk(chunks)
@@ -326,8 +329,8 @@ class Proxy:
                         media_type=upstream.headers.get("content-type", "application/json"))
 
     async def _spliced_stream(self, job: Job, attempt: Attempt, upstream: Upstream,
-                              status: int, on_done: Callable[[Job], None],
-                              cycle: Any) -> ClosingStreamingResponse | None:
+                              status: int, on_done: Callable[[Job], None], caller: HeadGuard,
+                              send: Callable[[dict], Any]) -> ClosingStreamingResponse | None:
         """A stream spliced from its first event on: the replica connection's data callback
         starts the response and writes the first event itself, inside the engine step's
         burst of events rather than after it (waking this task would queue it behind every
@@ -337,7 +340,7 @@ class Proxy:
         response = ClosingStreamingResponse(relay, status_code=status,
                                             headers=_reply_headers(upstream, job),
                                             media_type="text/event-stream")
-        sink = relay.sink = _SpliceSink(relay, cycle, response.start_message())
+        sink = relay.sink = _SpliceSink(relay, caller, send, response.start_message())
         woken = sink.wake = asyncio.get_running_loop().create_future()
         upstream.splice(sink)  # type: ignore[attr-defined]
         try:
@@ -504,11 +507,11 @@ class SSERelay:
         finally:
             await self.close()
 
-    async def splice(self, cycle: Any, send: Callable[[dict], Awaitable[None]]) -> None:
+    async def splice(self, caller: HeadGuard, send: Callable[[dict], Awaitable[None]]) -> None:
         """The spliced driver, once uvicorn has sent the response start (chunked): the first
         event goes out here, every later one from the replica connection's data callback
         (:class:`_SpliceSink`)."""
-        sink = self.sink = _SpliceSink(self, cycle)
+        sink = self.sink = _SpliceSink(self, caller, send)
         if self.cut_event is not None:  # cut before the response started
             sink.cut(self.cut_event)
         sink.on_body(self.first)
@@ -520,7 +523,7 @@ class SSERelay:
         """The rest of a spliced stream: this task only wakes to start the response if the
         data callback could not, to wait for the caller's buffer to drain, and to send the
         end through uvicorn."""
-        cycle = sink.cycle
+        caller = sink.caller
         if not sink.started:
             await send(sink.start)
             sink.started = True
@@ -530,9 +533,9 @@ class SSERelay:
         loop = asyncio.get_running_loop()
         while not sink.finished or sink.paused:
             if sink.paused:
-                await cycle.flow.drain()
+                await caller.drain()
                 sink.paused = False
-                if not cycle.disconnected and not sink.finished:
+                if not caller.disconnected and not sink.finished:
                     self.upstream.resume_reading()  # type: ignore[attr-defined]
                 continue
             sink.wake = loop.create_future()
@@ -585,14 +588,15 @@ class _SpliceSink:
     sends the last piece through uvicorn. A bug of ours here is kept for the driver to raise
     rather than left to the event loop's handler."""
 
-    __slots__ = ("relay", "cycle", "transport", "flow", "start", "started", "pending",
+    __slots__ = ("relay", "caller", "send", "transport", "start", "started", "pending",
                  "finished", "paused", "last", "error", "failure", "wake")
 
-    def __init__(self, relay: SSERelay, cycle: Any, start: dict | None = None):
+    def __init__(self, relay: SSERelay, caller: HeadGuard, send: Callable[[dict], Any],
+                 start: dict | None = None):
         self.relay = relay
-        self.cycle = cycle
-        self.transport = cycle.transport
-        self.flow = cycle.flow
+        self.caller = caller  # the caller's connection
+        self.send = send  # uvicorn's ASGI send for the request
+        self.transport = caller.transport
         self.start = start
         self.started = start is None
         self.pending = b""  # a first piece waiting for the driver to start the response
@@ -625,9 +629,9 @@ class _SpliceSink:
 
     def write(self, out: bytes, head: bytes = b"") -> None:
         """``out`` as one chunk, after ``head`` (the response head, with the first event)."""
-        if not self.cycle.disconnected and not self.transport.is_closing():
+        if not self.caller.disconnected and not self.transport.is_closing():
             self.transport.write(b"%b%x\r\n%b\r\n" % (head, len(out), out))
-            if self.flow.write_paused:
+            if self.caller.write_paused:
                 self._pause()
 
     def on_end(self) -> None:
@@ -654,24 +658,27 @@ class _SpliceSink:
         """Send the response start through uvicorn now, if that needs no waiting: the head
         it writes, held back to go out with the first event in one write (one syscall on
         the first event's way instead of two); ``None``: the driver starts the response."""
-        cycle = self.cycle
-        if cycle.disconnected or self.flow.write_paused or cycle.response_started:
+        caller = self.caller
+        if caller.disconnected or caller.write_paused or self.started:
             return None
-        held = cycle.transport = _HeldHead(self.transport)
+        output = caller.output
+        assert output is not None
+        output.hold()
         try:
-            step = cycle.send(self.start)
+            step = self.send(self.start)
             try:
                 step.send(None)
             except StopIteration:
                 self.started = True
-                if cycle.chunked_encoding is True:
-                    return held.take()
+                head = output.take()
+                if _is_chunked(head):
+                    return head
+                output.transport.write(head)
                 raise RuntimeError("uvicorn did not choose chunked encoding for the stream")
             step.close()  # it wanted to wait after all: leave it to the driver
             return None
         finally:
-            cycle.transport = self.transport
-            held.flush()  # not taken (an error): written as uvicorn would have
+            output.release()  # not taken (an error): written as uvicorn would have
 
     def cut(self, event: bytes) -> None:
         """End the stream with ``event`` (a shutdown's); the driver sends it as the last
@@ -700,89 +707,45 @@ class _SpliceSink:
             wake.set_result(None)
 
 
-class _HeldHead:
-    """Stands in for the caller's transport while uvicorn writes a response head, so the
-    head leaves in one write with what follows it (one syscall and one segment instead of
-    two): the next write here (a whole answer's body), or the first event the splice takes
-    the head for (:meth:`take`, :meth:`_SpliceSink._start_now`). Anything else asked of the
-    transport (close, is_closing...) sends a waiting head first and goes to the real one."""
-
-    __slots__ = ("transport", "head", "first")
-
-    def __init__(self, transport: Any):
-        self.transport = transport
-        self.head = b""
-        self.first = True
-
-    def write(self, data: bytes) -> None:
-        if self.first:
-            self.first = False
-            self.head = data
-            return
-        head, self.head = self.head, b""
-        self.transport.write(head + data if head else data)
-
-    def take(self) -> bytes:
-        """The held head, now the caller's to write."""
-        head, self.head = self.head, b""
-        return head
-
-    def flush(self) -> None:
-        """Write a head still held (nothing followed it, or an error came first)."""
-        self.first = False
-        head = self.take()
-        if head:
-            self.transport.write(head)
-
-    def __getattr__(self, name: str) -> Any:
-        self.flush()
-        return getattr(self.transport, name)
-
-
 async def send_response(response: Response, scope: dict, receive: Any, send: Any) -> None:
-    """``response(scope, receive, send)``; under uvicorn's httptools protocol a whole answer
-    (not a stream, which splices) leaves as one write (:class:`_HeldHead`)."""
-    cycle = None if isinstance(response, StreamingResponse) \
-        else _uvicorn_cycle(getattr(send, "__self__", None))
-    if cycle is None:
+    """``response(scope, receive, send)``; served through the guard's protocol, a whole
+    answer (not a stream, which splices) leaves as one write (``guard.Output.hold``)."""
+    caller = None if isinstance(response, StreamingResponse) else connection.get()
+    if caller is None or caller.output is None:
         await response(scope, receive, send)
         return
-    merged = cycle.transport = _HeldHead(cycle.transport)
+    caller.output.hold()
     try:
         await response(scope, receive, send)
     finally:
-        cycle.transport = merged.transport
-        merged.flush()
+        caller.output.release()
 
 
-def _uvicorn_cycle(cycle: Any) -> Any | None:
-    """``cycle`` if it is uvicorn's httptools request-response cycle as this splice was
-    written against (uvicorn 0.30 to 0.54: ``httptools_impl.RequestResponseCycle`` with these
-    attributes); ``None`` sends the stream the generic way."""
-    if cycle is None or type(cycle).__name__ != "RequestResponseCycle" \
-            or type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl":
-        return None
-    if not all(hasattr(cycle, name) for name in _CYCLE_ATTRIBUTES):
-        return None
-    flow = cycle.flow
-    if not (hasattr(flow, "write_paused") and hasattr(flow, "drain")):
-        return None
-    return cycle
+async def _start_chunked(caller: HeadGuard, send: Callable[[dict], Awaitable[None]],
+                         start: dict) -> bool:
+    """Send the response ``start`` through uvicorn; is its head chunked (what the splice's
+    framing needs)? A response without a length is, on HTTP/1.1."""
+    output = caller.output
+    assert output is not None
+    output.hold()
+    try:
+        await send(start)
+        head = output.take()
+    finally:
+        output.release()
+    output.write(head)
+    return _is_chunked(head)
+
+
+def _is_chunked(head: bytes) -> bool:
+    """Does this response head (as uvicorn wrote it) announce chunked encoding?"""
+    return b"\r\ntransfer-encoding: chunked\r\n" in head.lower()
 
 
 # The ASGI ``send`` of the request the current task serves, set by the app around its
-# handler (``app.GenerationFastPath``): how a stream finds the uvicorn cycle to splice into.
-# A context variable, because each request runs in a task of its own.
+# handler (``app.GenerationFastPath``): what a spliced stream starts and ends its response
+# with. A context variable, because each request runs in a task of its own.
 caller_send: ContextVar[Any] = ContextVar("prefixroute_caller_send", default=None)
-
-
-def _running_cycle() -> Any | None:
-    """The uvicorn cycle serving the current request (checked as above), or ``None``."""
-    return _uvicorn_cycle(getattr(caller_send.get(), "__self__", None))
-
-
-_CYCLE_ATTRIBUTES = ("transport", "flow", "disconnected", "response_started",
-                     "response_complete", "chunked_encoding", "send")
 
 
 def _events_of(data: bytes) -> list[bytes]:

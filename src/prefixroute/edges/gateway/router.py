@@ -35,7 +35,7 @@ log = logging.getLogger("prefixroute.gateway")
 def predicted_cached_tokens(num_tokens: int, matched_blocks: int, block_size: int) -> int:
     """Tokens a replica holding ``matched_blocks`` leading blocks will report as cached: the
     engine recomputes a fully cached prompt's last token, so at most ``floor((n - 1) / B) * B``
-    (SPEC section 2)."""
+    (vLLM computes the last token's logits, so it never serves that token from cache)."""
     return min(matched_blocks, cacheable_blocks(num_tokens, block_size)) * block_size
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -74,11 +75,19 @@ def parse_json_body(raw: bytes) -> dict:
 
 
 def _parse_leniently(raw: bytes) -> Any:
-    """What orjson refuses, the standard library may take (NaN, integers beyond 64 bits, a
-    lone surrogate), and where it does not, its message names the line and column. What it
-    takes must also encode again, so that is checked here, before the request is accepted."""
+    """What orjson refuses, the standard library may take (integers beyond 64 bits, a lone
+    surrogate), and where it does not, its message names the line and column. What it takes
+    must also encode again, so that is checked here, before the request is accepted.
+
+    A number that is not finite (``NaN``, ``Infinity``, or a literal such as ``1e400`` beyond
+    the range of a double) is refused: it would be sent on as ``null``, which changes the
+    request (``"max_tokens": 1e400`` became no limit at all)."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_finite, parse_float=_finite_float)
+    except _NotFinite as exc:
+        raise GatewayError(400, f"the request body holds a number that is not finite "
+                           f"({exc.args[0]}); JSON numbers must be finite",
+                           code="number_not_finite") from None
     except RecursionError:
         raise _too_deep() from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -97,6 +106,21 @@ def _parse_leniently(raw: bytes) -> Any:
     except ValueError:
         raise _too_many_digits() from None
     return body
+
+
+class _NotFinite(ValueError):
+    """A NaN or infinite number in a request body (the literal in ``args[0]``)."""
+
+
+def _not_finite(literal: str) -> float:
+    raise _NotFinite(literal)
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NotFinite(literal if len(literal) <= 24 else literal[:21] + "...")
+    return value
 
 
 def _nests_deeper(value: Any, limit: int) -> bool:
