@@ -401,7 +401,7 @@ def run_in_process(count: int = 2000) -> dict:
     from prefixroute.edges.gateway.app import Gateway
     from prefixroute.edges.gateway.config import hash_api_key, parse_config
 
-    os.environ.setdefault("PR_EPP_BENCH_SECRET", "b" * 32)
+    os.environ.setdefault("PR_EPP_BENCH_SECRET", "b" * 64)
     endpoints = ["10.0.0.1:8000", "10.0.0.2:8000"]
     config = parse_config({
         "server_secret": {"env": "PR_EPP_BENCH_SECRET"}, "policy": "prefixroute",

@@ -17,7 +17,7 @@ from prefixroute.edges.gateway.config import hash_api_key
 
 pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
 ENVOY = shutil.which("envoy")
-SECRET = "cli-test-server-secret-0123456789abcdef"
+SECRET = "c1" * 32  # 64 hex digits: a 32-byte key
 
 
 def write_config(tmp_path, **extra) -> str:

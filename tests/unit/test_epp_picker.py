@@ -23,7 +23,7 @@ from prefixroute.edges.epp.protocol import DESTINATION, SERVED  # noqa: E402
 from prefixroute.edges.gateway.app import Gateway  # noqa: E402
 from prefixroute.edges.gateway.config import hash_api_key, parse_config  # noqa: E402
 
-SECRET = "q" * 32
+SECRET = "5e" * 32  # 64 hex digits: a 32-byte key
 R0, R1, R2 = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 
 
