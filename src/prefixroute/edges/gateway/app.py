@@ -14,6 +14,9 @@ Endpoints:
 ``GET /debug/decisions?n=N``
     the last N routing decisions with candidates, scores and reasons; a tenant sees its own,
     an ``admin`` tenant sees all and the replicas' state.
+``/admin/...``
+    the fleet's replicas, drain, undrain, reload (``admin``); the replicas come and go
+    through :mod:`prefixroute.edges.gateway.fleet`.
 
 Every refusal is an OpenAI-style error object with the right status; an accepted request gets
 the replica's answer or a clear error (``proxy``), and is logged as one JSON line.
@@ -25,7 +28,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import httpx
@@ -36,14 +42,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixroute.core.clock import Clock, MonotonicClock
+from prefixroute.core.errors import PrefixRouteError
 from prefixroute.core.routing.registry import create_policy
+from prefixroute.edges.gateway.admin import AdminAPI
 from prefixroute.edges.gateway.admission import AdmissionQueue
 from prefixroute.edges.gateway.backends import BackendPool
 from prefixroute.edges.gateway.busypoll import BusyPoller
-from prefixroute.edges.gateway.config import GatewayConfig
+from prefixroute.edges.gateway.config import GatewayConfig, load_config
+from prefixroute.edges.gateway.fleet import Fleet
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import CHARS, PromptPreparer
+from prefixroute.edges.gateway.reload import apply_config
 from prefixroute.edges.gateway.proxy import Job, Proxy, send_response
 from prefixroute.edges.gateway.render import RenderClient
 from prefixroute.edges.gateway.router import GatewayRouter
@@ -78,10 +88,12 @@ class Gateway:
         self.tenants = TenantRegistry(config.tenants, config.server_secret, self.clock)
         self.pool = BackendPool(config, self.clock, self.metrics)
         policy = create_policy(config.policy, seed=config.seed,
-                               num_replicas=len(config.backends),
+                               num_replicas=max(1, len(config.backends)),
                                block_size=config.hashing.block_size)
         self.router = GatewayRouter(policy, self.pool.backends, self.metrics, self.clock,
                                     config.decisions_kept, wall_clock)
+        self.fleet = Fleet(config, self.pool, self.router.runner, self.clock, self.metrics)
+        self.admin = AdminAPI(self)
         self.renderer = RenderClient(config.timeouts.render_s, self.metrics.registry)
         mode = None if config.tokenization == "auto" else config.tokenization
         self.prompts = PromptPreparer(config.hashing, tokenizer, mode=mode,
@@ -98,6 +110,7 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.open_requests = 0
         self.draining = False
+        self._reload_lock = asyncio.Lock()
         self.busy_poller: BusyPoller | None = None  # config.busy_poll_s > 0, from start()
         self.starlette = Starlette(
             routes=[
@@ -107,6 +120,10 @@ class Gateway:
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.prometheus, methods=["GET"]),
                 Route("/debug/decisions", self.debug_decisions, methods=["GET"]),
+                Route("/admin/backends", self.admin.backends, methods=["GET"]),
+                Route("/admin/backends/{name}/drain", self.admin.drain, methods=["POST"]),
+                Route("/admin/backends/{name}/undrain", self.admin.undrain, methods=["POST"]),
+                Route("/admin/reload", self.admin.reload, methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_exception,
                                 Exception: self._unexpected},
@@ -148,6 +165,8 @@ class Gateway:
         self.proxy = Proxy(self.upstream, self.router, self.metrics, self.clock,
                            retries=self.config.retries, block_size=self.config.hashing.block_size)
         await self.pool.start(self.client)
+        await self.fleet.start(self.client)
+        self._watch_sighup()
         if self.config.busy_poll_s > 0:
             self.busy_poller = BusyPoller(asyncio.get_running_loop(), self.config.busy_poll_s,
                                           lambda: self.open_requests > 0, self.clock.now)
@@ -165,6 +184,7 @@ class Gateway:
             await asyncio.sleep(0.05)
         if self.busy_poller is not None:
             self.busy_poller.close()
+        await self.fleet.stop()
         await self.pool.stop()
         if self.upstream is not None:
             await self.upstream.aclose()
@@ -172,6 +192,54 @@ class Gateway:
             await self.client.aclose()
         log.info("gateway stopped", extra={"fields": {
             "event": "stopped", "unfinished_requests": self.open_requests}})
+
+    def _watch_sighup(self) -> None:
+        """``SIGHUP`` reloads the configuration file (only where the loop can take signals:
+        the main thread of a process on a POSIX system)."""
+        if threading.current_thread() is not threading.main_thread() \
+                or not hasattr(signal, "SIGHUP") or not Path(self.config.source).is_file():
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(
+                self._reload_logged()))
+        except (NotImplementedError, RuntimeError, ValueError):
+            return
+
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload()
+        except PrefixRouteError as exc:
+            log.error("configuration not reloaded; the running one stays", extra={"fields": {
+                "event": "reload_refused", "source": self.config.source, "error": str(exc)}})
+
+    async def reload(self) -> dict[str, Any]:
+        """Re-read the configuration file and apply it (:mod:`.reload`); raises
+        :class:`PrefixRouteError` with the reason if it is invalid (the old one stays).
+        Reloads run one at a time."""
+        async with self._reload_lock:
+            new = await asyncio.to_thread(load_config, self.config.source)
+            return await apply_config(self, new)
+
+    async def _replicas_for(self, model: str) -> list:
+        """The replicas serving ``model``; with none, wait up to ``limits.queue_timeout_s``
+        for one to join if one may (scale from zero), then 503; a model no replica could
+        serve is a 404 at once."""
+        backends = self.pool.serving(model)
+        if backends:
+            return backends
+        if self.fleet.may_appear(model):
+            timeout = self.config.limits.queue_timeout_s
+            backends = await self.fleet.wait_for(model, timeout)
+            if backends:
+                return backends
+            raise GatewayError(503, f"no replica serves model {model!r} now; waited "
+                               f"{timeout:g} s (limits.queue_timeout_s) for one to join",
+                               code="no_replica_available", headers={"retry-after": "1"})
+        known = ", ".join(self.pool.models()) or "none yet"
+        raise GatewayError(404, f"the model {model!r} does not exist on any "
+                           f"replica; available: {known}", param="model",
+                           code="model_not_found")
 
     # -- generation endpoints -------------------------------------------------------------
 
@@ -202,10 +270,7 @@ class Gateway:
                                     self.config.caller_cache_salt)
             backends = self.pool.serving(checked.model)
             if not backends:
-                known = ", ".join(self.pool.models()) or "none yet"
-                raise GatewayError(404, f"the model {checked.model!r} does not exist on any "
-                                   f"replica; available: {known}", param="model",
-                                   code="model_not_found")
+                backends = await self._replicas_for(checked.model)
             adapter = next((b.adapters[checked.model] for b in backends
                             if checked.model in b.adapters), None)
             # Large bodies are tokenized and hashed on a worker thread, to keep the loop (and

@@ -183,8 +183,8 @@ class Proxy:
         for attempt_no in range(self.retries + 1):
             candidates = [b for b in job.backends if b.index not in tried and b.available()]
             if not candidates:  # health checks may lag a recovery; the breaker still guards
-                candidates = [b for b in job.backends
-                              if b.index not in tried and b.breaker.available()]
+                candidates = [b for b in job.backends if b.index not in tried
+                              and not b.draining and b.breaker.available()]
             if not candidates:
                 break
             if attempt_no:

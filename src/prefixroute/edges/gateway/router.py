@@ -138,6 +138,12 @@ class GatewayRouter:
             # A backend that learns its replica restarted resets it in the runner at once.
             backend.on_reset = self.runner.reset_replica
 
+    def replace_policy(self, policy: Any) -> None:
+        """Route with ``policy`` from the next request on (a configuration reload)."""
+        self.runner.replace_policy(policy)
+        self.policy = policy
+        self.policy_name = self.runner.policy_name
+
     def _log_policy_error(self, request: RequestView, decision: Decision,
                           candidates: list[int]) -> None:
         log.error("policy chose a replica that was not a candidate", extra={"fields": {
