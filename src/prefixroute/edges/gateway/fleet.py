@@ -304,8 +304,9 @@ class Fleet:
 
     def may_appear(self, model: str) -> bool:
         """Whether a replica for ``model`` may join (worth waiting for): a replica that
-        serves it is draining or away, ``backend_defaults`` names it, or discovery runs and
-        no replica has told its models yet (nothing to tell a model from a typo)."""
+        serves it is draining or away, ``backend_defaults`` names it, or discovery runs
+        without ``backend_defaults.models`` and no replica has told its models yet
+        (nothing to tell a model from a typo)."""
         listed = set(self.config.backend_defaults.get("models") or [])
         for entry in self.entries.values():
             if model in entry.backend.models or model in entry.member.backend.models:
@@ -315,7 +316,8 @@ class Fleet:
         for backend in self.leaving:
             if model in backend.models:
                 return True
-        if self.config.discovery is not None:
+        if self.config.discovery is not None and not listed:
+            # Discovered replicas tell their models when they join.
             return not any(entry.backend.models for entry in self.entries.values())
         return False
 
