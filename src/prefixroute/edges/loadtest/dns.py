@@ -83,12 +83,25 @@ class Dnsmasq:
                            f"{STARTUP_TIMEOUT_S:.0f} s: {self.log_path.read_text()[-2000:]}")
 
     def set_records(self, records: Sequence[tuple[str, str]]) -> None:
-        """Serve exactly ``records`` ((address, name) pairs) from now on."""
+        """Serve exactly ``records`` ((address, name) pairs) from now on (returns once
+        dnsmasq has re-read them)."""
         tmp = self.hosts.with_suffix(".tmp")
         tmp.write_text("".join(f"{address} {name}\n" for address, name in records))
         tmp.replace(self.hosts)
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGHUP)
+        if self.process is None or self.process.poll() is not None:
+            return
+        marker = f"read {self.hosts}"
+        seen = self._log().count(marker)
+        os.kill(self.process.pid, signal.SIGHUP)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S  # it logs each re-read: wait for it
+        while self._log().count(marker) <= seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         process, self.process = self.process, None
