@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dnsmasq for the DNS membership tests (tests/integration/test_gateway_membership.py,
+# dnsmasq for the DNS membership tests (tests/integration/test_gateway_fleet_changes.py,
 # benchmarks/fleet_changes.py): Debian's package, started by the tests themselves as a plain
 # process on a loopback port (never as a system service). Does nothing if it is installed;
 # if it cannot be installed (no root, no apt), says so and the tests skip with that reason.

@@ -1,6 +1,6 @@
 """Membership events applied to a running gateway (one process, fake replicas behind
 ``httpx.MockTransport``); the admin API; reload; scale from zero. Real sockets, emulator
-replicas and dnsmasq are in tests/integration/test_gateway_membership.py."""
+replicas and dnsmasq are in tests/integration/test_gateway_fleet_changes.py."""
 
 import asyncio
 

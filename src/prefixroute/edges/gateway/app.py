@@ -57,6 +57,7 @@ from prefixroute.edges.gateway.reload import apply_config
 from prefixroute.edges.gateway.proxy import Job, Proxy, send_response
 from prefixroute.edges.gateway.render import RenderClient
 from prefixroute.edges.gateway.router import GatewayRouter
+from prefixroute.edges.gateway.tracing import GatewayTracing, provider_from_config
 from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, check_request, parse_json_body
 from prefixroute.edges.gateway.tenants import TenantRegistry
 from prefixroute.edges.http1 import Client, HTTP1Transport, HttpxClient
@@ -81,7 +82,7 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, *, tokenizer: Any = None,
                  transport: httpx.AsyncBaseTransport | None = None, clock: Clock | None = None,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time, tracer_provider: Any = None):
         self.config = config
         self.clock = clock or MonotonicClock()
         self.metrics = GatewayMetrics()
@@ -92,6 +93,13 @@ class Gateway:
                                block_size=config.hashing.block_size)
         self.router = GatewayRouter(policy, self.pool.backends, self.metrics, self.clock,
                                     config.decisions_kept, wall_clock)
+        # OpenTelemetry spans (edges/gateway/tracing.py): from the config's ``tracing``, or
+        # a provider given here (tests: an in-memory exporter).
+        self.tracing: GatewayTracing | None = None
+        if tracer_provider is None and config.tracing is not None:
+            tracer_provider = provider_from_config(config.tracing)
+        if tracer_provider is not None:
+            self.tracing = self.router.tracing = GatewayTracing(tracer_provider)
         self.fleet = Fleet(config, self.pool, self.router.runner, self.clock, self.metrics)
         self.admin = AdminAPI(self)
         self.renderer = RenderClient(config.timeouts.render_s, self.metrics.registry)
@@ -186,6 +194,8 @@ class Gateway:
             self.busy_poller.close()
         await self.fleet.stop()
         await self.pool.stop()
+        if self.tracing is not None:
+            self.tracing.shutdown()
         if self.upstream is not None:
             await self.upstream.aclose()
         if self.client is not None:
@@ -256,14 +266,16 @@ class Gateway:
         self.open_requests += 1
         if self.busy_poller is not None:
             self.busy_poller.kick()
+        tracing = self.tracing
+        if tracing is not None:
+            tracing.request_started(request_id, endpoint, request.headers)
         try:
-            tenant = self.tenants.authenticate(request.headers.get("authorization"))
+            if tracing is None:
+                tenant = self._authorize(request)
+            else:
+                with tracing.span(request_id, "auth"):
+                    tenant = self._authorize(request)
             tenant_name = tenant.name
-            try:
-                self.tenants.check_rate(tenant)
-            except GatewayError:
-                self.metrics.rate_limited.labels(tenant.name).inc()
-                raise
             raw = await self._read_body(request)
             body = parse_json_body(raw)
             checked = check_request(endpoint, body, tenant, self.tenants,
@@ -275,8 +287,15 @@ class Gateway:
                             if checked.model in b.adapters), None)
             # Large bodies are tokenized and hashed on a worker thread, to keep the loop (and
             # every stream) moving; tokenization: backend awaits a replica's render first.
-            prompt = await self.prompts.prepare_async(
-                checked, adapter, backends, offload=len(raw) > OFFLOAD_PREPARE_BYTES)
+            if tracing is None:
+                prompt = await self.prompts.prepare_async(
+                    checked, adapter, backends, offload=len(raw) > OFFLOAD_PREPARE_BYTES)
+            else:
+                with tracing.span(request_id, "prompt.prepare") as span:
+                    prompt = await self.prompts.prepare_async(
+                        checked, adapter, backends, offload=len(raw) > OFFLOAD_PREPARE_BYTES)
+                    span.set_attribute("prefixroute.prompt_tokens", prompt.num_tokens)
+                    span.set_attribute("prefixroute.tokenization", prompt.mode)
             if prompt.fallback_reason:
                 self.metrics.tokenize_fallbacks.inc()
             await self.admission.acquire()
@@ -308,6 +327,16 @@ class Gateway:
             return GatewayError(500, "internal error in the gateway; the request may not have "
                                 "completed", code="internal_error").response(request_id)
 
+    def _authorize(self, request: Request) -> Any:
+        """The caller's tenant, with one request taken from its rate limit."""
+        tenant = self.tenants.authenticate(request.headers.get("authorization"))
+        try:
+            self.tenants.check_rate(tenant)
+        except GatewayError:
+            self.metrics.rate_limited.labels(tenant.name).inc()
+            raise
+        return tenant
+
     def _job_done(self, job: Job) -> None:
         self.admission.release()
         self.open_requests -= 1
@@ -319,6 +348,10 @@ class Gateway:
     def _account(self, endpoint: str, status: str, started: float, request_id: str,
                  tenant: str, *, error: str | None = None, job: Job | None = None) -> None:
         latency = self.clock.now() - started
+        if self.tracing is not None:
+            self.tracing.request_ended(request_id, status, tenant=tenant, model=None if job
+                                       is None else job.checked.model,
+                                       replica=None if job is None else job.replica)
         self.metrics.requests.labels(endpoint, status).inc()
         self.metrics.latency.labels(endpoint).observe(latency)
         if not log.isEnabledFor(logging.INFO):  # the line would be dropped: skip its fields

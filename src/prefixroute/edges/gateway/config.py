@@ -123,6 +123,21 @@ class DiscoveryConfig:
     dns: DnsDiscovery | None = None
 
 
+TRACE_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+@dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """OpenTelemetry spans to an OTLP collector (``edges/gateway/tracing.py``; needs the
+    ``tracing`` extra). ``endpoint`` None: the exporter's own default and ``OTEL_*``
+    environment variables."""
+
+    endpoint: str | None = None
+    protocol: str = "http/protobuf"
+    service_name: str = "prefixroute-gateway"
+    sample_ratio: float = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimit:
     """A token bucket: ``requests_per_second`` refill, ``burst`` capacity."""
@@ -206,6 +221,7 @@ class GatewayConfig:
     # The settings of a discovered backend that its source does not give (a DNS record gives
     # only an address), as a ``backends[]`` entry without url and name.
     backend_defaults: dict[str, Any] = field(default_factory=dict)
+    tracing: TracingConfig | None = None
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -468,6 +484,18 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
         backend_defaults = parse_backend_defaults(top.section("backend_defaults"))
     else:
         top.used.add("backend_defaults")
+    tracing = None
+    if top.has("tracing"):
+        tr = top.section("tracing")
+        ratio = tr.number("sample_ratio", 1.0, non_negative=True)
+        if ratio > 1:
+            tr.fail("a ratio between 0 and 1", "sample_ratio")
+        tracing = TracingConfig(tr.string("endpoint"),
+                                tr.string("protocol", "http/protobuf", choices=TRACE_PROTOCOLS),
+                                tr.string("service_name", "prefixroute-gateway"), ratio)
+        tr.finish()
+    else:
+        top.used.add("tracing")
     backends_raw = top.sequence("backends", required=discovery is None)
     if not backends_raw and discovery is None:
         top.fail("needs at least one backend (or discovery)", "backends")
@@ -572,7 +600,7 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
         busy_poll_s=top.number("busy_poll_s", 0.0, non_negative=True),
         decisions_kept=top.integer("decisions_kept", DEFAULT_DECISIONS_KEPT, minimum=1),
         seed=top.integer("seed", 0, minimum=0),
-        discovery=discovery, backend_defaults=backend_defaults)
+        discovery=discovery, backend_defaults=backend_defaults, tracing=tracing)
     top.finish()
     return config
 

@@ -230,6 +230,11 @@ class Fleet:
         self.runner.drain_replica(backend.index)
         if backend in self.pool.backends:
             self.pool.backends.remove(backend)
+        if backend.subscriber is not None:
+            # Its events no longer matter (it takes no request), and a replica that comes
+            # back under the same name may need the endpoint.
+            backend.subscriber.stop()
+            backend.subscriber = None
         self.leaving.append(backend)
 
     def _notify(self) -> None:

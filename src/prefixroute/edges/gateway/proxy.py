@@ -239,7 +239,7 @@ class Proxy:
         5xx worth retrying; ``None`` a failure worth retrying."""
         backend = attempt.backend
         headers = {"content-type": "application/json", "x-request-id": job.request_id,
-                   **backend.headers}
+                   **backend.headers, **attempt.trace_headers}
         try:
             upstream = await self.client.request("POST", self._url(backend, path),
                                                  body=payload, headers=headers)

@@ -17,7 +17,7 @@ dropping a request:
 
 What a running gateway cannot take over (it changes what every cached block is called, or
 how the process was built) is refused with the field named: ``hashing``, ``tokenizer``,
-``tokenization``, ``timeouts``, ``busy_poll_s``, ``seed``.
+``tokenization``, ``timeouts``, ``busy_poll_s``, ``seed``, ``tracing``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from prefixroute.edges.gateway.tenants import TenantRegistry
 
 log = logging.getLogger("prefixroute.gateway")
 
-FIXED_FIELDS = ("hashing", "tokenizer", "tokenization", "timeouts", "busy_poll_s", "seed")
+FIXED_FIELDS = ("hashing", "tokenizer", "tokenization", "timeouts", "busy_poll_s", "seed",
+                "tracing")
 
 
 class ReloadRefused(ConfigError):
