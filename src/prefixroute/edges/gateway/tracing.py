@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from prefixroute.core.errors import ConfigError
 from prefixroute.edges.gateway.config import TracingConfig
 
 try:
@@ -45,7 +46,7 @@ except ImportError:  # pragma: no cover - the optional extra is missing
 _PROPAGATOR = TraceContextTextMapPropagator() if trace is not None else None
 
 
-class TracingUnavailable(RuntimeError):
+class TracingUnavailable(ConfigError):
     """The config asks for tracing but the ``tracing`` extra is not installed."""
 
 
