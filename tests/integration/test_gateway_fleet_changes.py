@@ -1,5 +1,5 @@
 """A fleet that changes, over real sockets: emulator replicas, a real dnsmasq, the gateway
-as ``prefixroute serve``. dnsmasq comes from Debian (scripts/setup_dnsmasq.sh, run by
+as ``prefixroute serve``. dnsmasq comes from Debian (scripts/setup_test_services.sh, run by
 scripts/test.sh); without it these tests skip and say why."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import fleet_changes  # noqa: E402
 
 needs_dnsmasq = pytest.mark.skipif(
-    dnsmasq_path() is None, reason="dnsmasq is not installed: scripts/setup_dnsmasq.sh "
+    dnsmasq_path() is None, reason="dnsmasq is not installed: scripts/setup_test_services.sh "
     "(apt-get install -y dnsmasq) could not install it here")
 
 

@@ -241,8 +241,11 @@ class GatewayRouter:
             predicted = round(predicted * prompt_tokens / attempt.request.num_tokens)
         self._metrics.predicted_cached.labels(replica).inc(predicted)
         self._metrics.reported_cached.labels(replica).inc(cached)
+        tenant = attempt.record.tenant
+        self._metrics.tenant_cached_tokens.labels(tenant, replica).inc(cached)
         if prompt_tokens is not None:
             self._metrics.prompt_tokens.labels(replica).inc(prompt_tokens)
+            self._metrics.tenant_prompt_tokens.labels(tenant, replica).inc(prompt_tokens)
         if chars:
             if prompt_tokens:
                 backend.observe_units(attempt.request.num_tokens, prompt_tokens)
