@@ -75,6 +75,8 @@ class Result:
             out.append(f"drained replica booked {self.booked_after_drain} requests after drain")
         if self.drained_in_s is None:
             out.append("drained replica's requests did not finish")
+        if not self.drain_in_flight:
+            out.append("nothing was in flight on the drained replica: the drain proved little")
         if self.reload_new_key_status != 200:
             out.append(f"new tenant key after reload answered {self.reload_new_key_status}")
         for name in ("file_removed_left_in_s", "dns_removed_left_in_s"):
@@ -120,8 +122,11 @@ class Load:
             self.sent += 1
             n += 1
             stream = n % 2 == 0
-            body = {"model": MODEL, "prompt": f"system prompt {worker % 3} " * 20 + f"turn {n}",
-                    "max_tokens": 6, "stream": stream}
+            # Half share one of three long prefixes (affinity keeps them where they are
+            # cached), half are fresh (they go where the load is lowest: a new replica).
+            head = f"system prompt {worker % 3} " if n % 4 < 2 else f"fresh {worker}.{n} "
+            body = {"model": MODEL, "prompt": head * 20 + f"turn {n}", "max_tokens": 6,
+                    "stream": stream}
             error = await send(client, self.url, KEYS["a"], body)
             self.done += 1
             if error is not None:
@@ -254,6 +259,11 @@ class Scenario:
                 self.dns.set_records([("127.0.0.1", "d.fleet.test")])
                 result.dns_add_to_traffic_s = await self.until(client, booked(d_name), 15.0)
 
+                # Drain while it has requests in flight (they must finish).
+                for _ in range(200):
+                    if (await self.backends(client))["s1"]["in_flight"] > 0:
+                        break
+                    await asyncio.sleep(0.01)
                 response = await client.post(self.gateway.url + "/admin/backends/s1/drain",
                                              headers=self.admin)
                 response.raise_for_status()
