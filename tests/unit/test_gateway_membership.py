@@ -309,3 +309,23 @@ def test_admission_resize_frees_or_takes_back_slots_without_dropping_anyone():
         await asyncio.wait_for(late, 1)
         assert queue.active == 1
     run(scenario())
+
+
+def test_a_reload_keeps_the_bucket_of_a_tenant_whose_limit_did_not_change():
+    from prefixroute.core.clock import ManualClock
+    from prefixroute.edges.gateway.config import RateLimit, TenantConfig
+    from prefixroute.edges.gateway.tenants import TenantRegistry
+
+    clock = ManualClock()
+    same = TenantConfig("a", (hash_api_key("ka"),), "a", RateLimit(1.0, 2))
+    changed = TenantConfig("b", (hash_api_key("kb"),), "b", RateLimit(1.0, 2))
+    old = TenantRegistry((same, changed), b"s" * 32, clock)
+    for tenant in old.tenants:
+        tenant.bucket.try_take()
+        tenant.bucket.try_take()  # both buckets empty
+    new = TenantRegistry((same, TenantConfig("b", changed.api_key_hashes, "b",
+                                             RateLimit(1.0, 5))), b"s" * 32, clock,
+                         previous=old)
+    assert new.tenants[0].bucket is old.tenants[0].bucket
+    assert new.tenants[0].bucket.try_take() > 0  # still empty: a reload refills nothing
+    assert new.tenants[1].bucket.try_take() == 0.0  # a new limit starts a new bucket

@@ -352,14 +352,9 @@ def parse_backend_list(data: Any, source: str, defaults: dict[str, Any]) -> \
     for i, item in enumerate(items):
         path = f"{prefix}[{i}]"
         line = getattr(item, "line", getattr(data, "line", 1))
-        reader = _Reader(source, item, path, line)
-        merged = type(item)() if isinstance(item, dict) else {}
-        if hasattr(merged, "lines"):
-            merged.lines = dict(item.lines)
-            merged.line = item.line
-        merged.update({k: v for k, v in defaults.items() if k not in item})
-        merged.update(item)
-        reader = _Reader(source, merged, path, line)
+        _Reader(source, item, path, line)  # a mapping, or an error naming the entry
+        reader = _Reader(source, {**defaults, **item}, path, line)
+        reader.lines = getattr(item, "lines", {})  # errors name the entry's own lines
         draining = reader.boolean("draining", False)
         generation = reader.integer("generation", 0, minimum=0)
         backend = _backend(reader, None)

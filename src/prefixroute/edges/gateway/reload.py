@@ -67,16 +67,8 @@ async def apply_config(gateway: Any, new: GatewayConfig) -> dict[str, Any]:
     if old.server_secret != new.server_secret:
         changed.append("server_secret")
 
-    registry = TenantRegistry(new.tenants, new.server_secret, gateway.clock)
-    if new.server_secret == old.server_secret:
-        before = {t.name: t for t in gateway.tenants.tenants}
-        old_limits = {t.name: t.rate_limit for t in old.tenants}
-        for tenant_config, tenant in zip(new.tenants, registry.tenants):
-            kept = before.get(tenant.name)
-            if kept is not None and kept.bucket is not None \
-                    and old_limits.get(tenant.name) == tenant_config.rate_limit:
-                object.__setattr__(tenant, "bucket", kept.bucket)
-    gateway.tenants = registry
+    gateway.tenants = TenantRegistry(new.tenants, new.server_secret, gateway.clock,
+                                     previous=gateway.tenants)
     limits = new.limits
     await gateway.admission.resize(limits.max_concurrent, limits.max_queued, limits.queue_timeout_s)
     if policy is not None:
