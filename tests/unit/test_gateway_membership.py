@@ -329,3 +329,17 @@ def test_a_reload_keeps_the_bucket_of_a_tenant_whose_limit_did_not_change():
     assert new.tenants[0].bucket is old.tenants[0].bucket
     assert new.tenants[0].bucket.try_take() > 0  # still empty: a reload refills nothing
     assert new.tenants[1].bucket.try_take() == 0.0  # a new limit starts a new bucket
+
+
+def test_an_added_replica_that_does_not_answer_stays_out_of_rotation(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            dead = h.replicas["r2.test"] = FakeReplica("r2")
+            dead.fault = "connect"
+            await h.gateway.fleet.apply(added("r2"))
+            backend = h.gateway.fleet.entries["r2"].backend
+            assert not backend.available()
+            for i in range(4):
+                assert (await complete(h, f"q{i}")).status_code == 200
+            assert dead.bodies == []
+    run(scenario())

@@ -178,6 +178,9 @@ class Fleet:
         if member.backend.kv_events is not None:
             self._subscribe(backend)
         if self.client is not None:
+            # Out of rotation until a health check passes: a listed address need not be
+            # serving yet (a pod's record can precede its readiness, a file can be early).
+            backend.healthy = False
             timeout = self.config.timeouts.health_s
             await backend.check_health(self.client, timeout)
             if backend.healthy:
