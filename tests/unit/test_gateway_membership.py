@@ -343,3 +343,31 @@ def test_an_added_replica_that_does_not_answer_stays_out_of_rotation(monkeypatch
                 assert (await complete(h, f"q{i}")).status_code == 200
             assert dead.bodies == []
     run(scenario())
+
+
+def test_reload_to_another_membership_file_swaps_its_replicas(monkeypatch, tmp_path):
+    async def scenario():
+        path = tmp_path / "gateway.yaml"
+        first, second = tmp_path / "one.yaml", tmp_path / "two.yaml"
+        first.write_text("- {name: r2, url: 'http://r2.test'}\n")
+        second.write_text("- {name: r2, url: 'http://r2.test'}\n"
+                          "- {name: r3, url: 'http://r3.test'}\n")
+        write_config(path, monkeypatch, discovery={"file": str(first)},
+                     backend_defaults={"models": ["tiny"]})
+        from prefixroute.edges.gateway.config import load_config
+        h = Harness(load_config(path))
+        h.replicas["r2.test"] = FakeReplica("r2")
+        h.replicas["r3.test"] = FakeReplica("r3")
+        async with h:
+            fleet = h.gateway.fleet
+            assert fleet.entries["r2"].source == f"file:{first}"
+            index = fleet.entries["r2"].backend.index
+            write_config(path, monkeypatch, discovery={"file": str(second)},
+                         backend_defaults={"models": ["tiny"]})
+            assert (await h.http.post("/admin/reload", headers=ADMIN)).status_code == 200
+            await fleet.reap()
+            assert {n: e.source for n, e in fleet.entries.items()} == {
+                "r0": "config", "r1": "config", "r2": f"file:{second}",
+                "r3": f"file:{second}"}
+            assert fleet.entries["r2"].backend.index != index  # it left and joined again
+    run(scenario())

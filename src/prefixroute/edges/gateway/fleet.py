@@ -365,24 +365,29 @@ class Fleet:
         self.static = new_static
         if old.discovery == config.discovery and old.backend_defaults == config.backend_defaults:
             return
-        found = {source.name: source for source in self.sources}
-        fresh = make_sources(config)
-        for source in fresh:
-            previous = found.pop(source.name, None)
-            if previous is not None:
-                source.members = previous.members
-        for source in found.values():  # a source no longer configured: its replicas go
-            for event in diff_members(source.members, {}, source.name):
-                await self.apply(event)
-        for task in self._tasks:
-            task.cancel()
+        async with self._lock:  # no source is inside apply() while they stop
+            for task in self._tasks:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        fresh = make_sources(config)
+        gone = {source.name for source in self.sources} - {source.name for source in fresh}
+        for source in fresh:
+            # What the fleet holds from this source, so only differences become events.
+            source.members = self._members_from(source.name)
+        for name in gone:  # a source no longer configured: its replicas go
+            for event in diff_members(self._members_from(name), {}, name):
+                await self.apply(event)
         self.sources = fresh
         for source in fresh:
             await self._poll(source)
             self._tasks.append(asyncio.create_task(self._watch(source)))
         self._tasks.append(asyncio.create_task(self._reap_loop()))
+
+
+    def _members_from(self, source: str) -> dict[str, Member]:
+        return {name: entry.member for name, entry in self.entries.items()
+                if entry.source == source}
 
 
 def make_sources(config: GatewayConfig) -> list[Any]:
