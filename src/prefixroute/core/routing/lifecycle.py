@@ -114,6 +114,15 @@ class LifecycleRunner:
         self._on_replica_reset = getattr(policy, "on_replica_reset", None)
         self._routable: list[ReplicaView] | None = None  # "up" replicas by index, cached
 
+    def replace_policy(self, policy: Any) -> None:
+        """Route with ``policy`` from now on (a configuration reload). The replicas, their
+        counts and the router's cache views stay; requests in flight end through the new
+        policy's hooks, which ignore requests they did not route."""
+        self.policy = policy
+        self.policy_name = getattr(policy, "name", type(policy).__name__)
+        self._on_unreported = getattr(policy, "on_unreported", None)
+        self._on_replica_reset = getattr(policy, "on_replica_reset", None)
+
     # -- membership ----------------------------------------------------------------------
 
     def add_replica(self, view: ReplicaView) -> ReplicaView:

@@ -53,6 +53,11 @@ def run(args) -> int:
             "backends": [{"name": b.name, "url": b.url, "models": list(b.models),
                           "kv_events": b.kv_events.endpoint if b.kv_events else None}
                          for b in config.backends],
+            "discovery": None if config.discovery is None else {
+                "file": str(config.discovery.file) if config.discovery.file else None,
+                "dns": None if config.discovery.dns is None else {
+                    "name": config.discovery.dns.name, "record": config.discovery.dns.record,
+                    "port": config.discovery.dns.port, "server": config.discovery.dns.server}},
             "tenants": [{"name": t.name, "trust_group": t.trust_group, "admin": t.admin,
                          "keys": len(t.api_key_hashes)} for t in config.tenants]})
         return 0

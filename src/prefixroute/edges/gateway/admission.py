@@ -18,6 +18,7 @@ class AdmissionQueue:
         self.active = 0
         self.waiting = 0
         self._slots = asyncio.Semaphore(max_concurrent)
+        self._withheld = 0  # slots a shrink still has to take back as requests end
 
     async def acquire(self) -> None:
         """Wait for a slot; 429 when the queue is full, 503 after the queue timeout."""
@@ -41,4 +42,27 @@ class AdmissionQueue:
 
     def release(self) -> None:
         self.active -= 1
+        if self._withheld:  # a shrink takes this slot back
+            self._withheld -= 1
+            return
         self._slots.release()
+
+    async def resize(self, max_concurrent: int, max_queued: int, queue_timeout_s: float) -> None:
+        """New limits (a configuration reload), without dropping anyone: a larger
+        ``max_concurrent`` frees slots at once; a smaller one takes slots back as the
+        requests holding them end. Requests waiting keep their place."""
+        grow = max_concurrent - self.max_concurrent
+        self.max_concurrent = max_concurrent
+        self.max_queued = max_queued
+        self.queue_timeout_s = queue_timeout_s
+        if grow > 0:
+            undo = min(grow, self._withheld)
+            self._withheld -= undo
+            for _ in range(grow - undo):
+                self._slots.release()
+        elif grow < 0:
+            shrink = -grow
+            while shrink and not self._slots.locked():  # free slots go at once
+                await self._slots.acquire()  # a free slot: returns without waiting
+                shrink -= 1
+            self._withheld += shrink

@@ -14,6 +14,9 @@ Endpoints:
 ``GET /debug/decisions?n=N``
     the last N routing decisions with candidates, scores and reasons; a tenant sees its own,
     an ``admin`` tenant sees all and the replicas' state.
+``/admin/...``
+    the fleet's replicas, drain, undrain, reload (``admin``); the replicas come and go
+    through :mod:`prefixroute.edges.gateway.fleet`.
 
 Every refusal is an OpenAI-style error object with the right status; an accepted request gets
 the replica's answer or a clear error (``proxy``), and is logged as one JSON line.
@@ -25,7 +28,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import httpx
@@ -36,20 +42,25 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixroute.core.clock import Clock, MonotonicClock
+from prefixroute.core.errors import PrefixRouteError
 from prefixroute.core.routing.registry import create_policy
+from prefixroute.edges.gateway.admin import AdminAPI
 from prefixroute.edges.gateway.admission import AdmissionQueue
 from prefixroute.edges.gateway.backends import Backend, BackendPool
 from prefixroute.edges.gateway.busypoll import BusyPoller
-from prefixroute.edges.gateway.config import GatewayConfig
+from prefixroute.edges.gateway.config import GatewayConfig, load_config
+from prefixroute.edges.gateway.fleet import Fleet
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import CHARS, PreparedPrompt, PromptPreparer
 from prefixroute.edges.gateway.proxy import Job, Proxy, caller_send, send_response
+from prefixroute.edges.gateway.reload import apply_config
 from prefixroute.edges.gateway.render import RenderClient
 from prefixroute.edges.gateway.router import GatewayRouter
 from prefixroute.edges.gateway.sanitize import (CHAT, COMPLETIONS, CheckedRequest, check_request,
                                                 parse_json_body)
 from prefixroute.edges.gateway.tenants import Tenant, TenantRegistry
+from prefixroute.edges.gateway.tracing import GatewayTracing, provider_from_config
 from prefixroute.edges.http1 import Client, HTTP1Transport, HttpxClient
 
 log = logging.getLogger("prefixroute.gateway")
@@ -72,17 +83,26 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, *, tokenizer: Any = None,
                  transport: httpx.AsyncBaseTransport | None = None, clock: Clock | None = None,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time, tracer_provider: Any = None):
         self.config = config
         self.clock = clock or MonotonicClock()
         self.metrics = GatewayMetrics()
         self.tenants = TenantRegistry(config.tenants, config.server_secret, self.clock)
         self.pool = BackendPool(config, self.clock, self.metrics)
         policy = create_policy(config.policy, seed=config.seed,
-                               num_replicas=len(config.backends),
+                               num_replicas=max(1, len(config.backends)),
                                block_size=config.hashing.block_size)
         self.router = GatewayRouter(policy, self.pool.backends, self.metrics, self.clock,
                                     config.decisions_kept, wall_clock)
+        # OpenTelemetry spans (edges/gateway/tracing.py): from the config's ``tracing``, or
+        # a provider given here (tests: an in-memory exporter).
+        self.tracing: GatewayTracing | None = None
+        if tracer_provider is None and config.tracing is not None:
+            tracer_provider = provider_from_config(config.tracing)
+        if tracer_provider is not None:
+            self.tracing = self.router.tracing = GatewayTracing(tracer_provider)
+        self.fleet = Fleet(config, self.pool, self.router.runner, self.clock, self.metrics)
+        self.admin = AdminAPI(self)
         self.renderer = RenderClient(config.timeouts.render_s, self.metrics.registry)
         mode = None if config.tokenization == "auto" else config.tokenization
         self.prompts = PromptPreparer(config.hashing, tokenizer, mode=mode,
@@ -99,6 +119,7 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.open_requests = 0
         self.draining = False
+        self._reload_lock = asyncio.Lock()
         self.busy_poller: BusyPoller | None = None  # config.busy_poll_s > 0, from start()
         self.starlette = Starlette(
             routes=[
@@ -108,6 +129,10 @@ class Gateway:
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.prometheus, methods=["GET"]),
                 Route("/debug/decisions", self.debug_decisions, methods=["GET"]),
+                Route("/admin/backends", self.admin.backends, methods=["GET"]),
+                Route("/admin/backends/{name}/drain", self.admin.drain, methods=["POST"]),
+                Route("/admin/backends/{name}/undrain", self.admin.undrain, methods=["POST"]),
+                Route("/admin/reload", self.admin.reload, methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_exception,
                                 Exception: self._unexpected},
@@ -149,6 +174,8 @@ class Gateway:
         self.proxy = Proxy(self.upstream, self.router, self.metrics, self.clock,
                            retries=self.config.retries, block_size=self.config.hashing.block_size)
         await self.pool.start(self.client)
+        await self.fleet.start(self.client)
+        self._watch_sighup()
         if self.config.busy_poll_s > 0:
             self.busy_poller = BusyPoller(asyncio.get_running_loop(), self.config.busy_poll_s,
                                           lambda: self.open_requests > 0, self.clock.now)
@@ -166,7 +193,10 @@ class Gateway:
             await asyncio.sleep(0.05)
         if self.busy_poller is not None:
             self.busy_poller.close()
+        await self.fleet.stop()
         await self.pool.stop()
+        if self.tracing is not None:
+            self.tracing.shutdown()
         if self.upstream is not None:
             await self.upstream.aclose()
         if self.client is not None:
@@ -179,6 +209,54 @@ class Gateway:
         """End every open stream with a ``server_shutdown`` error event (the end of a
         shutdown's drain, ``server.py``); how many were cut."""
         return self.proxy.cut_streams() if self.proxy is not None else 0
+
+    def _watch_sighup(self) -> None:
+        """``SIGHUP`` reloads the configuration file (only where the loop can take signals:
+        the main thread of a process on a POSIX system)."""
+        if threading.current_thread() is not threading.main_thread() \
+                or not hasattr(signal, "SIGHUP") or not Path(self.config.source).is_file():
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(
+                self._reload_logged()))
+        except (NotImplementedError, RuntimeError, ValueError):
+            return
+
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload()
+        except PrefixRouteError as exc:
+            log.error("configuration not reloaded; the running one stays", extra={"fields": {
+                "event": "reload_refused", "source": self.config.source, "error": str(exc)}})
+
+    async def reload(self) -> dict[str, Any]:
+        """Re-read the configuration file and apply it (:mod:`.reload`); raises
+        :class:`PrefixRouteError` with the reason if it is invalid (the old one stays).
+        Reloads run one at a time."""
+        async with self._reload_lock:
+            new = await asyncio.to_thread(load_config, self.config.source)
+            return await apply_config(self, new)
+
+    async def _replicas_for(self, model: str) -> list:
+        """The replicas serving ``model``; with none, wait up to ``limits.queue_timeout_s``
+        for one to join if one may (scale from zero), then 503; a model no replica could
+        serve is a 404 at once."""
+        backends = self.pool.serving(model)
+        if backends:
+            return backends
+        if self.fleet.may_appear(model):
+            timeout = self.config.limits.queue_timeout_s
+            backends = await self.fleet.wait_for(model, timeout)
+            if backends:
+                return backends
+            raise GatewayError(503, f"no replica serves model {model!r} now; waited "
+                               f"{timeout:g} s (limits.queue_timeout_s) for one to join",
+                               code="no_replica_available", headers={"retry-after": "1"})
+        known = ", ".join(self.pool.models()) or "none yet"
+        raise GatewayError(404, f"the model {model!r} does not exist on any "
+                           f"replica; available: {known}", param="model",
+                           code="model_not_found")
 
     # -- generation endpoints -------------------------------------------------------------
 
@@ -195,12 +273,18 @@ class Gateway:
         self.open_requests += 1
         if self.busy_poller is not None:
             self.busy_poller.kick()
+        tracing = self.tracing
+        if tracing is not None:
+            tracing.request_started(request_id, endpoint, request.headers)
         try:
-            tenant = self.tenants.authenticate(request.headers.get("authorization"))
+            if tracing is None:
+                tenant = self._authorize(request)
+            else:
+                with tracing.span(request_id, "auth"):
+                    tenant = self._authorize(request)
             tenant_name = tenant.name
-            self.check_rate(tenant)
             raw = await self._read_body(request)
-            checked, backends, prompt = await self.admit(endpoint, tenant, raw)
+            checked, backends, prompt = await self.admit(endpoint, tenant, raw, request_id)
         except GatewayError as error:
             self.open_requests -= 1
             self._account(endpoint, str(error.status), started, request_id, tenant_name,
@@ -231,6 +315,12 @@ class Gateway:
 
     # -- what every body does with a request before routing it (serve, the EPP) ----------
 
+    def _authorize(self, request: Request) -> Tenant:
+        """The caller's tenant, with one request taken from its rate limit."""
+        tenant = self.tenants.authenticate(request.headers.get("authorization"))
+        self.check_rate(tenant)
+        return tenant
+
     def check_rate(self, tenant: Tenant) -> None:
         """Take one request from ``tenant``'s rate limit, or raise 429 (counted)."""
         try:
@@ -239,29 +329,33 @@ class Gateway:
             self.metrics.rate_limited.labels(tenant.name).inc()
             raise
 
-    async def admit(self, endpoint: str, tenant: Tenant, raw: bytes
+    async def admit(self, endpoint: str, tenant: Tenant, raw: bytes, request_id: str = ""
                     ) -> tuple[CheckedRequest, list[Backend], PreparedPrompt]:
         """From an authenticated tenant's raw body to a request ready to route: the body
-        checked and salted (:func:`check_request`), the replicas serving its model, the
-        prompt's block keys, and a slot in the admission queue (the caller releases it,
-        through :meth:`_job_done`). Raises :class:`GatewayError` for what the caller sent or
-        a full queue. The HTTP gateway and the Envoy Endpoint Picker both come through here,
-        so a request is prepared the same way whichever body receives it."""
+        checked and salted (:func:`check_request`), the replicas serving its model (waiting
+        for one to join when none does yet: :meth:`_replicas_for`), the prompt's block keys,
+        and a slot in the admission queue (the caller releases it, through
+        :meth:`_job_done`). Raises :class:`GatewayError` for what the caller sent or a full
+        queue. The HTTP gateway and the Envoy Endpoint Picker both come through here, so a
+        request is prepared the same way whichever body receives it."""
         body = parse_json_body(raw)
         checked = check_request(endpoint, body, tenant, self.tenants,
                                 self.config.caller_cache_salt)
-        backends = self.pool.serving(checked.model)
-        if not backends:
-            known = ", ".join(self.pool.models()) or "none yet"
-            raise GatewayError(404, f"the model {checked.model!r} does not exist on any "
-                               f"replica; available: {known}", param="model",
-                               code="model_not_found")
+        backends = self.pool.serving(checked.model) or await self._replicas_for(checked.model)
         adapter = next((b.adapters[checked.model] for b in backends
                         if checked.model in b.adapters), None)
         # Large bodies are tokenized and hashed on a worker thread, to keep the loop (and
         # every stream) moving; tokenization: backend awaits a replica's render first.
-        prompt = await self.prompts.prepare_async(
-            checked, adapter, backends, offload=len(raw) > OFFLOAD_PREPARE_BYTES)
+        offload = len(raw) > OFFLOAD_PREPARE_BYTES
+        tracing = self.tracing
+        if tracing is None or not request_id:
+            prompt = await self.prompts.prepare_async(checked, adapter, backends, offload=offload)
+        else:
+            with tracing.span(request_id, "prompt.prepare") as span:
+                prompt = await self.prompts.prepare_async(checked, adapter, backends,
+                                                          offload=offload)
+                span.set_attribute("prefixroute.prompt_tokens", prompt.num_tokens)
+                span.set_attribute("prefixroute.tokenization", prompt.mode)
         if prompt.fallback_reason:
             self.metrics.tokenize_fallbacks.inc()
         await self.admission.acquire()
@@ -278,6 +372,10 @@ class Gateway:
     def _account(self, endpoint: str, status: str, started: float, request_id: str,
                  tenant: str, *, error: str | None = None, job: Job | None = None) -> None:
         latency = self.clock.now() - started
+        if self.tracing is not None:
+            self.tracing.request_ended(request_id, status, tenant=tenant, model=None if job
+                                       is None else job.checked.model,
+                                       replica=None if job is None else job.replica)
         self.metrics.requests.labels(endpoint, status).inc()
         self.metrics.latency.labels(endpoint).observe(latency)
         if not log.isEnabledFor(logging.INFO):  # the line would be dropped: skip its fields

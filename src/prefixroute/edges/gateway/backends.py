@@ -98,6 +98,9 @@ class Backend:
         self._metrics = metrics
         self._unhealthy_after = gateway.health.unhealthy_after
         self.healthy = True  # until a check says otherwise; the first probe runs at start
+        # Draining or leaving the fleet (edges/gateway/fleet.py): no new requests, retries
+        # included; those in flight finish.
+        self.draining = False
         self.health_failures = 0
         self._models_checked = False  # configured models compared with GET /v1/models
         self.last_health_error: str | None = None
@@ -159,7 +162,7 @@ class Backend:
         return model in self.models
 
     def available(self) -> bool:
-        return self.healthy and self.breaker.available()
+        return not self.draining and self.healthy and self.breaker.available()
 
     def answering(self) -> bool:
         """Healthy and its breaker not open, though it may be busy with its half-open trial:
@@ -413,7 +416,9 @@ class BackendPool:
         self.backends = [Backend(i, b, config, clock, metrics)
                          for i, b in enumerate(config.backends)]
         self._tasks: list[asyncio.Task] = []
+        self._backend_tasks: dict[int, list[asyncio.Task]] = {}
         self._stopping = asyncio.Event()
+        self.next_index = len(self.backends)  # indices are never reused while running
 
     def open_event_streams(self) -> None:
         """Bind or connect every configured KV event subscriber (before serving, so a port
@@ -447,8 +452,25 @@ class BackendPool:
         # One probe round before serving: models discovered, dead replicas known.
         await asyncio.gather(*(self._probe(b, client, timeout) for b in self.backends))
         for backend in self.backends:
-            self._tasks.append(asyncio.create_task(self._health_loop(backend, client)))
-            self._tasks.append(asyncio.create_task(self._metrics_loop(backend, client)))
+            self.watch(backend, client)
+
+    def watch(self, backend: Backend, client: httpx.AsyncClient) -> None:
+        """Start ``backend``'s periodic health checks and metric scrapes."""
+        tasks = [asyncio.create_task(self._health_loop(backend, client)),
+                 asyncio.create_task(self._metrics_loop(backend, client))]
+        self._backend_tasks[backend.index] = tasks
+        self._tasks.extend(tasks)
+
+    async def unwatch(self, backend: Backend) -> None:
+        """Stop ``backend``'s checks, scrapes and KV event subscriber (it left the fleet)."""
+        tasks = self._backend_tasks.pop(backend.index, [])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = [t for t in self._tasks if t not in tasks]
+        if backend.subscriber is not None:
+            backend.subscriber.stop()
+            backend.subscriber = None
 
     async def _probe(self, backend: Backend, client: httpx.AsyncClient, timeout: float) -> None:
         await backend.check_health(client, timeout)
@@ -503,10 +525,16 @@ class BackendPool:
 
 
 def candidates_for(backends: list[Backend], tried: set[int]) -> list[Backend]:
-    """The replicas an attempt may go to: those not tried yet that are healthy and whose
-    breaker lets requests through; if none is, those whose breaker alone allows it (health
-    checks may lag a recovery; the breaker still guards)."""
+    """The replicas an attempt may go to, none of them draining or tried already: those
+    that are healthy and whose breaker lets requests through; if none is, those whose
+    breaker alone allows it (health checks may lag a recovery; the breaker still guards);
+    if none is, a healthy one busy with its half-open trial (never a 503 while a healthy
+    replica is left to try)."""
     found = [b for b in backends if b.index not in tried and b.available()]
     if not found:
-        found = [b for b in backends if b.index not in tried and b.breaker.available()]
+        found = [b for b in backends
+                 if b.index not in tried and not b.draining and b.breaker.available()]
+    if not found:
+        found = [b for b in backends
+                 if b.index not in tried and not b.draining and b.answering()]
     return found

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixroute.core.errors import ConfigError
+from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.identity.hashing import VLLM_ALGOS
 from prefixroute.core.identity.identity import MIN_SECRET_BYTES
 from prefixroute.core.replica.engine import SCHEDULING_POLICIES
@@ -90,6 +90,51 @@ class BackendConfig:
     # vllm serve --scheduling-policy of the replica: under "priority" the gateway sends the
     # policy's priority with each request.
     scheduling_policy: str = "fcfs"
+
+
+DNS_RECORDS = ("a", "srv")
+# CoreDNS's kubernetes plugin answers with a TTL of 5 s: re-resolving faster only re-reads
+# its cache, slower leaves a new pod idle for longer.
+DEFAULT_DNS_INTERVAL_S = 5.0
+DEFAULT_FILE_INTERVAL_S = 1.0  # a file edit takes effect within about a second
+
+
+@dataclass(frozen=True, slots=True)
+class DnsDiscovery:
+    """Replicas from the records of ``name``: A and AAAA (``record: a``, each address on
+    ``port``), or SRV (``record: srv``, each target on its own port), asked of ``server``
+    (``HOST:PORT``; ``None``: the system's resolvers) every ``interval_s``."""
+
+    name: str
+    port: int | None = None
+    interval_s: float = DEFAULT_DNS_INTERVAL_S
+    server: str | None = None
+    record: str = "a"
+    timeout_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """Where replicas beyond the static ``backends`` come from (``edges/discovery``)."""
+
+    file: Path | None = None
+    file_interval_s: float = DEFAULT_FILE_INTERVAL_S
+    dns: DnsDiscovery | None = None
+
+
+TRACE_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+@dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """OpenTelemetry spans to an OTLP collector (``edges/gateway/tracing.py``; needs the
+    ``tracing`` extra). ``endpoint`` None: the exporter's own default and ``OTEL_*``
+    environment variables."""
+
+    endpoint: str | None = None
+    protocol: str = "http/protobuf"
+    service_name: str = "prefixroute-gateway"
+    sample_ratio: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +225,11 @@ class GatewayConfig:
     busy_poll_s: float = 0.0
     decisions_kept: int = DEFAULT_DECISIONS_KEPT
     seed: int = 0
+    discovery: DiscoveryConfig | None = None
+    # The settings of a discovered backend that its source does not give (a DNS record gives
+    # only an address), as a ``backends[]`` entry without url and name.
+    backend_defaults: dict[str, Any] = field(default_factory=dict)
+    tracing: TracingConfig | None = None
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -228,9 +278,11 @@ def _kv_events(reader: _Reader) -> KVEventsConfig:
     return KVEventsConfig(endpoint, replay, topic, bind)
 
 
-def _backend(reader: _Reader, index: int) -> BackendConfig:
+def _backend(reader: _Reader, index: int | None) -> BackendConfig:
+    """One ``backends[]`` entry; ``index`` None (a discovered entry): named after its
+    address unless it names itself, since a position in a changing list is no identity."""
     url = _check_url(reader, "url", reader.string("url", required=True))
-    name = reader.string("name", f"r{index}")
+    name = reader.string("name", f"r{index}" if index is not None else address_name(url))
     if not _NAME.match(name):
         reader.fail("names are 1-64 letters, digits or _.:@-", "name")
     models_raw = reader.raw("models", [])
@@ -257,6 +309,107 @@ def _backend(reader: _Reader, index: int) -> BackendConfig:
     reader.finish()
     return BackendConfig(name, url, tuple(dict.fromkeys(models_raw)), dict(adapters_raw),
                          kv_events, capacity, api_key_env, prefill_speed, scheduling)
+
+
+def address_name(url: str) -> str:
+    """A discovered backend's default name: its ``host:port``."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{host}:{port}"
+
+
+_DEFAULTS_FIELDS = ("models", "adapters", "capacity_blocks", "api_key_env",
+                    "prefill_s_per_token", "scheduling_policy")
+
+
+def parse_backend_defaults(reader: _Reader) -> dict[str, Any]:
+    """``backend_defaults``: the fields of a ``backends[]`` entry a discovered backend takes
+    when its source does not give them (checked here by parsing them once with a stand-in
+    address, so a bad default fails at load, not at the first discovery)."""
+    data = dict(reader.data)
+    for key in data:
+        if key not in _DEFAULTS_FIELDS:
+            reader.fail(f"unknown key {key!r} (known here: {', '.join(_DEFAULTS_FIELDS)}; a "
+                        "discovered backend's name, url and KV events endpoint are its own)",
+                        str(key), reader.lines.get(key, reader.line))
+    probe = _Reader(reader.source, {**data, "url": "http://127.0.0.1:1", "name": "defaults"},
+                    reader.path, reader.line)
+    _backend(probe, None)
+    return data
+
+
+def parse_backend_list(data: Any, source: str, defaults: dict[str, Any]) -> \
+        list[tuple[BackendConfig, bool, int]]:
+    """A membership file: a list of ``backends[]`` entries (each may add ``draining: true``
+    and ``generation: N``, bumped when the engine at that address restarted), or a mapping
+    with such a list under ``backends``. Entries take ``defaults`` for fields they omit.
+    Returns (backend, draining, generation) per entry; :class:`InputError` if bad."""
+    if isinstance(data, dict) and "backends" in data:
+        top = _Reader(source, data, "", 1)
+        items = top.sequence("backends", required=True)
+        top.finish()
+        prefix = "backends"
+    elif isinstance(data, list):
+        items, prefix = data, ""
+    else:
+        raise InputError(f"expected a list of backends, got {_kind(data)}", where=source)
+    out = []
+    names: set[str] = set()
+    for i, item in enumerate(items):
+        path = f"{prefix}[{i}]"
+        line = getattr(item, "line", getattr(data, "line", 1))
+        _Reader(source, item, path, line)  # a mapping, or an error naming the entry
+        reader = _Reader(source, {**defaults, **item}, path, line)
+        reader.lines = getattr(item, "lines", {})  # errors name the entry's own lines
+        draining = reader.boolean("draining", False)
+        generation = reader.integer("generation", 0, minimum=0)
+        backend = _backend(reader, None)
+        if backend.name in names:
+            reader.fail(f"backend name {backend.name!r} is used twice", "name")
+        names.add(backend.name)
+        out.append((backend, draining, generation))
+    return out
+
+
+def _discovery(reader: _Reader, base: Path) -> DiscoveryConfig:
+    file = reader.string("file")
+    path = None
+    if file is not None:
+        path = Path(file) if Path(file).is_absolute() else (base / file).resolve()
+    interval = reader.number("file_interval_s", DEFAULT_FILE_INTERVAL_S)
+    if interval <= 0:
+        reader.fail("must be above 0", "file_interval_s")
+    dns = None
+    if reader.has("dns"):
+        d = reader.section("dns")
+        record = d.string("record", "a", choices=DNS_RECORDS)
+        port = d.integer("port", None, minimum=1)
+        if port is not None and port > 65535:
+            d.fail("must be at most 65535", "port")
+        if record == "a" and port is None:
+            d.missing("port", "is required with A/AAAA records (they carry no port)")
+        server = d.string("server")
+        if server is not None:
+            host, sep, server_port = server.rpartition(":")
+            if not sep or not host or not server_port.isdigit():
+                d.fail(f"expected HOST:PORT, got {server!r}", "server")
+        dns_interval = d.number("interval_s", DEFAULT_DNS_INTERVAL_S)
+        if dns_interval <= 0:
+            d.fail("must be above 0", "interval_s")
+        timeout = d.number("timeout_s", 2.0)
+        if timeout <= 0:
+            d.fail("must be above 0", "timeout_s")
+        dns = DnsDiscovery(d.string("name", required=True).rstrip(".") + ".", port,
+                           dns_interval, server, record, timeout)
+        d.finish()
+    else:
+        reader.used.add("dns")
+    reader.finish()
+    if path is None and dns is None:
+        reader.fail("give file (a watched list of backends) and/or dns")
+    return DiscoveryConfig(path, interval, dns)
 
 
 def _tenant(reader: _Reader) -> TenantConfig:
@@ -345,9 +498,31 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
     base = base or Path.cwd()
     top = _Reader(source, data, "", 1)
 
-    backends_raw = top.sequence("backends", required=True)
-    if not backends_raw:
-        top.fail("needs at least one backend", "backends")
+    discovery = None
+    if top.has("discovery"):
+        discovery = _discovery(top.section("discovery"), base)
+    else:
+        top.used.add("discovery")
+    backend_defaults: dict[str, Any] = {}
+    if top.has("backend_defaults"):
+        backend_defaults = parse_backend_defaults(top.section("backend_defaults"))
+    else:
+        top.used.add("backend_defaults")
+    tracing = None
+    if top.has("tracing"):
+        tr = top.section("tracing")
+        ratio = tr.number("sample_ratio", 1.0, non_negative=True)
+        if ratio > 1:
+            tr.fail("a ratio between 0 and 1", "sample_ratio")
+        tracing = TracingConfig(tr.string("endpoint"),
+                                tr.string("protocol", "http/protobuf", choices=TRACE_PROTOCOLS),
+                                tr.string("service_name", "prefixroute-gateway"), ratio)
+        tr.finish()
+    else:
+        top.used.add("tracing")
+    backends_raw = top.sequence("backends", required=discovery is None)
+    if not backends_raw and discovery is None:
+        top.fail("needs at least one backend (or discovery)", "backends")
     backends = []
     for i, item in enumerate(backends_raw):
         reader = _Reader(source, item, f"backends[{i}]", top.item_line("backends", item))
@@ -396,7 +571,7 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
 
     policy = top.string("policy") or default_policy_spec()
     try:
-        create_policy(policy, seed=0, num_replicas=len(backends), block_size=hashing.block_size)
+        create_policy(policy, seed=0, num_replicas=max(1, len(backends)), block_size=hashing.block_size)
     except ConfigError as exc:
         top.fail(str(exc), "policy")
 
@@ -454,7 +629,8 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
         shutdown_grace_s=top.number("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S),
         busy_poll_s=top.number("busy_poll_s", 0.0, non_negative=True),
         decisions_kept=top.integer("decisions_kept", DEFAULT_DECISIONS_KEPT, minimum=1),
-        seed=top.integer("seed", 0, minimum=0))
+        seed=top.integer("seed", 0, minimum=0),
+        discovery=discovery, backend_defaults=backend_defaults, tracing=tracing)
     top.finish()
     return config
 

@@ -39,6 +39,13 @@ class GatewayMetrics:
         self.reported_cached = Counter(p + "reported_cached_tokens_total", "Cached prompt "
                                        "tokens the replicas reported (usage.prompt_tokens_"
                                        "details.cached_tokens)", ["replica"], registry=r)
+        # Per tenant and replica: token hit rate per tenant (sum by tenant) and per replica.
+        self.tenant_prompt_tokens = Counter(
+            p + "tenant_prompt_tokens_total", "Prompt tokens the replicas reported, by tenant "
+            "and replica", ["tenant", "replica"], registry=r)
+        self.tenant_cached_tokens = Counter(
+            p + "tenant_cached_tokens_total", "Cached prompt tokens the replicas reported, by "
+            "tenant and replica", ["tenant", "replica"], registry=r)
         self.decisions = Counter(p + "decisions_total", "Routing decisions by policy branch",
                                  ["policy", "branch"], registry=r)
         self.retries = Counter(p + "retries_total", "Attempts retried on another replica, by "

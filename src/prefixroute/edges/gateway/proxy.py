@@ -44,7 +44,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from prefixroute.core.clock import Clock
-from prefixroute.edges.gateway.backends import Backend
+from prefixroute.edges.gateway.backends import Backend, candidates_for
 from prefixroute.edges.gateway.errors import GatewayError, sse_error
 from prefixroute.edges.gateway.guard import HeadGuard, connection
 from prefixroute.edges.gateway.metrics import GatewayMetrics
@@ -201,13 +201,7 @@ class Proxy:
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         routing_key = body.get("prompt_cache_key") or body.get("user")
         for attempt_no in range(self.retries + 1):
-            candidates = [b for b in job.backends if b.index not in tried and b.available()]
-            if not candidates:  # health checks may lag a recovery; the breaker still guards
-                candidates = [b for b in job.backends
-                              if b.index not in tried and b.breaker.available()]
-            if not candidates:  # never a 503 while a healthy replica is left to try
-                candidates = [b for b in job.backends
-                              if b.index not in tried and b.answering()]
+            candidates = candidates_for(job.backends, tried)
             if not candidates:
                 break
             if attempt_no:
@@ -262,7 +256,7 @@ class Proxy:
         5xx worth retrying; ``None`` a failure worth retrying."""
         backend = attempt.backend
         headers = {"content-type": "application/json", "x-request-id": job.request_id,
-                   **backend.headers}
+                   **backend.headers, **attempt.trace_headers}
         try:
             upstream = await self.client.request("POST", self._url(backend, path),
                                                  body=payload, headers=headers)

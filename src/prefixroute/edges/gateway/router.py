@@ -30,6 +30,7 @@ from prefixroute.edges.gateway.metrics import GatewayMetrics
 from prefixroute.edges.gateway.prompts import CHARS, PreparedPrompt
 
 log = logging.getLogger("prefixroute.gateway")
+_NO_HEADERS: dict[str, str] = {}  # shared, never written
 
 
 def predicted_cached_tokens(num_tokens: int, matched_blocks: int, block_size: int) -> int:
@@ -111,6 +112,8 @@ class Attempt:
     ticket: int
     prefill_pending: bool = True
     finished: bool = field(default=False)
+    span: Any = None  # its ``upstream`` span when tracing (edges/gateway/tracing.py)
+    trace_headers: dict = field(default_factory=lambda: _NO_HEADERS)  # sent to the replica
 
     @property
     def request(self) -> RequestView:
@@ -133,10 +136,17 @@ class GatewayRouter:
         self._clock = clock
         self._wall = wall_clock
         self.decisions: deque[DecisionRecord] = deque(maxlen=decisions_kept)
+        self.tracing: Any = None  # a GatewayTracing, set by the gateway when configured
         for backend in backends:
             self.runner.add_replica(backend.state)
             # A backend that learns its replica restarted resets it in the runner at once.
             backend.on_reset = self.runner.reset_replica
+
+    def replace_policy(self, policy: Any) -> None:
+        """Route with ``policy`` from the next request on (a configuration reload)."""
+        self.runner.replace_policy(policy)
+        self.policy = policy
+        self.policy_name = self.runner.policy_name
 
     def _log_policy_error(self, request: RequestView, decision: Decision,
                           candidates: list[int]) -> None:
@@ -177,7 +187,13 @@ class GatewayRouter:
         self.decisions.append(record)
         self._metrics.decisions.labels(self.policy_name, decision.branch).inc()
         ticket = backend.dispatch(uncached)
-        return Attempt(backend, booking, record, matched, predicted, uncached, ticket)
+        made = Attempt(backend, booking, record, matched, predicted, uncached, ticket)
+        if self.tracing is not None:
+            made.span, made.trace_headers = self.tracing.routed(request_id, {
+                "prefixroute.replica": backend.name, "prefixroute.branch": decision.branch,
+                "prefixroute.predicted_cached_tokens": predicted,
+                "prefixroute.policy": self.policy_name, "prefixroute.attempt": attempt})
+        return made
 
     def upstream_priority(self, attempt: Attempt, arrived: float) -> int | None:
         """The ``priority`` to send with ``attempt`` to a replica started with
@@ -200,6 +216,8 @@ class GatewayRouter:
         if attempt.prefill_pending:
             attempt.prefill_pending = False
             attempt.backend.prefill_done(attempt.ticket)
+            if attempt.span is not None and not attempt.finished:
+                self.tracing.first_token(attempt.span)
 
     def succeeded(self, attempt: Attempt, usage: dict | None) -> None:
         """The replica answered (2xx). ``usage`` is the response's usage object, if any."""
@@ -223,8 +241,11 @@ class GatewayRouter:
             predicted = round(predicted * prompt_tokens / attempt.request.num_tokens)
         self._metrics.predicted_cached.labels(replica).inc(predicted)
         self._metrics.reported_cached.labels(replica).inc(cached)
+        tenant = attempt.record.tenant
+        self._metrics.tenant_cached_tokens.labels(tenant, replica).inc(cached)
         if prompt_tokens is not None:
             self._metrics.prompt_tokens.labels(replica).inc(prompt_tokens)
+            self._metrics.tenant_prompt_tokens.labels(tenant, replica).inc(prompt_tokens)
         if chars:
             if prompt_tokens:
                 backend.observe_units(attempt.request.num_tokens, prompt_tokens)
@@ -261,6 +282,8 @@ class GatewayRouter:
         runner (after scaling them); otherwise the request ended without a report."""
         attempt.finished = True
         self.first_byte(attempt)
+        if attempt.span is not None:
+            self.tracing.attempt_ended(attempt.span, outcome, cached)
         attempt.record.outcome = outcome
         if cached is None:
             self.runner.ended(attempt.booking, ran=ran)

@@ -59,12 +59,20 @@ class Tenant:
 class TenantRegistry:
     """API key digest -> tenant, with each trust group's salt derived once at start."""
 
-    def __init__(self, tenants: tuple[TenantConfig, ...], server_secret: bytes, clock: Clock):
+    def __init__(self, tenants: tuple[TenantConfig, ...], server_secret: bytes, clock: Clock,
+                 previous: "TenantRegistry | None" = None):
+        """``previous``: the registry this one replaces (a reload): a tenant whose rate
+        limit did not change keeps its bucket, so a reload neither refills nor empties it."""
         self._secret = server_secret
         self._by_digest: dict[str, Tenant] = {}
         self.tenants: list[Tenant] = []
+        kept = {t.name: t.bucket for t in previous.tenants} if previous is not None else {}
         for config in tenants:
-            bucket = TokenBucket(config.rate_limit, clock) if config.rate_limit else None
+            bucket = kept.get(config.name)
+            limit = config.rate_limit
+            if bucket is None or limit is None or (bucket.rate, bucket.burst) != (
+                    limit.requests_per_second, float(limit.burst)):
+                bucket = TokenBucket(limit, clock) if limit else None
             tenant = Tenant(config.name, config.trust_group,
                             derive_trust_group_salt(server_secret, config.trust_group),
                             config.admin, bucket)
