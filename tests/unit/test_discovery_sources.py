@@ -113,7 +113,7 @@ def base_config(**extra):
 
 @pytest.fixture(autouse=True)
 def secret(monkeypatch):
-    monkeypatch.setenv("PR_DISCOVERY_TEST_SECRET", "s" * 32)
+    monkeypatch.setenv("PR_DISCOVERY_TEST_SECRET", "5e" * 32)
 
 
 def test_discovery_replaces_the_required_backends_list(tmp_path):

@@ -120,7 +120,7 @@ def run_simulator(spec):
 
 def run_gateway(spec, events, monkeypatch):
     """The same events through the gateway's router and backends."""
-    monkeypatch.setenv("PR_BODIES_TEST_SECRET", "s" * 32)
+    monkeypatch.setenv("PR_BODIES_TEST_SECRET", "5e" * 32)
     config = parse_config({
         "server_secret": {"env": "PR_BODIES_TEST_SECRET"},
         "backends": [{"name": f"replica-{i}", "url": f"http://r{i}.test", "models": ["tiny"],

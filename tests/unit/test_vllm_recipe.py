@@ -45,7 +45,7 @@ def test_the_page_shows_the_recipes_replica_commands():
 
 def test_the_example_gateway_config_matches_the_replica_commands(tmp_path, tiny_tokenizer_dir,
                                                                  monkeypatch):
-    monkeypatch.setenv("PREFIXROUTE_SERVER_SECRET", "x" * 32)
+    monkeypatch.setenv("PREFIXROUTE_SERVER_SECRET", "5e" * 32)
     (tmp_path / "model").symlink_to(tiny_tokenizer_dir)  # the example's ./model
     config = parse_config(yaml.safe_load(EXAMPLE.read_text()), str(EXAMPLE), tmp_path)
     assert config.hashing.block_size == vllm_recipe.RECIPE_BLOCK_SIZE

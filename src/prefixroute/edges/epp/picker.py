@@ -114,6 +114,9 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
         self.clock = gateway.clock
         self.endpoints: dict[int, str] = {}
         self.by_endpoint: dict[str, Backend] = {}
+        # The streamed answers being read (SSERelay registers with its owner). Envoy, not the
+        # picker, holds the caller's connection, so a shutdown has no stream of its own to cut.
+        self.streams: set = set()
         for backend in gateway.pool.backends:
             endpoint = endpoint_of(backend.url)
             assert endpoint is not None, "load_epp_config checks every backend url"
