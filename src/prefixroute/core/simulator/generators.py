@@ -199,6 +199,104 @@ def draw_fleet_prompt(rng: random.Random, volatile: bool = False) -> FleetPrompt
     return FleetPrompt(tenant, user, head)
 
 
+# Fleet token ids in closed form (the SPEC's tokens are strings; any one-to-one map will do):
+# system token s{i} -> 1 + i, tenant T's document token T{i} -> after the system prompt, 800
+# per tenant in "ABCDEFGH" order, user token u{v} -> FLEET_USER_ID_BASE + v and head token
+# time={v} -> FLEET_HEAD_ID_BASE + v (v is at most 10**6).
+FLEET_VALUE_BOUND = 10 ** 6 + 1  # randint(0, 10**6) draws below this
+FLEET_USER_ID_BASE = 1 + FLEET_SYSTEM_TOKENS + FLEET_DOCUMENT_TOKENS * len(FLEET_TENANTS)
+FLEET_HEAD_ID_BASE = FLEET_USER_ID_BASE + FLEET_VALUE_BOUND
+
+
+def fleet_static_ids(tenant: str) -> array:
+    """Token ids of the system prompt and ``tenant``'s document (the closed-form map)."""
+    first_doc = 1 + FLEET_SYSTEM_TOKENS + FLEET_DOCUMENT_TOKENS * FLEET_TENANTS.index(tenant)
+    return array("I", list(range(1, 1 + FLEET_SYSTEM_TOKENS))
+                 + list(range(first_doc, first_doc + FLEET_DOCUMENT_TOKENS)))
+
+
+@dataclass(slots=True)
+class FleetBatch:
+    """``requests`` fleet prompts drawn at once: ``tenants[i]`` an index into ``"ABCDEFGH"``,
+    ``user[i]`` the 60 values ``v`` of the user tokens ``u{v}``, ``head[i]`` the value of the
+    head token ``time={v}`` (volatile runs, else None) and ``routes[i]`` the replica drawn
+    with ``randrange(route_replicas)`` after the prompt (else None)."""
+
+    tenants: list[int]
+    user: "np.ndarray"
+    head: list[int] | None
+    routes: list[int] | None
+
+
+def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
+                     route_replicas: int = 0, read_ahead: int | None = None) -> FleetBatch:
+    """What ``requests`` calls of :func:`draw_fleet_prompt` (each followed by
+    ``rng.randrange(route_replicas)`` when ``route_replicas``) draw, the same values and the
+    same generator state afterwards, from one block of raw words
+    (:mod:`~prefixroute.core.simulator.batched_draws`). ``read_ahead``: words of the first
+    block (doubled until the draws fit)."""
+    import numpy as np
+
+    from prefixroute.core.simulator.batched_draws import WordBlock
+    n_tenants, n_user = len(FLEET_TENANTS), FLEET_USER_TOKENS
+    # Words per request: about 2 for the tenant (half of 4-bit draws are >= 8), 63 for 60
+    # user values (4.6% rejected), 1 for the head and 2 for the route; read ahead with room.
+    words = read_ahead if read_ahead else requests * 72 + 256
+    while True:
+        block = WordBlock(rng, words)
+        next_tenant = block.next_index(n_tenants)
+        tenant_values = block.values(n_tenants)
+        accepted = block.accepted(FLEET_VALUE_BOUND)
+        accepted_list = memoryview(accepted.astype(np.int64))
+        rank = block.rank(FLEET_VALUE_BOUND)
+        next_value = block.next_index(FLEET_VALUE_BOUND)
+        values = block.values(FLEET_VALUE_BOUND)
+        if route_replicas:
+            next_route = block.next_index(route_replicas)
+            route_values = memoryview(block.values(route_replicas))
+        tenants, starts, heads, routes = [], [], [], []
+        pos, end, short = 0, block.size, False
+        tenant_list = memoryview(tenant_values)
+        head_values = memoryview(values) if volatile else None
+        for _ in range(requests):
+            t = next_tenant[pos]
+            if t >= end:
+                short = True
+                break
+            tenants.append(tenant_list[t])
+            r = rank[t + 1]
+            if r + n_user > len(accepted_list):
+                short = True
+                break
+            starts.append(r)
+            pos = accepted_list[r + n_user - 1] + 1
+            if volatile:
+                v = next_value[pos]
+                if v >= end:
+                    short = True
+                    break
+                heads.append(head_values[v])
+                pos = v + 1
+            if route_replicas:
+                q = next_route[pos]
+                if q >= end:
+                    short = True
+                    break
+                routes.append(route_values[q])
+                pos = q + 1
+        if not short:
+            break
+        block.release(0)
+        words *= 2
+    block.release(pos)
+    if requests:
+        user = values[accepted[np.asarray(starts)[:, None] + np.arange(n_user)]]
+    else:
+        user = np.zeros((0, n_user), dtype=np.int64)
+    return FleetBatch(tenants, user, heads if volatile else None,
+                      routes if route_replicas else None)
+
+
 class FleetEncoder:
     """Token strings of fleet prompts to ids, and their leading text, without rebuilding the
     2,000 static tokens for every request (they are encoded once per tenant)."""
@@ -534,6 +632,7 @@ def make_workload(name: str, params: dict[str, str] | None = None,
 
 
 __all__ = ["TokenSpace", "Vocabulary", "five_turn_conversation", "universal_prefix",
-           "skewed_trace", "seed_fleet", "draw_fleet_prompt", "FleetPrompt", "FleetEncoder",
+           "skewed_trace", "seed_fleet", "draw_fleet_prompt", "draw_fleet_batch", "FleetBatch",
+           "FleetPrompt", "FleetEncoder", "fleet_static_ids",
            "design_scenario", "conversations", "hot_burst", "with_prefixes", "Shape", "WORKLOADS", "Workload",
            "make_workload", "workload_parameters", "zipf_weights"]
