@@ -42,6 +42,23 @@ def measured(argv: list[str]) -> tuple[float, float]:
     return time.perf_counter() - start, usage.ru_maxrss / 1024  # Linux: kilobytes
 
 
+def write_results(rows: list[dict], rate: float) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "sim_scale.json").write_text(json.dumps(rows, indent=2) + "\n")
+    lines = ["# Simulator at scale", "",
+             f"`python benchmarks/sim_scale.py` (rate {rate:g} req/s, {REPLICAS} replicas, "
+             "default policy `prefixroute`, streamed). Target for 1M requests: "
+             f"<= {TIME_LIMIT_S / 60:.0f} min and <= {MEMORY_LIMIT_MB / 1024:.0f} GB peak RSS.",
+             "", "| requests | trace MB | generate s | generate peak MB | simulate s | "
+             "simulate peak MB | token hit rate | TTFT p50 s | TTFT p99 s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['requests']:,} | {r['trace_mb']} | {r['generate_s']} | "
+                     f"{r['generate_peak_mb']} | {r['simulate_s']} | {r['simulate_peak_mb']} | "
+                     f"{r['token_hit_rate']:.1%} | {r['ttft_p50_s']} | {r['ttft_p99_s']} |")
+    (RESULTS / "sim_scale.md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
@@ -73,20 +90,7 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
         trace.unlink()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sim_scale.json").write_text(json.dumps(rows, indent=2) + "\n")
-    lines = ["# Simulator at scale", "",
-             f"`python benchmarks/sim_scale.py` (rate {args.rate:g} req/s, {REPLICAS} replicas, "
-             "default policy `prefixroute`, streamed). Target for 1M requests: "
-             f"<= {TIME_LIMIT_S / 60:.0f} min and <= {MEMORY_LIMIT_MB / 1024:.0f} GB peak RSS.",
-             "", "| requests | trace MB | generate s | generate peak MB | simulate s | "
-             "simulate peak MB | token hit rate | TTFT p50 s | TTFT p99 s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['requests']:,} | {r['trace_mb']} | {r['generate_s']} | "
-                     f"{r['generate_peak_mb']} | {r['simulate_s']} | {r['simulate_peak_mb']} | "
-                     f"{r['token_hit_rate']:.1%} | {r['ttft_p50_s']} | {r['ttft_p99_s']} |")
-    (RESULTS / "sim_scale.md").write_text("\n".join(lines) + "\n")
+        write_results(rows, args.rate)  # after every size: a long run keeps what it measured
     return 0
 
 
