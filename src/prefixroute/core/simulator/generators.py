@@ -33,12 +33,15 @@ import math
 import random
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.identity.identity import DEFAULT_IDENTITY, CacheIdentity
 from prefixroute.core.simulator.keys import MAX_BLOCK_ID
 from prefixroute.core.simulator.request import Request
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class TokenSpace:

@@ -128,10 +128,19 @@ def _ray_results(address: str, args: argparse.Namespace, workload, defaults: dic
         raise ConfigError("--ray needs Ray: pip install 'prefixroute[ray]'") from None
     started = not ray.is_initialized()
     if started:
-        if address == "local":
-            ray.init(include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
+        try:
+            if address == "local":
+                ray.init(include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001
+            # Ray raises bare Exception for a node that did not start in time (on a busy
+            # machine, raise RAY_raylet_start_wait_time_s) or a cluster it cannot reach.
+            ray.shutdown()
+            where = "a local Ray" if address == "local" else f"Ray at {address}"
+            raise ConfigError(f"--ray: could not start or reach {where}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                              ) from None
     try:
         task = ray.remote(simulate_point)
         shared = ray.put(workload)
