@@ -46,9 +46,13 @@ class ApproximateView:
     Recording is deferred: :meth:`record` (and :meth:`on_booked`) queue the keys, applied in
     order the first time the view is read, so answers are those of applying them at once,
     and a policy that never reads the view (load-only, hash policies) pays no LRU update per
-    block. A booking's ``held_blocks`` is set when its keys are applied."""
+    block. A booking's ``held_blocks`` is set when its keys are applied. The queue is applied
+    once it holds :attr:`MAX_QUEUED` entries even if nobody reads: applying is in order, so
+    the answers are the same, and a long run under a policy that never reads the view does
+    not keep every booking (and its decision) alive."""
 
     observes_engine = False  # it knows only what this router sent (see CacheView)
+    MAX_QUEUED = 1024
 
     def __init__(self, capacity_blocks: int | None = None):
         self.capacity_blocks = capacity_blocks
@@ -65,11 +69,15 @@ class ApproximateView:
         of more blocks than the replica holds is rejected, not cached: it changes nothing
         (recorded, it would push every other block out of the view)."""
         self._queued.append((keys, None))
+        if len(self._queued) >= self.MAX_QUEUED:
+            self._apply_queued()
 
     def on_booked(self, keys: Sequence[Hashable], booking: Any) -> None:
         """A request with ``keys`` was sent here: record them, and set
         ``booking.held_blocks`` to what the view held for them before."""
         self._queued.append((keys, booking))
+        if len(self._queued) >= self.MAX_QUEUED:
+            self._apply_queued()
 
     def on_ended(self, keys: Sequence[Hashable], booking: Any, ran: bool) -> None:
         """The request left without a report; if it did not run, nothing it brought is
