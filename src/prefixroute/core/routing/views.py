@@ -21,6 +21,8 @@ cached tokens. A view without them is read only.
 
 from __future__ import annotations
 
+import weakref
+
 from collections import Counter
 from typing import Any, Hashable, Iterable, Sequence
 
@@ -49,7 +51,8 @@ class ApproximateView:
     block. A booking's ``held_blocks`` is set when its keys are applied. The queue is applied
     once it holds :attr:`MAX_QUEUED` entries even if nobody reads: applying is in order, so
     the answers are the same, and a long run under a policy that never reads the view does
-    not keep every booking (and its decision) alive."""
+    not keep every booking (and its decision) alive; bookings are held weakly for the same
+    reason (one that ended and was dropped needs no answer)."""
 
     observes_engine = False  # it knows only what this router sent (see CacheView)
     MAX_QUEUED = 1024
@@ -75,7 +78,11 @@ class ApproximateView:
     def on_booked(self, keys: Sequence[Hashable], booking: Any) -> None:
         """A request with ``keys`` was sent here: record them, and set
         ``booking.held_blocks`` to what the view held for them before."""
-        self._queued.append((keys, booking))
+        try:  # held weakly: a booking that ended and was dropped needs no answer
+            entry = weakref.ref(booking)
+        except TypeError:
+            entry = lambda: booking  # noqa: E731  (an object without weak references)
+        self._queued.append((keys, entry))
         if len(self._queued) >= self.MAX_QUEUED:
             self._apply_queued()
 
@@ -90,7 +97,8 @@ class ApproximateView:
 
     def _apply_queued(self) -> None:
         lru, capacity = self._lru, self.capacity_blocks
-        for keys, booking in self._queued:
+        for keys, entry in self._queued:
+            booking = entry() if entry is not None else None
             if booking is not None:
                 booking.held_blocks = lru.match(keys)
             if capacity is None or len(keys) <= capacity:
@@ -117,7 +125,8 @@ class ApproximateView:
     def on_cleared(self) -> None:
         """The replica's cache is empty (it restarted): forget everything routed there.
         Bookings still queued get ``held_blocks`` 0, which is what the empty cache holds."""
-        for _, booking in self._queued:
+        for _, entry in self._queued:
+            booking = entry() if entry is not None else None
             if booking is not None:
                 booking.held_blocks = 0
         self._queued.clear()
