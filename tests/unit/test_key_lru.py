@@ -48,3 +48,50 @@ def test_match_with_a_ttl_stops_at_an_expired_key():
     cache.put("b", now=5)
     assert cache.match(["a", "b"], now=9) == 2
     assert cache.match(["a", "b"], now=12) == 0  # a expired at 10
+
+
+def _reference_access(order: list, capacity: int, keys: list) -> tuple[int, int]:
+    """The rule, one key at a time: hits move to the recent end, a miss is inserted and the
+    oldest entry evicted when over capacity; leading hits count. Returns (hits, evicted)."""
+    hits, evicted, prefix = 0, 0, True
+    for key in keys:
+        if key in order:
+            order.remove(key)
+            order.append(key)
+            hits += prefix
+        else:
+            prefix = False
+            if capacity:
+                order.append(key)
+                if len(order) > capacity:
+                    order.pop(0)
+                    evicted += 1
+    return hits, evicted
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(capacity=st.integers(0, 6),
+       requests=st.lists(st.lists(st.integers(0, 9), max_size=8), max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_access_follows_the_one_key_at_a_time_rule_in_every_shape(capacity, requests):
+    # The bulk path (leading hits, then new distinct keys) and the stepwise path must both
+    # end where the rule ends: same hits, same keys in the same order, same eviction count.
+    cache, order = KeyLRUCache(capacity), []
+    evicted = 0
+    for keys in requests:
+        hits, gone = _reference_access(order, capacity, keys)
+        evicted += gone
+        assert cache.access(keys) == hits
+        assert cache.keys() == order
+    assert cache.evictions == evicted
+
+
+def test_access_in_bulk_evicts_the_oldest_entries_in_order():
+    cache = KeyLRUCache(capacity=4)
+    cache.access(["a", "b", "c", "d"])
+    assert cache.access(["c", "x", "y"]) == 1   # c moves up; a and b go, oldest first
+    assert cache.keys() == ["d", "c", "x", "y"]
+    assert cache.evictions == 2

@@ -219,3 +219,31 @@ def test_an_approximate_view_applies_its_records_in_order_when_read():
     view.record(list("abcd"))
     assert (view.match(list("xyz")), view.match(list("w")), view.match(list("a"))) == (3, 0, 0)
     assert len(view) == 3
+
+
+def test_an_approximate_view_nobody_reads_does_not_keep_every_booking():
+    # A policy with its own cache model never reads the view; its queue of bookings must
+    # still be applied (same answers as applying at read time), not grow with the run.
+    class Held:
+        held_blocks = None
+
+    def run(view):
+        bookings = []
+        for i in range(2500):
+            keys = [i % 7, 100 + i % 5, 1000 + i]
+            booking = Held()
+            view.on_booked(keys, booking)
+            bookings.append(booking)
+        view.match([0])  # a read applies whatever is still queued
+        return [b.held_blocks for b in bookings]
+
+    bounded = ApproximateView(capacity_blocks=16)
+    unbounded = ApproximateView(capacity_blocks=16)
+    unbounded.MAX_QUEUED = 10 ** 9
+    assert run(bounded) == run(unbounded)
+    first = Held()
+    fresh = ApproximateView(capacity_blocks=16)
+    fresh.on_booked([1, 2], first)
+    for i in range(ApproximateView.MAX_QUEUED):
+        fresh.on_booked([i + 10], Held())
+    assert first.held_blocks == 0  # applied without a read

@@ -15,7 +15,8 @@ Time comes from the ``now`` argument (seconds), never from a clock of its own.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import islice
 from typing import Hashable, Sequence
 
 from prefixroute.core.caches.base import CacheEventListener, CacheStats, cacheable_blocks
@@ -155,9 +156,49 @@ class KeyLRUCache:
 
     def _access_no_ttl(self, keys: Sequence[Hashable]) -> int:
         """:meth:`access` without expiry or listener: the hot loop of the fleet exercises and
-        of routers' approximate views, so it works on the ordered dict directly. Eviction
-        stays one key at a time, as keys are inserted: a later key of the same request may be
+        of routers' approximate views, so it works on the ordered dict directly.
+
+        The common shapes run as a few C-level passes (``map`` over the dict's own methods)
+        instead of one Python step per key: *leading hits, then keys that are all absent and
+        distinct*, which covers a cold prompt, a warm prefix with a new tail and a full hit.
+        Then the result is the same as one key at a time: the hits move to the recent end in
+        order, the new keys follow in order, and the entries evicted are the oldest ones, in
+        order, whenever each insertion overflows (the oldest entry is never a key of this
+        request before its turn, because every hit was touched before the first insertion).
+        Any other shape (a miss followed by a present key) takes the key-at-a-time loop,
+        where eviction interleaves with insertion: a later key of the same request may be
         the oldest entry, and evicting it first turns its touch into a miss."""
+        entries = self._expiry
+        n = len(keys)
+        present = list(map(entries.__contains__, keys))
+        hits = present.index(False) if False in present else n
+        if hits == n or not any(present[hits:]):
+            tail = dict.fromkeys(keys[hits:] if hits else keys, float("inf"))
+            if len(tail) == n - hits:  # distinct new keys
+                return self._access_bulk(keys, hits, tail)
+        return self._access_stepwise(keys)
+
+    def _access_bulk(self, keys: Sequence[Hashable], hits: int, tail: dict) -> int:
+        entries = self._expiry
+        if hits:
+            deque(map(entries.move_to_end, keys[:hits] if hits < len(keys) else keys), 0)
+        inserted = evicted = 0
+        if tail and self.capacity:
+            entries.update(tail)
+            inserted = len(tail)
+            evicted = len(entries) - self.capacity
+            if evicted > 0:
+                deque(map(entries.__delitem__, list(islice(entries, evicted))), 0)
+                self.evictions += evicted
+                self.stats.evicted_blocks += evicted
+            else:
+                evicted = 0
+        self.stats.queried_tokens += len(keys) * self.block_size
+        self.stats.hit_tokens += hits * self.block_size
+        self.stats.stored_blocks += inserted
+        return hits
+
+    def _access_stepwise(self, keys: Sequence[Hashable]) -> int:
         entries = self._expiry
         move = entries.move_to_end
         pop = entries.popitem

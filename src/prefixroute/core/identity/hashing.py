@@ -281,6 +281,26 @@ class BlockHasher:
             self._native_seeds[identity] = seed
         return seed
 
+    def native_seed(self, identity: CacheIdentity = DEFAULT_IDENTITY) -> int:
+        """The parent of a ``native`` chain's first block for ``identity``."""
+        return self._native_seed(identity)
+
+    def native_chain(self, data: bytes | memoryview, parent: int) -> list[int]:
+        """``native`` keys of the full blocks packed in ``data`` (token ids as little-endian
+        uint32, a whole number of blocks), chained from ``parent``: the hot loop of the
+        profile, for callers that already hold packed ids (many prompts in one numpy array)
+        and compute their prefix's keys once."""
+        digest = _xxhash.xxh3_64_intdigest
+        step = self.block_size * 4
+        view = memoryview(data).cast("B")
+        prev = parent
+        out: list[int] = []
+        append = out.append
+        for off in range(0, len(view) - step + 1, step):
+            prev = digest(view[off:off + step], prev)
+            append(prev)
+        return out
+
     def _native(self, token_ids, identity, media, parent, start) -> list[int]:
         block_size = self.block_size
         n_full = len(token_ids) // block_size
@@ -293,12 +313,9 @@ class BlockHasher:
         digest = _xxhash.xxh3_64_intdigest
         prev = parent if parent is not None else self._native_seed(identity)
         step = block_size * 4
-        out: list[int] = []
         if not media:
-            for off in range(0, (n_full - first) * step, step):
-                prev = digest(data[off:off + step], prev)
-                out.append(prev)
-            return out
+            return self.native_chain(data, prev)
+        out: list[int] = []
         for b in range(first, n_full):
             off = (b - first) * step
             keys = mm_extra_keys(b * block_size, (b + 1) * block_size, media)

@@ -73,7 +73,7 @@ class NoCandidateError(ConfigError):
     """:meth:`LifecycleRunner.route` was given no replica that may take the request."""
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)  # views queue bookings weakly
 class Booking:
     """One request sent to one replica, from routing to its end.
 

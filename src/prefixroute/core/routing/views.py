@@ -21,6 +21,8 @@ cached tokens. A view without them is read only.
 
 from __future__ import annotations
 
+import weakref
+
 from collections import Counter
 from typing import Any, Hashable, Iterable, Sequence
 
@@ -46,9 +48,14 @@ class ApproximateView:
     Recording is deferred: :meth:`record` (and :meth:`on_booked`) queue the keys, applied in
     order the first time the view is read, so answers are those of applying them at once,
     and a policy that never reads the view (load-only, hash policies) pays no LRU update per
-    block. A booking's ``held_blocks`` is set when its keys are applied."""
+    block. A booking's ``held_blocks`` is set when its keys are applied. The queue is applied
+    once it holds :attr:`MAX_QUEUED` entries even if nobody reads: applying is in order, so
+    the answers are the same, and a long run under a policy that never reads the view does
+    not keep every booking (and its decision) alive; bookings are held weakly for the same
+    reason (one that ended and was dropped needs no answer)."""
 
     observes_engine = False  # it knows only what this router sent (see CacheView)
+    MAX_QUEUED = 1024
 
     def __init__(self, capacity_blocks: int | None = None):
         self.capacity_blocks = capacity_blocks
@@ -65,11 +72,19 @@ class ApproximateView:
         of more blocks than the replica holds is rejected, not cached: it changes nothing
         (recorded, it would push every other block out of the view)."""
         self._queued.append((keys, None))
+        if len(self._queued) >= self.MAX_QUEUED:
+            self._apply_queued()
 
     def on_booked(self, keys: Sequence[Hashable], booking: Any) -> None:
         """A request with ``keys`` was sent here: record them, and set
         ``booking.held_blocks`` to what the view held for them before."""
-        self._queued.append((keys, booking))
+        try:  # held weakly: a booking that ended and was dropped needs no answer
+            entry = weakref.ref(booking)
+        except TypeError:
+            entry = lambda: booking  # noqa: E731  (an object without weak references)
+        self._queued.append((keys, entry))
+        if len(self._queued) >= self.MAX_QUEUED:
+            self._apply_queued()
 
     def on_ended(self, keys: Sequence[Hashable], booking: Any, ran: bool) -> None:
         """The request left without a report; if it did not run, nothing it brought is
@@ -82,7 +97,8 @@ class ApproximateView:
 
     def _apply_queued(self) -> None:
         lru, capacity = self._lru, self.capacity_blocks
-        for keys, booking in self._queued:
+        for keys, entry in self._queued:
+            booking = entry() if entry is not None else None
             if booking is not None:
                 booking.held_blocks = lru.match(keys)
             if capacity is None or len(keys) <= capacity:
@@ -109,7 +125,8 @@ class ApproximateView:
     def on_cleared(self) -> None:
         """The replica's cache is empty (it restarted): forget everything routed there.
         Bookings still queued get ``held_blocks`` 0, which is what the empty cache holds."""
-        for _, booking in self._queued:
+        for _, entry in self._queued:
+            booking = entry() if entry is not None else None
             if booking is not None:
                 booking.held_blocks = 0
         self._queued.clear()

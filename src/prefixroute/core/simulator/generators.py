@@ -25,15 +25,23 @@ Scenarios (the worked examples and the design scenario of docs/concepts.md):
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import inspect
+import itertools
+import math
 import random
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.identity.identity import DEFAULT_IDENTITY, CacheIdentity
+from prefixroute.core.simulator.keys import MAX_BLOCK_ID
 from prefixroute.core.simulator.request import Request
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class TokenSpace:
@@ -197,6 +205,104 @@ def draw_fleet_prompt(rng: random.Random, volatile: bool = False) -> FleetPrompt
     user = [f"u{rng.randint(0, 10 ** 6)}" for _ in range(FLEET_USER_TOKENS)]
     head = f"time={rng.randint(0, 10 ** 6)}" if volatile else None
     return FleetPrompt(tenant, user, head)
+
+
+# Fleet token ids in closed form (the worked example's tokens are strings; any one-to-one map will do):
+# system token s{i} -> 1 + i, tenant T's document token T{i} -> after the system prompt, 800
+# per tenant in "ABCDEFGH" order, user token u{v} -> FLEET_USER_ID_BASE + v and head token
+# time={v} -> FLEET_HEAD_ID_BASE + v (v is at most 10**6).
+FLEET_VALUE_BOUND = 10 ** 6 + 1  # randint(0, 10**6) draws below this
+FLEET_USER_ID_BASE = 1 + FLEET_SYSTEM_TOKENS + FLEET_DOCUMENT_TOKENS * len(FLEET_TENANTS)
+FLEET_HEAD_ID_BASE = FLEET_USER_ID_BASE + FLEET_VALUE_BOUND
+
+
+def fleet_static_ids(tenant: str) -> array:
+    """Token ids of the system prompt and ``tenant``'s document (the closed-form map)."""
+    first_doc = 1 + FLEET_SYSTEM_TOKENS + FLEET_DOCUMENT_TOKENS * FLEET_TENANTS.index(tenant)
+    return array("I", list(range(1, 1 + FLEET_SYSTEM_TOKENS))
+                 + list(range(first_doc, first_doc + FLEET_DOCUMENT_TOKENS)))
+
+
+@dataclass(slots=True)
+class FleetBatch:
+    """``requests`` fleet prompts drawn at once: ``tenants[i]`` an index into ``"ABCDEFGH"``,
+    ``user[i]`` the 60 values ``v`` of the user tokens ``u{v}``, ``head[i]`` the value of the
+    head token ``time={v}`` (volatile runs, else None) and ``routes[i]`` the replica drawn
+    with ``randrange(route_replicas)`` after the prompt (else None)."""
+
+    tenants: list[int]
+    user: "np.ndarray"
+    head: list[int] | None
+    routes: list[int] | None
+
+
+def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
+                     route_replicas: int = 0, read_ahead: int | None = None) -> FleetBatch:
+    """What ``requests`` calls of :func:`draw_fleet_prompt` (each followed by
+    ``rng.randrange(route_replicas)`` when ``route_replicas``) draw, the same values and the
+    same generator state afterwards, from one block of raw words
+    (:mod:`~prefixroute.core.simulator.batched_draws`). ``read_ahead``: words of the first
+    block (doubled until the draws fit)."""
+    import numpy as np
+
+    from prefixroute.core.simulator.batched_draws import WordBlock
+    n_tenants, n_user = len(FLEET_TENANTS), FLEET_USER_TOKENS
+    # Words per request: about 2 for the tenant (half of 4-bit draws are >= 8), 63 for 60
+    # user values (4.6% rejected), 1 for the head and 2 for the route; read ahead with room.
+    words = read_ahead if read_ahead else requests * 72 + 256
+    while True:
+        block = WordBlock(rng, words)
+        next_tenant = block.next_index(n_tenants)
+        tenant_values = block.values(n_tenants)
+        accepted = block.accepted(FLEET_VALUE_BOUND)
+        accepted_list = memoryview(accepted.astype(np.int64))
+        rank = block.rank(FLEET_VALUE_BOUND)
+        next_value = block.next_index(FLEET_VALUE_BOUND)
+        values = block.values(FLEET_VALUE_BOUND)
+        if route_replicas:
+            next_route = block.next_index(route_replicas)
+            route_values = memoryview(block.values(route_replicas))
+        tenants, starts, heads, routes = [], [], [], []
+        pos, end, short = 0, block.size, False
+        tenant_list = memoryview(tenant_values)
+        head_values = memoryview(values) if volatile else None
+        for _ in range(requests):
+            t = next_tenant[pos]
+            if t >= end:
+                short = True
+                break
+            tenants.append(tenant_list[t])
+            r = rank[t + 1]
+            if r + n_user > len(accepted_list):
+                short = True
+                break
+            starts.append(r)
+            pos = accepted_list[r + n_user - 1] + 1
+            if volatile:
+                v = next_value[pos]
+                if v >= end:
+                    short = True
+                    break
+                heads.append(head_values[v])
+                pos = v + 1
+            if route_replicas:
+                q = next_route[pos]
+                if q >= end:
+                    short = True
+                    break
+                routes.append(route_values[q])
+                pos = q + 1
+        if not short:
+            break
+        block.release(0)
+        words *= 2
+    block.release(pos)
+    if requests:
+        user = values[accepted[np.asarray(starts)[:, None] + np.arange(n_user)]]
+    else:
+        user = np.zeros((0, n_user), dtype=np.int64)
+    return FleetBatch(tenants, user, heads if volatile else None,
+                      routes if route_replicas else None)
 
 
 class FleetEncoder:
@@ -450,6 +556,119 @@ def with_prefixes(shapes: Iterable[Shape], prefixes: int = 20, prefix_tokens: in
 
 
 # -- the catalogue the CLI uses -------------------------------------------------------------------
+# -- generated Mooncake-format traffic at scale --------------------------------------------------
+MOONCAKE_BLOCK_TOKENS = 512  # the Mooncake traces' block size
+
+
+def diurnal_rate(t_s: float, mean_rate: float, amplitude: float, peak_hour: float = 14.0) -> float:
+    """A day-shaped arrival rate: ``mean_rate * (1 + amplitude * cos(2 pi (t - peak) / day))``
+    (lowest 12 hours from the peak). ``amplitude`` 0 is steady traffic."""
+    return mean_rate * (1.0 + amplitude * math.cos(
+        2.0 * math.pi * (t_s / SECONDS_PER_DAY - peak_hour / 24.0)))
+
+
+def mooncake_sessions(requests: int = 100_000, seed: int = 0, rate: float = 10.0,
+                      diurnal_amplitude: float = 0.6, system_prompts: int = 32,
+                      system_zipf: float = 1.1, system_tokens: int = 2048,
+                      mean_turns: float = 4.0, max_turns: int = 16,
+                      user_tokens: int = 400, output_tokens: int = 250,
+                      think_s: float = 45.0, max_context_tokens: int = 32_768,
+                      block_size: int = MOONCAKE_BLOCK_TOKENS) -> Iterator[Request]:
+    """Chat traffic in the Mooncake trace's shape: ``hash_ids`` of ``block_size``-token blocks
+    (512 as in Mooncake), requests in time order, generated lazily (memory grows with the
+    sessions live at once, not with ``requests``).
+
+    * **Sessions**: each starts with one of ``system_prompts`` shared system prompts
+      (popularity Zipf(``system_zipf``), lengths uniform in ``system_tokens`` x [0.5, 1.5]),
+      then turns; turn k's prompt is turn k-1's prompt, its reply and new user text
+      (exponential, mean ``user_tokens``), so the full blocks of the previous prompt keep
+      their ids and the rest get fresh ones. Turns per session are geometric with mean
+      ``mean_turns`` (at most ``max_turns``, and no prompt beyond ``max_context_tokens``);
+      replies are exponential with mean ``output_tokens``.
+    * **Arrivals**: sessions start as a Poisson process whose rate follows a day
+      (:func:`diurnal_rate`, peak at 14:00, mean ``rate / mean_turns`` sessions/s, so about
+      ``rate`` requests/s); a session's next turn comes ``think_s`` (exponential mean) after
+      the previous one, plus a rough reply time (20 ms per output token).
+
+    Defaults are ours, in the range of the Mooncake conversation trace (prompts of a few
+    thousand tokens, replies of a few hundred); the same ``seed`` gives the same trace.
+    """
+    _check_positive(requests=requests, rate=rate, system_prompts=system_prompts,
+                    system_tokens=system_tokens, mean_turns=mean_turns, max_turns=max_turns,
+                    user_tokens=user_tokens, output_tokens=output_tokens, think_s=think_s,
+                    max_context_tokens=max_context_tokens, block_size=block_size)
+    if not 0.0 <= diurnal_amplitude < 1.0:
+        raise ConfigError(f"diurnal amplitude must be in [0, 1), got {diurnal_amplitude!r}")
+    rng = random.Random(f"mooncake-sessions/{seed}")
+    weights = zipf_weights(system_prompts, system_zipf)
+    cumulative = list(itertools.accumulate(weights))
+    next_id = [0]
+
+    def fresh(n: int) -> list[int]:
+        start = next_id[0]
+        next_id[0] += n
+        if next_id[0] > MAX_BLOCK_ID + 1:
+            raise ConfigError("trace too large: block ids exceed 32 bits")
+        return list(range(start, start + n))
+
+    systems = []
+    for _ in range(system_prompts):
+        length = max(1, round(system_tokens * rng.uniform(0.5, 1.5)))
+        systems.append((length, fresh(length // block_size)))
+    session_rate = rate / mean_turns
+    peak = session_rate * (1.0 + diurnal_amplitude)
+    stop_p = 1.0 / mean_turns
+    # Live sessions: heap of (time of next turn, session number, state). State: tenant
+    # (system prompt index), prompt length so far, ids of its full blocks, turns left.
+    live: list[tuple[float, int, list]] = []
+    next_start = 0.0
+    started = 0
+
+    def draw_start(t: float) -> float:
+        while True:  # thinning of a Poisson process at the peak rate
+            t += rng.expovariate(peak)
+            if rng.random() * peak <= diurnal_rate(t, session_rate, diurnal_amplitude):
+                return t
+
+    next_start = draw_start(0.0)
+    emitted = 0
+    while emitted < requests:
+        if not live or next_start <= live[0][0]:
+            t = next_start
+            system = bisect.bisect_left(cumulative, rng.random() * cumulative[-1])
+            system = min(system, system_prompts - 1)
+            turns = 1
+            while turns < max_turns and rng.random() >= stop_p:
+                turns += 1
+            length, ids = systems[system]
+            state = [system, length, list(ids), turns, 0]
+            heapq.heappush(live, (t, started, state))
+            started += 1
+            next_start = draw_start(t)
+            continue
+        t, number, state = heapq.heappop(live)
+        system, length, full_ids, turns_left, turn = state
+        new = max(1, round(rng.expovariate(1.0 / user_tokens)))
+        prompt = length + new
+        if prompt > max_context_tokens:
+            continue  # the conversation is over: it outgrew the context
+        keep = len(full_ids)
+        n_blocks = -(-prompt // block_size)
+        hash_ids = full_ids + fresh(n_blocks - keep)
+        reply = max(1, round(rng.expovariate(1.0 / output_tokens)))
+        yield Request(f"s{number}-t{turn}", t, prompt, reply, block_size, hash_ids=hash_ids,
+                      tenant=f"system-{system}", session=f"s{number}", turn=turn,
+                      prefix_group=f"system-{system}")
+        emitted += 1
+        if turns_left > 1:
+            grown = prompt + reply
+            # Full blocks of this prompt stay; the partial one and the reply are new text.
+            state[:] = [system, grown, hash_ids[:prompt // block_size], turns_left - 1,
+                        turn + 1]
+            gap = rng.expovariate(1.0 / think_s) + 0.02 * reply
+            heapq.heappush(live, (t + gap, number, state))
+
+
 @dataclass(frozen=True)
 class Workload:
     """A named generator with the fleet it is meant for (overridable from the CLI)."""
@@ -476,6 +695,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "prefix families A-D arriving AABACABDAACBADABCABA, 3 replicas"),
     Workload("five-turn", five_turn_conversation, 1, None,
              "one five-turn conversation growing by its replies"),
+    Workload("mooncake-sessions", mooncake_sessions, 32, None,
+             "chat sessions on shared system prompts, day-shaped arrivals, 512-token blocks"),
 )}
 
 
@@ -534,6 +755,8 @@ def make_workload(name: str, params: dict[str, str] | None = None,
 
 
 __all__ = ["TokenSpace", "Vocabulary", "five_turn_conversation", "universal_prefix",
-           "skewed_trace", "seed_fleet", "draw_fleet_prompt", "FleetPrompt", "FleetEncoder",
+           "skewed_trace", "seed_fleet", "draw_fleet_prompt", "draw_fleet_batch", "FleetBatch",
+           "FleetPrompt", "FleetEncoder", "fleet_static_ids",
            "design_scenario", "conversations", "hot_burst", "with_prefixes", "Shape", "WORKLOADS", "Workload",
-           "make_workload", "workload_parameters", "zipf_weights"]
+           "make_workload", "workload_parameters", "zipf_weights", "mooncake_sessions",
+           "diurnal_rate"]

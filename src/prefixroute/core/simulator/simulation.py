@@ -309,9 +309,10 @@ class SimulatedFleet:
     * :meth:`restart`: the replica came back empty (its pool reset, the runner told).
 
     Per request it keeps arrival, first token, finish, cached tokens and replica for the
-    summary."""
+    summary; without a ``workload`` (a streamed trace, :mod:`~prefixroute.core.simulator.
+    streaming`) it keeps none of that, and the caller records what it needs."""
 
-    def __init__(self, workload: PreparedWorkload, fleet: FleetConfig, policy: Any, *,
+    def __init__(self, workload: PreparedWorkload | None, fleet: FleetConfig, policy: Any, *,
                  view: str = DEFAULT_VIEW, clock: ManualClock | None = None):
         if view not in VIEWS:
             raise ConfigError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
@@ -337,23 +338,36 @@ class SimulatedFleet:
                 prefill_s_per_token=fleet.service.prefill_s_per_token,
                 scheduling_policy=fleet.scheduling_policy))
         self.views = [self.runner.replicas[i] for i in range(fleet.replicas)]
-        total = len(workload.requests)
+        self.rejected = 0
+        self.predicted_total = 0
+        self.bookings: dict[int, Booking] = {}
+        if workload is not None:
+            self._per_request(len(workload.requests))
+
+    def _per_request(self, total: int) -> None:
         self.first_token = array("d", [-1.0]) * total
         self.finish = array("d", [-1.0]) * total
         self.cached = array("q", [0]) * total
         self.replica_of = array("l", [-1]) * total
-        self.rejected = 0
-        self.predicted_total = 0
-        self.bookings: dict[int, Booking] = {}
         self.timeline_t: list[float] = []
         self.timeline_rows: list[list[int]] = []
 
     def arrive(self, k: int, now: float) -> Booking:
         """Request ``k`` arrives at ``now`` (the clock is there): route and submit it. The
         engine's events due by ``now`` are returned by the engine's next ``advance``."""
-        request = self.workload.requests[k]
+        booking = self.route_and_submit(k, self.workload.requests[k],
+                                        self.workload.prompt_keys[k], now)
+        self.replica_of[k] = booking.replica
+        self.timeline_t.append(now)
+        self.timeline_rows.append([v.in_flight for v in self.views])
+        return booking
+
+    def route_and_submit(self, k: int, request: Request, prompt_keys: Sequence,
+                         now: float) -> Booking:
+        """Fill the replicas' load from their engines, route request ``k`` through the runner
+        and submit it to the chosen engine (what every arrival does)."""
         rv = RequestView(request.request_id, request.input_tokens, self.fleet.block_size,
-                         block_keys=self.workload.prompt_keys[k], token_ids=request.token_ids,
+                         block_keys=prompt_keys, token_ids=request.token_ids,
                          tenant=request.tenant, routing_key=request.session, now=now)
         for engine, v in zip(self.engines, self.views):
             v.queued = engine.waiting
@@ -364,10 +378,7 @@ class SimulatedFleet:
         decision = booking.decision
         target = booking.replica
         self.predicted_total += decision.predicted_cached_tokens or 0
-        self.replica_of[k] = target
         self.bookings[k] = booking
-        self.timeline_t.append(now)
-        self.timeline_rows.append([v.in_flight for v in self.views])
         self.engines[target].submit(k, request.input_tokens, request.output_tokens,
                                     request.block_keys, now, priority=decision.priority or 0)
         return booking

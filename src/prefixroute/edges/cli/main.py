@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = [
     "hash_cmd",
     "simulate",
     "sweep",
+    "generate",
     "economics",
     "plan",
     "diff",

@@ -139,6 +139,19 @@ def _positive(value, flag: str):
 
 def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str, Any]]:
     """The requests (with keys) and what the fleet defaults to for this workload."""
+    requests, info, defaults, max_think = open_requests(args)
+    prepared = prepare_workload(requests, limit=args.requests, time_scale=args.time_scale,
+                                keep_token_ids=getattr(args, "router_token_ids", False),
+                                info=info, closed_loop=args.closed_loop,
+                                max_think_s=max_think)
+    if args.closed_loop and all(before < 0 for before in prepared.after):
+        raise ConfigError("--closed-loop: the workload has no session with two turns or more")
+    return prepared, defaults
+
+
+def open_requests(args: argparse.Namespace):
+    """The request stream (not read yet), its description, the fleet defaults and the
+    longest think time, after checking the workload arguments."""
     _positive(args.requests, "--requests")
     _positive(args.trace_block_size, "--trace-block-size")
     _positive(args.block_size, "--block-size")
@@ -196,13 +209,7 @@ def load_workload(args: argparse.Namespace) -> tuple[PreparedWorkload, dict[str,
                           f"{max_think}")
     if args.closed_loop:
         info.update(closed_loop=True, max_think_s=max_think)
-    prepared = prepare_workload(requests, limit=args.requests, time_scale=args.time_scale,
-                                keep_token_ids=getattr(args, "router_token_ids", False),
-                                info=info, closed_loop=args.closed_loop,
-                                max_think_s=max_think)
-    if args.closed_loop and all(before < 0 for before in prepared.after):
-        raise ConfigError("--closed-loop: the workload has no session with two turns or more")
-    return prepared, defaults
+    return requests, info, defaults, max_think
 
 
 def resolve_fleet(args: argparse.Namespace, workload: PreparedWorkload,
@@ -281,6 +288,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_table_arguments(parser, POLICY_COLUMNS, SIMULATE_DEFAULT)
     parser.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--stream", action="store_true",
+                        help="stream the trace: memory bounded by live requests, not trace "
+                             "length (open loop; summary metrics only, no plots)")
     parser.set_defaults(handler=run)
 
 
@@ -328,6 +338,8 @@ def run(args: argparse.Namespace) -> int:
     specs = expand_specs(args.policy or ["all"])
     choose_columns(args.columns, POLICY_COLUMNS, SIMULATE_DEFAULT)  # a typo fails first
     check_output_paths(args.json, args.plot)
+    if args.stream:
+        return run_stream(args, specs)
     workload, defaults = load_workload(args)
     fleet = resolve_fleet(args, workload, defaults)
     # Check every policy spec before the first (possibly long) run.
@@ -560,3 +572,65 @@ def render_plots(workload: PreparedWorkload, runs: dict[str, PolicyRun]) -> dict
     fig.tight_layout(rect=(0, 0.06 if rows < 3 else 0.03, 1, 1))
     out["load_over_time.png"] = _png(fig)
     return out
+
+
+def run_stream(args: argparse.Namespace, specs: list[str]) -> int:
+    """``--stream``: each policy replays the trace as it is read
+    (:func:`~prefixroute.core.simulator.streaming.simulate_stream`)."""
+    import itertools
+    from array import array
+
+    from rich.console import Console
+
+    from prefixroute.core.simulator.streaming import simulate_stream
+    for flag, value in (("--closed-loop", args.closed_loop), ("--plot", args.plot),
+                        ("--jobs", args.jobs != 1)):
+        if value:
+            raise ConfigError(f"{flag} does not apply to --stream")
+    err = Console(stderr=True, highlight=False)
+    show = not args.no_progress and sys.stderr.isatty()
+    policies: dict[str, Any] = {}
+    fleet = None
+    info: dict[str, Any] = {}
+    for spec in specs:
+        requests, info, defaults, _ = open_requests(args)
+        requests = iter(requests)
+        first = next(requests, None)
+        if first is None:
+            raise ConfigError("the workload has no requests")
+        stream = itertools.chain([first], requests)
+        if args.requests:
+            stream = itertools.islice(stream, args.requests)
+        if fleet is None:
+            fleet = resolve_fleet(args, PreparedWorkload([], first.block_size, array("q")),
+                                  defaults)
+        progress = None
+        if show:
+            from rich.progress import Progress, TextColumn, TimeElapsedColumn
+            progress = Progress(TextColumn("{task.description:<24}"),
+                                TextColumn("{task.completed:,} requests"), TimeElapsedColumn(),
+                                console=err, transient=True)
+            task = progress.add_task(spec, total=args.requests)
+            progress.start()
+        try:
+            policies[spec] = simulate_stream(
+                stream, fleet, spec, view=args.view, seed=args.seed or 0,
+                time_scale=args.time_scale,
+                progress=(lambda n: progress.update(task, completed=n)) if progress else None)
+        finally:
+            if progress is not None:
+                progress.stop()
+    result = {"workload": {**info, "streamed": True}, "fleet": fleet.describe(),
+              "seed": args.seed or 0, "policies": policies}
+    if args.json and args.json != "-":
+        write_outputs([(args.json, json.dumps(result, indent=2) + "\n")])
+    if args.json == "-":
+        print_json(result)
+    else:
+        for spec, summary in policies.items():
+            print(f"{spec}: {summary['requests']:,} requests, token hit rate "
+                  f"{summary['token_hit_rate']:.1%}, TTFT p50 {summary['ttft_p50_s']} s, "
+                  f"p99 {summary['ttft_p99_s']} s")
+        if args.json:
+            print(f"wrote {args.json}")
+    return 0

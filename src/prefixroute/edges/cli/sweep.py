@@ -6,14 +6,24 @@ The workload flags are those of ``prefixroute simulate``. The grid is ``--replic
 process (``--jobs``, default 2) over the same prepared workload (read or generated once, before
 the workers fork); the result is a table, ``--json`` and a plot (``--plot DIR``: token hit rate
 and TTFT p99 against cache capacity, one panel per fleet size, one line per policy).
+
+``--ray`` runs the grid points as Ray tasks instead (a local Ray started by ``ray.init()``,
+``--ray auto`` an existing local cluster, ``--ray ADDRESS`` a cluster by address; the optional
+``prefixroute[ray]`` extra); the prepared workload goes to Ray's object store once. Results
+are the same as with ``--jobs``: every point is a pure function of the workload, fleet, policy
+and seed. ``--resume DIR`` writes each finished point to DIR as it completes and skips points
+already there (same workload, fleet, policy, view and seed), so an interrupted sweep picks up
+where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import multiprocessing
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -53,6 +63,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_table_arguments(parser, POLICY_COLUMNS, SWEEP_DEFAULT)
     parser.add_argument("--plot", metavar="DIR", help="write sweep.png to DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="auto|ADDRESS",
+                        help="run grid points as Ray tasks: a local Ray (no value), an existing "
+                             "local cluster (auto) or a cluster by address")
+    parser.add_argument("--resume", metavar="DIR",
+                        help="keep each finished point in DIR and skip points already there")
     parser.set_defaults(handler=run)
 
 
@@ -83,15 +98,64 @@ def _int_list(text: str | None, flag: str) -> list[int | None]:
     return out
 
 
-def _run_point(point: tuple[int, int | None, int | None, str]) -> tuple[int, dict]:
+def simulate_point(args: argparse.Namespace, workload, defaults: dict,
+                   point: tuple[int, int | None, int | None, str]) -> tuple[int, dict]:
+    """One grid point's summary (the same function in a worker process and a Ray task)."""
     index, replicas, cache_blocks, spec = point
-    args = _SHARED["args"]
-    workload, defaults = _SHARED["workload"], _SHARED["defaults"]
     fleet = resolve_fleet(args, workload, defaults, replicas=replicas, cache_blocks=cache_blocks)
     run = simulate_policy(workload, fleet, spec, view=args.view, seed=args.seed or 0)
     summary = dict(run.summary)
     summary.update(replicas=fleet.replicas, cache_blocks=fleet.cache_blocks)
     return index, summary
+
+
+def _run_point(point: tuple[int, int | None, int | None, str]) -> tuple[int, dict]:
+    return simulate_point(_SHARED["args"], _SHARED["workload"], _SHARED["defaults"], point)
+
+
+def _point_file(resume: str, workload_id: str, point: tuple, args: argparse.Namespace) -> str:
+    """Where ``--resume`` keeps a point: named by a digest of everything its result depends
+    on (workload, fleet size and capacity, policy, view, seed, engine flags)."""
+    _, replicas, cache_blocks, spec = point
+    material = json.dumps([workload_id, replicas, cache_blocks, spec, args.view, args.seed or 0,
+                           args.engine_profile, args.max_num_batched_tokens, args.max_num_seqs,
+                           args.scheduling_policy, args.model_config, args.kv_memory_gib])
+    return os.path.join(resume, f"point-{hashlib.sha256(material.encode()).hexdigest()[:20]}.json")
+
+
+def _ray_results(address: str, args: argparse.Namespace, workload, defaults: dict,
+                 points: list, done) -> None:
+    """Run ``points`` as Ray tasks; ``done(index, summary)`` as each one finishes."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray needs Ray: pip install 'prefixroute[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            if address == "local":
+                ray.init(include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001
+            # Ray raises bare Exception for a node that did not start in time (on a busy
+            # machine, raise RAY_raylet_start_wait_time_s) or a cluster it cannot reach.
+            ray.shutdown()
+            where = "a local Ray" if address == "local" else f"Ray at {address}"
+            raise ConfigError(f"--ray: could not start or reach {where}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                              ) from None
+    try:
+        task = ray.remote(simulate_point)
+        shared = ray.put(workload)
+        pending = [task.remote(args, shared, defaults, point) for point in points]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                done(*ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +182,26 @@ def run(args: argparse.Namespace) -> int:
 
     _SHARED.update(args=args, workload=workload, defaults=defaults)
     results: list[dict | None] = [None] * len(points)
+    workload_id = json.dumps(workload.describe(), sort_keys=True)
+    todo = points
+    if args.resume:
+        os.makedirs(args.resume, exist_ok=True)
+        todo = []
+        for point in points:
+            path = _point_file(args.resume, workload_id, point, args)
+            try:
+                with open(path) as fh:
+                    results[point[0]] = json.load(fh)["summary"]
+            except (FileNotFoundError, ValueError, KeyError):
+                todo.append(point)
+
+    def done(index: int, summary: dict) -> None:
+        results[index] = summary
+        if args.resume:
+            write_outputs([(_point_file(args.resume, workload_id, points[index], args),
+                            json.dumps({"point": list(points[index]), "summary": summary}))])
+        progress.advance(task)
+
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     show = not args.no_progress and sys.stderr.isatty()
@@ -125,21 +209,21 @@ def run(args: argparse.Namespace) -> int:
                         "{task.total}"), TimeElapsedColumn(), console=Console(stderr=True),
                         transient=True, disable=not show)
     with progress:
-        task = progress.add_task("sweep", total=len(points))
-        if args.jobs == 1 or len(points) == 1:
-            for point in points:
-                index, summary = _run_point(point)
-                results[index] = summary
-                progress.advance(task)
+        task = progress.add_task("sweep", total=len(points), completed=len(points) - len(todo))
+        if not todo:
+            pass
+        elif args.ray is not None:
+            _ray_results(args.ray, args, workload, defaults, todo, done)
+        elif args.jobs == 1 or len(todo) == 1:
+            for point in todo:
+                done(*_run_point(point))
         else:
             context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(max_workers=min(args.jobs, len(points)),
+            with ProcessPoolExecutor(max_workers=min(args.jobs, len(todo)),
                                      mp_context=context) as pool:
-                futures = [pool.submit(_run_point, point) for point in points]
+                futures = [pool.submit(_run_point, point) for point in todo]
                 for future in as_completed(futures):
-                    index, summary = future.result()
-                    results[index] = summary
-                    progress.advance(task)
+                    done(*future.result())
 
     result = {
         "workload": workload.describe(),

@@ -34,3 +34,10 @@ def read_mooncake(path: str | os.PathLike, block_size: int | None = None) -> Ite
         check_block_ids(hash_ids, input_tokens, block_size, where, allow_floor=False)
         yield Request(f"{stem}:{number_}", timestamp_ms / 1000.0, input_tokens,
                       max(1, output_tokens), block_size, hash_ids=hash_ids)
+
+
+def request_to_mooncake(request: Request) -> dict:
+    """A request with ``hash_ids`` as one Mooncake trace line (``timestamp`` in whole
+    milliseconds, rounded down, so times in order stay in order)."""
+    return {"timestamp": int(request.arrival_s * 1000.0), "input_length": request.input_tokens,
+            "output_length": request.output_tokens, "hash_ids": list(request.hash_ids)}

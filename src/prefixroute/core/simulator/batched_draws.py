@@ -1,0 +1,106 @@
+"""Exact ``random.Random`` draws, many at once.
+
+The seed's fleet exercise fixes its workload by a stream of Python ``random`` calls
+(``choice``, ``randint``, ``randrange``). Drawing them one call at a time costs more than the
+whole simulation it feeds, so this module reproduces the same values from a block of raw
+generator output.
+
+Why this is exact (CPython's ``Random``, unchanged since 3.2 for these calls):
+
+* ``choice(seq)``, ``randint(a, b)`` and ``randrange(n)`` all come down to ``_randbelow(n)``,
+  which takes ``k = n.bit_length()`` bits with ``getrandbits(k)`` and draws again while the
+  value is ``>= n`` (rejection sampling);
+* ``getrandbits(k)`` for ``k <= 32`` consumes exactly one 32-bit Mersenne Twister output ``w``
+  and returns ``w >> (32 - k)``;
+* ``getrandbits(32 * m)`` consumes ``m`` outputs and packs them little-endian, the first one
+  least significant.
+
+So one ``getrandbits(32 * m)`` yields the words the one-at-a-time calls would have seen, and a
+draw of ``_randbelow(n)`` is "the next word whose top ``k`` bits are below ``n``". The caller's
+generator is left exactly where the one-at-a-time calls would have left it (the words that were
+read ahead but not used are given back by restoring the state and skipping the used ones).
+``tests/unit/test_batched_draws.py`` checks every claim against ``random`` itself.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from prefixroute.core.errors import ConfigError
+
+
+def _check_bound(n: int) -> int:
+    if not isinstance(n, int) or n < 1 or n.bit_length() > 32:
+        raise ConfigError(f"batched draws need a bound between 1 and 2**32 - 1, got {n!r}")
+    return 32 - n.bit_length()
+
+
+class WordBlock:
+    """A block of raw 32-bit outputs read ahead from a ``random.Random``, with fast lookups for
+    "the next accepted draw of ``_randbelow(n)`` at or after word ``i``".
+
+    Lookups are memoryviews over int64 arrays (Python ints on indexing, no list copies).
+    ``next_index(n)``: entry ``i`` is the first word index ``>= i`` accepted for
+    bound ``n`` (``len(block)`` when none); ``accepted(n)`` lists the accepted indices in order
+    and ``rank(n)[i]`` how many of them come before ``i``, so "the next ``c`` draws from ``i``"
+    is ``accepted[rank[i]:rank[i] + c]`` when nothing else draws in between."""
+
+    def __init__(self, rng: random.Random, words: int):
+        self.rng = rng
+        self.state = rng.getstate()
+        self.size = words
+        raw = rng.getrandbits(32 * words).to_bytes(4 * words, "little") if words else b""
+        self.words = np.frombuffer(raw, dtype="<u4").astype(np.uint32)
+        self._values: dict[int, np.ndarray] = {}
+        self._ok: dict[int, np.ndarray] = {}
+        self._next: dict[int, memoryview] = {}
+        self._accepted: dict[int, np.ndarray] = {}
+        self._rank: dict[int, memoryview] = {}
+
+    def values(self, n: int) -> np.ndarray:
+        """``getrandbits(k)`` of every word for bound ``n`` (accepted or not)."""
+        out = self._values.get(n)
+        if out is None:
+            out = self._values[n] = (self.words >> np.uint32(_check_bound(n))).astype(np.int64)
+        return out
+
+    def _accept(self, n: int) -> np.ndarray:
+        ok = self._ok.get(n)
+        if ok is None:
+            ok = self._ok[n] = self.values(n) < n
+        return ok
+
+    def next_index(self, n: int) -> memoryview:
+        out = self._next.get(n)
+        if out is None:
+            index = np.full(self.size + 1, self.size, dtype=np.int64)
+            index[:-1] = np.where(self._accept(n), np.arange(self.size), self.size)
+            forward = np.ascontiguousarray(np.minimum.accumulate(index[::-1])[::-1])
+            out = self._next[n] = memoryview(forward)
+        return out
+
+    def accepted(self, n: int) -> np.ndarray:
+        out = self._accepted.get(n)
+        if out is None:
+            out = self._accepted[n] = np.flatnonzero(self._accept(n))
+        return out
+
+    def rank(self, n: int) -> memoryview:
+        out = self._rank.get(n)
+        if out is None:
+            counts = np.zeros(self.size + 1, dtype=np.int64)
+            np.cumsum(self._accept(n), out=counts[1:])
+            out = self._rank[n] = memoryview(counts)
+        return out
+
+    def release(self, used: int) -> None:
+        """Leave the generator as if only the first ``used`` words had been drawn."""
+        self.rng.setstate(self.state)
+        if used:
+            self.rng.getrandbits(32 * used)
+
+
+class ShortBlock(Exception):
+    """The words read ahead ran out; read a larger block."""
