@@ -82,6 +82,13 @@ class Gateway:
                                block_size=config.hashing.block_size)
         self.router = GatewayRouter(policy, self.pool.backends, self.metrics, self.clock,
                                     config.decisions_kept, wall_clock)
+        self.shared = None  # shared routing state and rate limits (several instances)
+        if config.shared_state is not None:
+            from prefixroute.edges.shared_state.shared import SharedState  # needs .[redis]
+            self.shared = SharedState(config.shared_state.redis, self.router.runner,
+                                      self.metrics.registry, now=self.clock.now,
+                                      wall=wall_clock, namespace=config.shared_state.namespace)
+            self.router.observer = self.shared
         self.renderer = RenderClient(config.timeouts.render_s, self.metrics.registry)
         mode = None if config.tokenization == "auto" else config.tokenization
         self.prompts = PromptPreparer(config.hashing, tokenizer, mode=mode,
@@ -148,6 +155,8 @@ class Gateway:
         self.proxy = Proxy(self.upstream, self.router, self.metrics, self.clock,
                            retries=self.config.retries, block_size=self.config.hashing.block_size)
         await self.pool.start(self.client)
+        if self.shared is not None:
+            self.shared.start()
         if self.config.busy_poll_s > 0:
             self.busy_poller = BusyPoller(asyncio.get_running_loop(), self.config.busy_poll_s,
                                           lambda: self.open_requests > 0, self.clock.now)
@@ -166,6 +175,8 @@ class Gateway:
         if self.busy_poller is not None:
             self.busy_poller.close()
         await self.pool.stop()
+        if self.shared is not None:
+            await self.shared.stop()
         if self.upstream is not None:
             await self.upstream.aclose()
         if self.client is not None:
@@ -192,7 +203,10 @@ class Gateway:
             tenant = self.tenants.authenticate(request.headers.get("authorization"))
             tenant_name = tenant.name
             try:
-                self.tenants.check_rate(tenant)
+                if self.shared is not None and tenant.bucket is not None:
+                    await self._check_shared_rate(tenant)
+                else:
+                    self.tenants.check_rate(tenant)
             except GatewayError:
                 self.metrics.rate_limited.labels(tenant.name).inc()
                 raise
@@ -242,6 +256,17 @@ class Gateway:
                 "event": "internal_error", "request_id": request_id}})
             return GatewayError(500, "internal error in the gateway; the request may not have "
                                 "completed", code="internal_error").response(request_id)
+
+    async def _check_shared_rate(self, tenant: Any) -> None:
+        """The tenant's limit for the whole fleet (one bucket in Redis, the same token
+        bucket as the local one); the local bucket while Redis cannot answer."""
+        bucket = tenant.bucket
+        wait = await self.shared.take(tenant.name,
+                                      [("requests", bucket.rate, bucket.burst, 1.0)])
+        if wait is None:
+            self.tenants.check_rate(tenant)
+        elif wait > 0:
+            raise self.tenants.rate_error(tenant, wait)
 
     def _job_done(self, job: Job) -> None:
         self.admission.release()

@@ -150,6 +150,15 @@ class HashingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedStateConfig:
+    """Several gateway instances share routing bookings and rate limits through this Redis
+    (``edges/shared_state``); ``namespace`` prefixes its keys (one fleet per namespace)."""
+
+    redis: str
+    namespace: str = "prefixroute"
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     backends: tuple[BackendConfig, ...]
     tenants: tuple[TenantConfig, ...]
@@ -172,6 +181,7 @@ class GatewayConfig:
     busy_poll_s: float = 0.0
     decisions_kept: int = DEFAULT_DECISIONS_KEPT
     seed: int = 0
+    shared_state: SharedStateConfig | None = None
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -410,7 +420,20 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
                             cb.number("open_s", BreakerConfig().open_s))
     cb.finish()
 
+    shared_state = None
+    if top.has("shared_state"):
+        ss = top.section("shared_state")
+        url = ss.string("redis", required=True)
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            ss.fail("a Redis URL: redis://HOST:PORT[/DB], rediss://... or unix://PATH",
+                    "redis")
+        shared_state = SharedStateConfig(url, ss.string("namespace", "prefixroute"))
+        ss.finish()
+    else:
+        top.used.add("shared_state")
+
     config = GatewayConfig(
+        shared_state=shared_state,
         backends=tuple(backends), tenants=tuple(tenants), server_secret=secret, policy=policy,
         source=source, tokenizer=tokenizer, tokenization=tokenization, hashing=hashing, timeouts=timeouts, limits=limits,
         health=health, circuit_breaker=breaker,

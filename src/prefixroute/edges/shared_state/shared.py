@@ -1,0 +1,91 @@
+"""Shared routing state for several router instances: the piece a router body plugs in.
+
+A body (the gateway, an Envoy Endpoint Picker) creates one :class:`SharedState` beside its
+:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, tells it each local booking and
+its end (:meth:`routed`, :meth:`completed`, :meth:`ended`), asks it for rate limits
+(:meth:`take`), and starts and stops it with itself. Everything else (the booking stream,
+applying the other instances' bookings to the runner, bootstrap, outages) happens inside.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Sequence
+
+from prometheus_client import CollectorRegistry
+
+from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
+from prefixroute.edges.shared_state.apply import DEFAULT_STALE_AFTER_S, RemoteBookings
+from prefixroute.edges.shared_state.codec import Completed, Ended, Routed
+from prefixroute.edges.shared_state.link import RedisLink, SharedStateMetrics
+from prefixroute.edges.shared_state.ratelimit import SharedRateLimiter
+from prefixroute.edges.shared_state.stream import SharedBookings
+
+DEFAULT_NAMESPACE = "prefixroute"
+
+
+class SharedState:
+    """``runner``: this instance's runner; ``now``: its clock (what ``RequestView.now``
+    uses); ``wall``: wall-clock seconds, shared by the instances."""
+
+    def __init__(self, url: str, runner: LifecycleRunner, registry: CollectorRegistry, *,
+                 now: Callable[[], float], wall: Callable[[], float] = time.time,
+                 namespace: str = DEFAULT_NAMESPACE, instance: str | None = None,
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S):
+        self.instance = instance or os.urandom(8).hex()
+        self.metrics = SharedStateMetrics(registry)
+        self.link = RedisLink(url, self.metrics)
+        self._now = now
+        self._wall = wall
+        self.runner = runner
+        self.remote = RemoteBookings(runner, self.instance, self._replica_index,
+                                     self.local_time, stale_after_s)
+        self.bookings = SharedBookings(self.link, self.remote, namespace=namespace, now=now)
+        self.limiter = SharedRateLimiter(self.link, namespace)
+
+    def local_time(self, wall_time: float) -> float:
+        return wall_time - (self._wall() - self._now())
+
+    def wall_time(self, local_time: float) -> float:
+        return local_time + (self._wall() - self._now())
+
+    def _replica_index(self, name: str) -> int | None:
+        for index, view in self.runner.replicas.items():
+            if view.name == name:
+                return index
+        return None
+
+    # -- the body's events ---------------------------------------------------------------
+
+    def routed(self, booking: Booking, predicted_cached_tokens: int) -> None:
+        request, decision = booking.request, booking.decision
+        priority = None
+        if decision.priority is not None:
+            priority = round(self.wall_time(decision.priority / 1000.0) * 1000.0)
+        self.bookings.publish(Routed(
+            self.instance, request.request_id, booking.view.name, request.tenant,
+            request.num_tokens, request.block_size, tuple(request.block_keys),
+            self.wall_time(request.now), decision.branch, predicted_cached_tokens, priority))
+
+    def completed(self, booking: Booking, cached_tokens: int) -> None:
+        self.bookings.publish(Completed(self.instance, booking.request.request_id,
+                                        cached_tokens))
+
+    def ended(self, booking: Booking, ran: bool) -> None:
+        self.bookings.publish(Ended(self.instance, booking.request.request_id, ran))
+
+    async def take(self, tenant: str,
+                   buckets: Sequence[tuple[str, float, float, float]]) -> float | None:
+        """The fleet-wide rate limit (:meth:`SharedRateLimiter.try_take`); ``None``: use the
+        local bucket."""
+        return await self.limiter.try_take(tenant, buckets)
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.bookings.start()
+
+    async def stop(self) -> None:
+        await self.bookings.stop()
+        await self.link.aclose()
