@@ -4,6 +4,7 @@
 # tiny local model; then starts real engines). Set PREFIXROUTE_SKIP_VLLM=1 to run only the first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install_redis.sh  # the shared-state tests run a real redis-server
 python -m pytest
 if [ "${PREFIXROUTE_SKIP_VLLM:-0}" = "1" ]; then
   echo "real-vLLM suite skipped (PREFIXROUTE_SKIP_VLLM=1)"
