@@ -147,3 +147,21 @@ def test_killing_redis_fails_no_request_and_instances_resync(tmp_path):
                                     kind="routed") >= seen_before + 9,
                      what="new bookings after the outage")
         assert statuses == [200] * 20
+
+
+def test_the_demo_routes_through_several_gateways_sharing_state(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    with RedisServer(tmp_path) as redis:
+        result = subprocess.run(
+            [sys.executable, "-m", "prefixroute", "demo", "--requests", "30", "--replicas", "2",
+             "--gateways", "2", "--shared-state", redis.url, "--policy", "prefixroute",
+             "--json"], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["scenario"]["gateways"], report["scenario"]["shared_state"]) == (2, True)
+    row = report["policies"]["prefixroute"]
+    assert (row["requests_ok"], row["requests_failed"]) == (30, 0)
+    assert sum(r["requests"] for r in row["replica_load"]) == 30
