@@ -8,8 +8,8 @@ without ``shared_state``, replays the design scenario (the demo's workload and p
 requests taking turns over the instances. Per configuration it reports token hit rate and
 TTFT p50/p99 (engine seconds), then, for the shared configurations:
 
-* rate-limit accuracy: one tenant limited to R requests a second is sent about 3 R a second
-  spread over the instances for a few seconds; accepted / (burst + R x seconds) should be
+* rate-limit accuracy: one tenant limited to R requests a second is sent 3 R a second
+  (open loop, evenly spaced) spread over the instances for a few seconds; accepted / (burst + R x seconds) should be
   at most 1 (without shared state each instance lets R through: N x);
 * Redis operations per request (from the instances' metrics);
 * added latency on a request's path, measured in this process against the same Redis: what
@@ -59,23 +59,27 @@ def metric_sum(url: str, name: str) -> float:
 
 
 async def hammer_limit(urls: list[str], key: str, model: str) -> tuple[int, int, float]:
-    """About 3 R requests a second for LIMIT_SECONDS over ``urls``: (accepted, sent, s)."""
-    ok = sent = 0
+    """Open loop, 3 R requests a second evenly spaced for LIMIT_SECONDS, taking turns over
+    ``urls``: (accepted, sent, seconds)."""
     headers = {"authorization": f"Bearer {key}"}
+    interval = 1.0 / (3 * LIMIT_RPS)
     async with httpx.AsyncClient(timeout=30) as client:
+        async def one(i: int) -> bool:
+            response = await client.post(
+                f"{urls[i % len(urls)]}/v1/completions", headers=headers,
+                json={"model": model, "prompt": [1, 2, 3], "max_tokens": 1})
+            return response.status_code == 200
+
         started = time.monotonic()
+        tasks = []
         i = 0
         while time.monotonic() - started < LIMIT_SECONDS:
-            tick = time.monotonic()
-            batch = [client.post(f"{urls[(i + k) % len(urls)]}/v1/completions", headers=headers,
-                                 json={"model": model, "prompt": [1, 2, 3], "max_tokens": 1})
-                     for k in range(3)]
-            i += 3
-            for response in await asyncio.gather(*batch):
-                sent += 1
-                ok += response.status_code == 200
-            await asyncio.sleep(max(0.0, 1.0 / LIMIT_RPS - (time.monotonic() - tick)))
-        return ok, sent, time.monotonic() - started
+            tasks.append(asyncio.create_task(one(i)))
+            i += 1
+            await asyncio.sleep(max(0.0, started + i * interval - time.monotonic()))
+        seconds = time.monotonic() - started
+        accepted = sum(await asyncio.gather(*tasks))
+        return accepted, len(tasks), seconds
 
 
 async def path_latency(url: str, samples: int = 2000) -> dict:
