@@ -72,6 +72,12 @@ def test_instances_see_each_others_bookings_and_follow_the_same_prefix(tmp_path)
         for url in (second, third):
             assert fleet.decisions(1, url)[0]["replica"] in first_replicas
             assert fleet.decisions(1, url)[0]["predicted_cached_tokens"] > 0
+        # An instance started now rebuilds the same state from the stream's history.
+        late = fleet.start_another_gateway()
+        wait_for(lambda: metric(late, "prefixroute_shared_state_remote_events_total",
+                                kind="completed") == 7, what="the late instance's bootstrap")
+        assert complete(late, PREFIX + "question 7", fleet.model).status_code == 200
+        assert fleet.decisions(1, late)[0]["replica"] in first_replicas
 
 
 def test_a_tenant_limit_holds_across_instances(tmp_path):

@@ -34,6 +34,7 @@ class SharedState:
                  namespace: str = DEFAULT_NAMESPACE, instance: str | None = None,
                  stale_after_s: float = DEFAULT_STALE_AFTER_S):
         self.instance = instance or os.urandom(8).hex()
+        self.registry = registry
         self.metrics = SharedStateMetrics(registry)
         self.link = RedisLink(url, self.metrics)
         self._now = now
