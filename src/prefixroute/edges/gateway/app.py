@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixroute.core.clock import Clock, MonotonicClock
+from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.registry import create_policy
 from prefixroute.edges.gateway.admission import AdmissionQueue
 from prefixroute.edges.gateway.backends import BackendPool
@@ -84,7 +85,11 @@ class Gateway:
                                     config.decisions_kept, wall_clock)
         self.shared = None  # shared routing state and rate limits (several instances)
         if config.shared_state is not None:
-            from prefixroute.edges.shared_state.shared import SharedState  # needs .[redis]
+            try:
+                from prefixroute.edges.shared_state.shared import SharedState
+            except ImportError as exc:  # the optional client is missing
+                raise ConfigError(f"{config.source}: shared_state needs the Redis client: "
+                                  f"pip install 'prefixroute[redis]' ({exc})") from None
             self.shared = SharedState(config.shared_state.redis, self.router.runner,
                                       self.metrics.registry, now=self.clock.now,
                                       wall=wall_clock, namespace=config.shared_state.namespace)

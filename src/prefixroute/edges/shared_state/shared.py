@@ -9,6 +9,7 @@ applying the other instances' bookings to the runner, bootstrap, outages) happen
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Callable, Sequence
@@ -23,6 +24,8 @@ from prefixroute.edges.shared_state.ratelimit import SharedRateLimiter
 from prefixroute.edges.shared_state.stream import SharedBookings
 
 DEFAULT_NAMESPACE = "prefixroute"
+
+log = logging.getLogger("prefixroute.shared_state")
 
 
 class SharedState:
@@ -64,17 +67,26 @@ class SharedState:
         priority = None
         if decision.priority is not None:
             priority = round(self.wall_time(decision.priority / 1000.0) * 1000.0)
-        self.bookings.publish(Routed(
+        self._publish(Routed(
             self.instance, request.request_id, booking.view.name, request.tenant,
             request.num_tokens, request.block_size, tuple(request.block_keys),
             self.wall_time(request.now), decision.branch, predicted_cached_tokens, priority))
 
     def completed(self, booking: Booking, cached_tokens: int) -> None:
-        self.bookings.publish(Completed(self.instance, booking.request.request_id,
-                                        cached_tokens))
+        self._publish(Completed(self.instance, booking.request.request_id, cached_tokens))
 
     def ended(self, booking: Booking, ran: bool) -> None:
-        self.bookings.publish(Ended(self.instance, booking.request.request_id, ran))
+        self._publish(Ended(self.instance, booking.request.request_id, ran))
+
+    def _publish(self, event) -> None:
+        """Queue an event; a booking that cannot be encoded (a block key that is not a
+        64-bit integer, say) is logged and left local: no request fails over shared state."""
+        try:
+            self.bookings.publish(event)
+        except Exception as exc:
+            log.error("booking not shared", extra={"fields": {
+                "event": "shared_state_encode_error", "request_id": event.request_id,
+                "error": f"{type(exc).__name__}: {exc}"}})
 
     async def take(self, tenant: str,
                    buckets: Sequence[tuple[str, float, float, float]]) -> float | None:
