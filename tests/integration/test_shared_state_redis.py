@@ -108,3 +108,22 @@ def test_no_redis_means_local_state_and_no_failure():
     assert wait is None and again is None  # the caller uses its local bucket
     assert took < 2.0  # connection refused, not a hang
     assert shown == 0
+
+
+def test_an_instance_that_stops_has_its_open_bookings_ended_by_the_others(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            a, runner_a = instance(redis.url, "t4")
+            b, runner_b = instance(redis.url, "t4")
+            a.start()
+            b.start()
+            for i in range(2):
+                booking = runner_a.route(RequestView(f"q{i}", 33, 16, block_keys=(i,),
+                                                     now=time.monotonic()))
+                a.routed(booking, 0)
+            await until(lambda: runner_b.replicas[0].in_flight == 2)
+            await a.stop()  # with two requests still open: its process is going away
+            await until(lambda: runner_b.replicas[0].in_flight == 0, timeout=20.0)
+            await b.stop()
+
+    asyncio.run(scenario())

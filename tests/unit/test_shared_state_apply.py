@@ -125,3 +125,15 @@ def test_a_remote_booking_without_an_end_expires_as_run():
     assert remote.expire(now=1060.0) == 1  # 60 s after the first: it ended unseen
     assert runner.replicas[1].in_flight == 1
     assert policy.calls[-1] == ("unreported", "A/old", 1, True)
+
+
+def test_a_gone_instance_s_open_bookings_end_as_run_and_others_stay():
+    remote, runner, policy = instance_b()
+    apply_wire(remote, routed("a1", "r0", instance="A"))
+    apply_wire(remote, routed("a2", "r1", instance="A"))
+    apply_wire(remote, routed("c1", "r1", instance="C"))
+    assert remote.instances() == {"A", "C"}
+    assert remote.forget_instance("A") == 2
+    assert (runner.replicas[0].in_flight, runner.replicas[1].in_flight) == (0, 1)
+    assert remote.instances() == {"C"}
+    assert ("unreported", "A/a2", 1, True) in policy.calls

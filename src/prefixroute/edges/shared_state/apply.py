@@ -10,8 +10,8 @@ the whole fleet's traffic. The bookings are marked remote (``Booking.remote``).
 Invariants: a booking is applied once (a repeated message, e.g. after a bootstrap overlaps the
 live stream, changes nothing); an end without its booking (its ``Routed`` is older than what
 this instance read) is ignored; a remote booking whose end never arrives (its instance died)
-is ended as run after ``stale_after_s``, so it does not hold the replica's in-flight count
-forever. Pure: no I/O; time comes in the calls.
+is ended as run when its instance is known to be gone (:meth:`RemoteBookings.forget_instance`)
+or at the latest after ``stale_after_s``, so it does not hold the replica's in-flight count. Pure: no I/O; time comes in the calls.
 """
 
 from __future__ import annotations
@@ -104,6 +104,20 @@ class RemoteBookings:
             expired += 1
         self.applied["expired"] += expired
         return expired
+
+    def instances(self) -> set[str]:
+        """The other instances with bookings open here."""
+        return {instance for instance, _ in self.open}
+
+    def forget_instance(self, instance: str) -> int:
+        """``instance`` is gone (it stopped saying it is alive): its open bookings end as
+        run, as :meth:`expire` would end them later; returns how many."""
+        keys = [key for key in self.open if key[0] == instance]
+        for key in keys:
+            booking, _ = self.open.pop(key)
+            self.runner.ended(booking, ran=True)
+        self.applied["expired"] += len(keys)
+        return len(keys)
 
     def _ignored(self) -> bool:
         self.applied["ignored"] += 1

@@ -35,6 +35,10 @@ DEFAULT_HISTORY = 20_000  # stream entries kept (about the bookings of a busy mi
 DEFAULT_BOOTSTRAP = 5_000  # entries a new instance reads at start
 DEFAULT_OUTBOX = 50_000  # events held during an outage
 BATCH = 500  # entries per XADD pipeline / XREAD
+# Liveness: each instance refreshes a key with this lifetime every HEARTBEAT_S; an instance
+# whose key is missing at two checks in a row (CHECK_S apart, so a Redis restarted empty has
+# time to hear from everyone again) is gone, and its open bookings end.
+HEARTBEAT_S, HEARTBEAT_TTL_S, CHECK_S = 1.0, 5.0, 5.0
 READ_BLOCK_MS = 1000
 FIELD = b"m"
 
@@ -55,6 +59,8 @@ class SharedBookings:
         self.outbox_max = outbox
         self.last_id: bytes | None = None  # the last stream entry applied
         self.bootstrapped = False
+        self.namespace = namespace
+        self._missing_once: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -72,7 +78,8 @@ class SharedBookings:
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._write_loop(), name="shared-state-write"),
-                       asyncio.create_task(self._read_loop(), name="shared-state-read")]
+                       asyncio.create_task(self._read_loop(), name="shared-state-read"),
+                       asyncio.create_task(self._liveness_loop(), name="shared-state-alive")]
 
     async def stop(self, flush_s: float = 1.0) -> None:
         """Stop, then write what is left in the outbox (for up to ``flush_s``)."""
@@ -84,11 +91,50 @@ class SharedBookings:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks = []
-        if self.outbox and self.link.usable():
+        if self.link.usable():
             try:
                 await asyncio.wait_for(self._flush(), flush_s)
+                # A clean stop: the others need not wait for the heartbeat to lapse.
+                await self.link.client.delete(self._alive_key(self.remote.instance))
             except (asyncio.TimeoutError, *REDIS_ERRORS):
                 pass
+
+    def _alive_key(self, instance: str) -> str:
+        return f"{self.namespace}:alive:{instance}"
+
+    async def _liveness_loop(self) -> None:
+        mine = self._alive_key(self.remote.instance)
+        last_check = asyncio.get_running_loop().time()
+        while True:
+            try:
+                await self.link.client.set(mine, b"1", px=int(HEARTBEAT_TTL_S * 1000))
+                self.link.metrics.operations.labels("heartbeat").inc()
+                now = asyncio.get_running_loop().time()
+                if now - last_check >= CHECK_S:
+                    last_check = now
+                    await self.check_instances()
+            except REDIS_ERRORS as exc:
+                self.link.failed("heartbeat", exc)
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def check_instances(self) -> None:
+        """End the open bookings of instances missing at two checks in a row."""
+        others = sorted(self.remote.instances())
+        if not others:
+            self._missing_once.clear()
+            return
+        pipe = self.link.client.pipeline(transaction=False)
+        for instance in others:
+            pipe.exists(self._alive_key(instance))
+        alive = await pipe.execute()
+        self.link.metrics.operations.labels("exists").inc(len(others))
+        missing = {i for i, present in zip(others, alive) if not present}
+        for instance in missing & self._missing_once:
+            ended = self.remote.forget_instance(instance)
+            log.warning("router instance gone; its bookings ended", extra={"fields": {
+                "event": "shared_state_instance_gone", "instance": instance,
+                "bookings": ended}})
+        self._missing_once = missing - self._missing_once
 
     async def _write_loop(self) -> None:
         while True:
