@@ -66,8 +66,8 @@ def test_bookings_reach_the_other_instance_and_a_late_one_bootstraps(tmp_path):
         with RedisServer(tmp_path) as redis:
             a, runner_a = instance(redis.url, "t2")
             b, runner_b = instance(redis.url, "t2")
-            a.start()
-            b.start()
+            await a.start()
+            await b.start()
             bookings = []
             for i in range(3):
                 booking = runner_a.route(RequestView(f"q{i}", 33, 16, block_keys=(i, 7),
@@ -79,7 +79,7 @@ def test_bookings_reach_the_other_instance_and_a_late_one_bootstraps(tmp_path):
             await until(lambda: b.remote.applied["completed"] == 1)
             in_flight_b = runner_b.replicas[0].in_flight
             late, runner_late = instance(redis.url, "t2")
-            late.start()
+            await late.start()
             await until(lambda: late.bookings.bootstrapped)
             in_flight_late = runner_late.replicas[0].in_flight
             for s in (a, b, late):
@@ -93,7 +93,7 @@ def test_bookings_reach_the_other_instance_and_a_late_one_bootstraps(tmp_path):
 def test_no_redis_means_local_state_and_no_failure():
     async def scenario():
         shared, runner = instance(f"redis://127.0.0.1:{free_port()}/0", "t3")
-        shared.start()
+        await shared.start()
         booking = runner.route(RequestView("q", 33, 16, block_keys=(1, 2), now=0.0))
         shared.routed(booking, 0)  # queued, never raises
         started = time.monotonic()
@@ -115,8 +115,8 @@ def test_an_instance_that_stops_has_its_open_bookings_ended_by_the_others(tmp_pa
         with RedisServer(tmp_path) as redis:
             a, runner_a = instance(redis.url, "t4")
             b, runner_b = instance(redis.url, "t4")
-            a.start()
-            b.start()
+            await a.start()
+            await b.start()
             for i in range(2):
                 booking = runner_a.route(RequestView(f"q{i}", 33, 16, block_keys=(i,),
                                                      now=time.monotonic()))

@@ -161,7 +161,7 @@ class Gateway:
                            retries=self.config.retries, block_size=self.config.hashing.block_size)
         await self.pool.start(self.client)
         if self.shared is not None:
-            self.shared.start()
+            await self.shared.start()
         if self.config.busy_poll_s > 0:
             self.busy_poller = BusyPoller(asyncio.get_running_loop(), self.config.busy_poll_s,
                                           lambda: self.open_requests > 0, self.clock.now)

@@ -9,6 +9,7 @@ applying the other instances' bookings to the runner, bootstrap, outages) happen
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -19,11 +20,12 @@ from prometheus_client import CollectorRegistry
 from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
 from prefixroute.edges.shared_state.apply import DEFAULT_STALE_AFTER_S, RemoteBookings
 from prefixroute.edges.shared_state.codec import Completed, Ended, Routed
-from prefixroute.edges.shared_state.link import RedisLink, SharedStateMetrics
+from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink, SharedStateMetrics
 from prefixroute.edges.shared_state.ratelimit import SharedRateLimiter
 from prefixroute.edges.shared_state.stream import SharedBookings
 
 DEFAULT_NAMESPACE = "prefixroute"
+BOOTSTRAP_S = 2.0
 
 log = logging.getLogger("prefixroute.shared_state")
 
@@ -96,7 +98,13 @@ class SharedState:
 
     # -- lifetime ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self, bootstrap_s: float = BOOTSTRAP_S) -> None:
+        """Read the fleet's recent bookings (for up to ``bootstrap_s``: a Redis that does not
+        answer delays no start; the read loop bootstraps when it returns), then follow."""
+        try:
+            await asyncio.wait_for(self.bookings.bootstrap(), bootstrap_s)
+        except (asyncio.TimeoutError, *REDIS_ERRORS) as exc:
+            self.link.failed("bootstrap", exc)
         self.bookings.start()
 
     async def stop(self) -> None:

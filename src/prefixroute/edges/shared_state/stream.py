@@ -63,6 +63,9 @@ class SharedBookings:
         self._missing_once: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        # The loops also end on this flag: the client may turn a cancellation in the middle of
+        # a command into a connection error, which the loops would otherwise retry.
+        self._stopping = False
 
     # -- this instance's events ---------------------------------------------------------
 
@@ -83,13 +86,11 @@ class SharedBookings:
 
     async def stop(self, flush_s: float = 1.0) -> None:
         """Stop, then write what is left in the outbox (for up to ``flush_s``)."""
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=flush_s)
         self._tasks = []
         if self.link.usable():
             try:
@@ -105,7 +106,7 @@ class SharedBookings:
     async def _liveness_loop(self) -> None:
         mine = self._alive_key(self.remote.instance)
         last_check = asyncio.get_running_loop().time()
-        while True:
+        while not self._stopping:
             try:
                 await self.link.client.set(mine, b"1", px=int(HEARTBEAT_TTL_S * 1000))
                 self.link.metrics.operations.labels("heartbeat").inc()
@@ -137,10 +138,10 @@ class SharedBookings:
         self._missing_once = missing - self._missing_once
 
     async def _write_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
-            while self.outbox:
+            while self.outbox and not self._stopping:
                 try:
                     await self._flush()
                     self.link.ok()
@@ -161,7 +162,7 @@ class SharedBookings:
                 self.outbox.popleft()
 
     async def _read_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 if not self.bootstrapped:
                     await self.bootstrap()
