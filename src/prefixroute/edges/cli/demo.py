@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import tempfile
 from typing import Any
@@ -43,6 +44,7 @@ PREFILL_S_PER_TOKEN = 4.0e-5  # that profile's prefill cost (core/replica/servic
 MAX_MODEL_LEN = 16_384  # a 10,000-token prefix plus up to 600 user tokens
 SLACK_S = 60.0  # past the last arrival, how long stragglers may take before they count as failed
 MAX_REPLICAS = 16  # one process each
+MAX_GATEWAYS = 8
 MAX_REQUESTS = 50_000  # the scenario's whole day
 
 
@@ -61,6 +63,11 @@ def register(subparsers) -> None:
                    metavar="F", help="replicas run F x real time, arrivals alike "
                                      f"(default {DEFAULT_TIME_SCALE})")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--gateways", type=positive_int, default=1, metavar="N",
+                   help="gateway instances; requests take turns over them (default 1)")
+    p.add_argument("--shared-state", metavar="redis://HOST:PORT", default=None,
+                   help="the gateways share bookings and rate limits through this Redis "
+                        "(needs prefixroute[redis]); without it each sees only its share")
     add_json_argument(p, "the results")
     p.set_defaults(handler=run)
 
@@ -84,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--time-scale must be above 0 (the demo is about time to first token)")
     if args.replicas > MAX_REPLICAS:
         raise ConfigError(f"--replicas: at most {MAX_REPLICAS} (one process each)")
+    if args.gateways > MAX_GATEWAYS:
+        raise ConfigError(f"--gateways: at most {MAX_GATEWAYS} (one process each)")
+    if args.shared_state is not None and not args.shared_state.startswith(
+            ("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"--shared-state: {args.shared_state!r} is not a Redis URL "
+                          "(redis://HOST:PORT[/DB])")
     if args.requests > MAX_REQUESTS:
         raise ConfigError(f"--requests: at most {MAX_REQUESTS} (the scenario's whole day)")
     # SIGTERM ends the demo like Ctrl-C: the with-blocks below stop every child process.
@@ -97,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     result = {"scenario": {"workload": "design-scenario", "requests": len(requests),
                            "tenants": len({r.tenant for r in requests}),
                            "prompt_tokens": sum(r.prompt_tokens for r in requests),
-                           "replicas": args.replicas, "engine_profile": ENGINE_PROFILE,
+                           "replicas": args.replicas, "gateways": args.gateways,
+                           "shared_state": args.shared_state is not None,
+                           "engine_profile": ENGINE_PROFILE,
                            "time_scale": args.time_scale, "seed": args.seed,
                            "times": "engine seconds (wall / time_scale)"},
               "policies": results}
@@ -138,8 +153,15 @@ def _run_fleet(workdir: str, args: argparse.Namespace, specs: list[str], request
             task = progress.add_task(spec, total=len(requests), status="starting gateway")
             fleet.reset_replicas()
             before = fleet.counters()
-            gateway = fleet.start_gateway(spec, backend_fields={
-                "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale})
+            extra: dict[str, Any] = {}
+            if args.shared_state is not None:
+                # A namespace of its own per run: the next policy must not start from this
+                # one's bookings.
+                extra["shared_state"] = {"redis": args.shared_state,
+                                         "namespace": f"prefixroute-demo-{os.urandom(6).hex()}"}
+            fleet.start_gateway(spec, backend_fields={
+                "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale},
+                instances=args.gateways, **extra)
             keys = fleet.api_keys
             seen = {"ok": 0, "failed": 0, "prompt": 0, "cached": 0}
 
@@ -155,7 +177,7 @@ def _run_fleet(workdir: str, args: argparse.Namespace, specs: list[str], request
                                 "authorization": f"Bearer {key}"}
                        for tenant, key in keys.items()}
             outcomes = asyncio.run(replay(
-                gateway.url + "/v1/completions", requests,
+                [url + "/v1/completions" for url in fleet.gateway_urls], requests,
                 headers_for=lambda r: headers[r.tenant], time_scale=args.time_scale,
                 deadline_s=duration + SLACK_S, on_outcome=on_outcome))
             after = fleet.counters()
@@ -180,7 +202,11 @@ def print_table(result: dict, console) -> None:
     scenario = result["scenario"]
     console.print(f"design scenario (multi-tenant assistant): {scenario['requests']} requests from "
                   f"{scenario['tenants']} tenants, {scenario['prompt_tokens']:,} prompt tokens")
-    console.print(f"through the gateway to {scenario['replicas']} emulator replicas "
+    gateways = scenario.get("gateways", 1)
+    through = "the gateway" if gateways == 1 else (
+        f"{gateways} gateways " + ("sharing state" if scenario.get("shared_state")
+                                   else "without shared state"))
+    console.print(f"through {through} to {scenario['replicas']} emulator replicas "
                   f"({scenario['engine_profile']} at time scale {scenario['time_scale']:g}); "
                   "TTFT in engine seconds")
     table = Table()

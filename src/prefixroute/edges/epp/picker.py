@@ -170,7 +170,7 @@ class Exchange:
     async def handle(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse | None:
         kind = message.WhichOneof("request")
         if kind == "request_headers":
-            return self._request_headers(message.request_headers)
+            return await self._request_headers(message.request_headers)
         if kind == "request_body":
             return await self._request_body(message.request_body)
         if kind == "response_headers":
@@ -185,7 +185,7 @@ class Exchange:
 
     # -- the request ----------------------------------------------------------------------
 
-    def _request_headers(self, message: ext.HttpHeaders) -> ext.ProcessingResponse:
+    async def _request_headers(self, message: ext.HttpHeaders) -> ext.ProcessingResponse:
         gateway = self.gateway
         self.headers = headers = _headers_of(message)
         path = headers.get(":path", "").split("?", 1)[0]
@@ -205,7 +205,7 @@ class Exchange:
                                    code="method_not_allowed")
             self.endpoint = endpoint
             self._authenticate()
-            gateway.check_rate(self.tenant)
+            await gateway.check_rate(self.tenant)
             declared = headers.get("content-length")
             limit = gateway.config.limits.max_body_bytes
             if declared is not None and declared.isdigit() and int(declared) > limit:

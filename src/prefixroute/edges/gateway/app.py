@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixroute.core.clock import Clock, MonotonicClock
-from prefixroute.core.errors import PrefixRouteError
+from prefixroute.core.errors import ConfigError, PrefixRouteError
 from prefixroute.core.routing.registry import create_policy
 from prefixroute.edges.gateway.admin import AdminAPI
 from prefixroute.edges.gateway.admission import AdmissionQueue
@@ -103,6 +103,17 @@ class Gateway:
             self.tracing = self.router.tracing = GatewayTracing(tracer_provider)
         self.fleet = Fleet(config, self.pool, self.router.runner, self.clock, self.metrics)
         self.admin = AdminAPI(self)
+        self.shared = None  # shared routing state and rate limits (several instances)
+        if config.shared_state is not None:
+            try:
+                from prefixroute.edges.shared_state.shared import SharedState
+            except ImportError as exc:  # the optional client is missing
+                raise ConfigError(f"{config.source}: shared_state needs the Redis client: "
+                                  f"pip install 'prefixroute[redis]' ({exc})") from None
+            self.shared = SharedState(config.shared_state.redis, self.router.runner,
+                                      self.metrics.registry, now=self.clock.now,
+                                      wall=wall_clock, namespace=config.shared_state.namespace)
+            self.router.observer = self.shared
         self.renderer = RenderClient(config.timeouts.render_s, self.metrics.registry)
         mode = None if config.tokenization == "auto" else config.tokenization
         self.prompts = PromptPreparer(config.hashing, tokenizer, mode=mode,
@@ -176,6 +187,8 @@ class Gateway:
         await self.pool.start(self.client)
         await self.fleet.start(self.client)
         self._watch_sighup()
+        if self.shared is not None:
+            await self.shared.start()
         if self.config.busy_poll_s > 0:
             self.busy_poller = BusyPoller(asyncio.get_running_loop(), self.config.busy_poll_s,
                                           lambda: self.open_requests > 0, self.clock.now)
@@ -195,6 +208,8 @@ class Gateway:
             self.busy_poller.close()
         await self.fleet.stop()
         await self.pool.stop()
+        if self.shared is not None:
+            await self.shared.stop()
         if self.tracing is not None:
             self.tracing.shutdown()
         if self.upstream is not None:
@@ -283,6 +298,7 @@ class Gateway:
                 with tracing.span(request_id, "auth"):
                     tenant = self._authorize(request)
             tenant_name = tenant.name
+            await self.check_rate(tenant)
             raw = await self._read_body(request)
             checked, backends, prompt = await self.admit(endpoint, tenant, raw, request_id)
         except GatewayError as error:
@@ -316,15 +332,17 @@ class Gateway:
     # -- what every body does with a request before routing it (serve, the EPP) ----------
 
     def _authorize(self, request: Request) -> Tenant:
-        """The caller's tenant, with one request taken from its rate limit."""
-        tenant = self.tenants.authenticate(request.headers.get("authorization"))
-        self.check_rate(tenant)
-        return tenant
+        """The caller's tenant (401 without a valid key)."""
+        return self.tenants.authenticate(request.headers.get("authorization"))
 
-    def check_rate(self, tenant: Tenant) -> None:
-        """Take one request from ``tenant``'s rate limit, or raise 429 (counted)."""
+    async def check_rate(self, tenant: Tenant) -> None:
+        """Take one request from ``tenant``'s rate limit, or raise 429 (counted). With shared
+        state the bucket is the whole fleet's, in Redis (:meth:`_check_shared_rate`)."""
         try:
-            self.tenants.check_rate(tenant)
+            if self.shared is not None and tenant.bucket is not None:
+                await self._check_shared_rate(tenant)
+            else:
+                self.tenants.check_rate(tenant)
         except GatewayError:
             self.metrics.rate_limited.labels(tenant.name).inc()
             raise
@@ -360,6 +378,17 @@ class Gateway:
             self.metrics.tokenize_fallbacks.inc()
         await self.admission.acquire()
         return checked, backends, prompt
+
+    async def _check_shared_rate(self, tenant: Any) -> None:
+        """The tenant's limit for the whole fleet (one bucket in Redis, the same token
+        bucket as the local one); the local bucket while Redis cannot answer."""
+        bucket = tenant.bucket
+        wait = await self.shared.take(tenant.name,
+                                      [("requests", bucket.rate, bucket.burst, 1.0)])
+        if wait is None:
+            self.tenants.check_rate(tenant)
+        elif wait > 0:
+            raise self.tenants.rate_error(tenant, wait)
 
     def _job_done(self, job: Job) -> None:
         self.admission.release()

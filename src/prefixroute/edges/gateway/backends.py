@@ -136,6 +136,12 @@ class Backend:
         self.state = ReplicaView(index=index, name=self.name, cache=self.view,
                                  scheduling_policy=config.scheduling_policy)
         self.subscriber: Any = None  # a KVEventSubscriber, set by the pool
+        # An event view is "exact" while every event batch arrived (live or replayed);
+        # "degraded" from a batch lost for good (older than the engine's replay buffer)
+        # until the view starts over (the engine restarted or cleared its cache).
+        self.view_state = "exact" if config.kv_events is not None else "approximate"
+        if config.kv_events is not None:
+            metrics.view_exact.labels(self.name).set(1)
         self.loop: asyncio.AbstractEventLoop | None = None  # where event batches are applied
         for gauge in (metrics.healthy, metrics.breaker):
             gauge.labels(self.name)
@@ -390,17 +396,29 @@ class Backend:
             else:
                 view.on_cleared()
             self._metrics.kv_events.labels(self.name, "restart").inc()
-        if received.missing_before:
+        state = self.view_state
+        if received.restarted:
+            state = "exact"  # a fresh stream over an empty cache: nothing before it matters
+        elif received.missing_before:
             self._metrics.kv_event_gaps.labels(self.name).inc(received.missing_before)
+            state = "degraded"
         for kind, count in view.apply(received.batch.events).items():
             self._metrics.kv_events.labels(self.name, kind).inc(count)
+            if kind == "cleared" and count:
+                state = "exact"  # the engine emptied its cache: the view starts over too
+        if state != self.view_state:
+            self.view_state = state
+            self._metrics.view_exact.labels(self.name).set(1 if state == "exact" else 0)
+            log.warning("replica cache view is now %s", state, extra={"fields": {
+                "event": "view_state", "replica": self.name, "state": state}})
         self._metrics.view_blocks.labels(self.name).set(len(self.view))
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "url": self.url, "healthy": self.healthy,
                 "breaker": self.breaker.state, "in_flight": self.in_flight,
                 "queued": self.queued, "running": self.running, "kv_usage": self.kv_usage,
-                "models": sorted(self.models), "view": "events" if self.uses_events
+                "models": sorted(self.models), "view_state": self.view_state,
+                "view": "events" if self.uses_events
                 else "approximate", "view_blocks": len(self.view),
                 # Estimated (characters / 4) per real token, learned from character-block
                 # answers; 1.0 until one arrives.

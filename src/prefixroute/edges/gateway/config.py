@@ -203,6 +203,15 @@ class HashingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedStateConfig:
+    """Several gateway instances share routing bookings and rate limits through this Redis
+    (``edges/shared_state``); ``namespace`` prefixes its keys (one fleet per namespace)."""
+
+    redis: str
+    namespace: str = "prefixroute"
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     backends: tuple[BackendConfig, ...]
     tenants: tuple[TenantConfig, ...]
@@ -230,6 +239,7 @@ class GatewayConfig:
     # only an address), as a ``backends[]`` entry without url and name.
     backend_defaults: dict[str, Any] = field(default_factory=dict)
     tracing: TracingConfig | None = None
+    shared_state: SharedStateConfig | None = None
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -620,7 +630,20 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
                             cb.number("open_s", BreakerConfig().open_s))
     cb.finish()
 
+    shared_state = None
+    if top.has("shared_state"):
+        ss = top.section("shared_state")
+        url = ss.string("redis", required=True)
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            ss.fail("a Redis URL: redis://HOST:PORT[/DB], rediss://... or unix://PATH",
+                    "redis")
+        shared_state = SharedStateConfig(url, ss.string("namespace", "prefixroute"))
+        ss.finish()
+    else:
+        top.used.add("shared_state")
+
     config = GatewayConfig(
+        shared_state=shared_state,
         backends=tuple(backends), tenants=tuple(tenants), server_secret=secret, policy=policy,
         source=source, tokenizer=tokenizer, tokenization=tokenization, hashing=hashing, timeouts=timeouts, limits=limits,
         health=health, circuit_breaker=breaker,

@@ -67,6 +67,10 @@ class GatewayMetrics:
         self.kv_event_gaps = Counter(p + "kv_event_missing_total", "KV event batches lost and "
                                      "not replayed (the view may be stale)", ["replica"],
                                      registry=r)
+        self.view_exact = Gauge(p + "replica_view_exact", "1 while the replica's event view "
+                                "has every KV event batch, 0 once one was lost for good "
+                                "(degraded until the engine restarts or clears)", ["replica"],
+                                registry=r)
         self.view_blocks = Gauge(p + "replica_view_blocks", "Blocks the gateway believes the "
                                  "replica holds", ["replica"], registry=r)
         self.tokenize_fallbacks = Counter(p + "tokenize_fallbacks_total", "Requests the "

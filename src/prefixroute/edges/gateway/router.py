@@ -137,6 +137,9 @@ class GatewayRouter:
         self._wall = wall_clock
         self.decisions: deque[DecisionRecord] = deque(maxlen=decisions_kept)
         self.tracing: Any = None  # a GatewayTracing, set by the gateway when configured
+        # Told each booking and its end (shared state across gateway instances:
+        # :class:`prefixroute.edges.shared_state.shared.SharedState`), or None.
+        self.observer: Any = None
         for backend in backends:
             self.runner.add_replica(backend.state)
             # A backend that learns its replica restarted resets it in the runner at once.
@@ -186,6 +189,8 @@ class GatewayRouter:
             predicted_cached_tokens=predicted, candidates=snapshot, scores=decision.scores)
         self.decisions.append(record)
         self._metrics.decisions.labels(self.policy_name, decision.branch).inc()
+        if self.observer is not None:
+            self.observer.routed(booking, predicted)
         ticket = backend.dispatch(uncached)
         made = Attempt(backend, booking, record, matched, predicted, uncached, ticket)
         if self.tracing is not None:
@@ -253,6 +258,8 @@ class GatewayRouter:
                                              attempt.request.num_tokens,
                                              attempt.request.block_size)
         self.runner.completed(attempt.booking, cached)
+        if self.observer is not None:
+            self.observer.completed(attempt.booking, cached)
         backend.finished()
 
     def refused(self, attempt: Attempt) -> None:
@@ -287,6 +294,8 @@ class GatewayRouter:
         attempt.record.outcome = outcome
         if cached is None:
             self.runner.ended(attempt.booking, ran=ran)
+            if self.observer is not None:
+                self.observer.ended(attempt.booking, ran)
             attempt.backend.finished()
 
     def recent(self, n: int, tenant: str | None = None) -> list[dict[str, Any]]:

@@ -103,10 +103,15 @@ class TenantRegistry:
             return
         wait = tenant.bucket.try_take()
         if wait > 0:
-            raise GatewayError(429, f"rate limit of {tenant.bucket.rate:g} requests per second "
-                               f"(burst {tenant.bucket.burst:g}) exceeded for this API key; "
-                               f"retry in {wait:.2f} s", code="rate_limit_exceeded",
-                               headers={"retry-after": str(max(1, math.ceil(wait)))})
+            raise self.rate_error(tenant, wait)
+
+    @staticmethod
+    def rate_error(tenant: Tenant, wait: float) -> GatewayError:
+        """The 429 of a tenant whose bucket (local or shared) needs ``wait`` more seconds."""
+        return GatewayError(429, f"rate limit of {tenant.bucket.rate:g} requests per second "
+                            f"(burst {tenant.bucket.burst:g}) exceeded for this API key; "
+                            f"retry in {wait:.2f} s", code="rate_limit_exceeded",
+                            headers={"retry-after": str(max(1, math.ceil(wait)))})
 
     def media_uuid(self, tenant: Tenant, content_digest: str) -> str:
         """The identity a media item gets on the engines: HMAC of its content digest under the

@@ -89,6 +89,7 @@ class LocalFleet:
         # One key per tenant; each tenant its own trust group (its own cache salt).
         self.api_keys = {tenant: f"sk-{tenant}-{secrets.token_hex(8)}" for tenant in tenants}
         self.gateway: ServiceProcess | None = None
+        self.more_gateways: list[ServiceProcess] = []  # start_gateway(instances=N > 1)
         self._secret_path = self.workdir / "server-secret"
 
     @property
@@ -129,8 +130,11 @@ class LocalFleet:
         return config
 
     def start_gateway(self, policy: str, *, cpu: int | None = None,
-                      backend_fields: dict | None = None, **extra) -> ServiceProcess:
-        """Start ``prefixroute serve`` with ``policy`` (stopping a previous gateway first)."""
+                      backend_fields: dict | None = None, instances: int = 1,
+                      **extra) -> ServiceProcess:
+        """Start ``prefixroute serve`` with ``policy`` (stopping a previous gateway first);
+        ``instances`` > 1 starts that many with the same configuration (the first is
+        returned, the others are in :attr:`more_gateways`)."""
         self.stop_gateway()
         slug = policy.split(":", 1)[0]
         path = self.workdir / f"gateway-{slug}.yaml"
@@ -144,12 +148,24 @@ class LocalFleet:
         self.gateway = ServiceProcess("gateway", command, cpu=cpu,
                                       log_path=self.workdir / f"gateway-{slug}.log")
         self.gateway.start()
+        for i in range(1, instances):
+            self.more_gateways.append(ServiceProcess(
+                f"gateway{i + 1}", command, cpu=cpu,
+                log_path=self.workdir / f"gateway-{slug}-{i + 1}.log"))
+            self.more_gateways[-1].start()
         return self.gateway
 
+    @property
+    def gateway_urls(self) -> list[str]:
+        return [g.url for g in [self.gateway, *self.more_gateways] if g is not None]
+
     def stop_gateway(self) -> None:
+        """Stop the gateway (every instance of it)."""
+        gateways, self.more_gateways = self.more_gateways, []
         gateway, self.gateway = self.gateway, None
-        if gateway is not None:
-            gateway.stop()
+        for process in [*gateways, gateway]:
+            if process is not None:
+                process.stop()
 
     def stop(self) -> None:
         """Stop every process this fleet started (each by its own id), the gateway first."""

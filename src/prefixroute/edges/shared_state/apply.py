@@ -1,0 +1,124 @@
+"""Applying other instances' bookings to this instance's lifecycle runner.
+
+Each remote :class:`~prefixroute.edges.shared_state.codec.Routed` becomes
+:meth:`LifecycleRunner.book_remote` (the policy's ``on_routed``, the replica's in-flight and
+assignment counts, the router's cache view), and its end the runner's
+:meth:`~LifecycleRunner.completed` or :meth:`~LifecycleRunner.ended` on that booking: the same
+calls, in the same order, as for a local request, so every instance's policy state reflects
+the whole fleet's traffic. The bookings are marked remote (``Booking.remote``).
+
+Invariants: a booking is applied once (a repeated message, e.g. after a bootstrap overlaps the
+live stream, changes nothing); an end without its booking (its ``Routed`` is older than what
+this instance read) is ignored; a remote booking whose end never arrives (its instance died)
+is ended as run when its instance is known to be gone (:meth:`RemoteBookings.forget_instance`)
+or at the latest after ``stale_after_s``, so it does not hold the replica's in-flight count. Pure: no I/O; time comes in the calls.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+from prefixroute.core.routing.base import Decision, RequestView
+from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
+from prefixroute.edges.shared_state.codec import Completed, Ended, Event, Routed
+
+# A remote request that has not ended after this long is taken as ended (its instance went
+# away without telling): the gateway's default read timeout is 600 s, so no live request
+# is older.
+DEFAULT_STALE_AFTER_S = 900.0
+
+
+class RemoteBookings:
+    """Other instances' bookings on one runner.
+
+    ``replica_index(name)``: the runner's index of a replica name, ``None`` if this instance
+    does not route to it. ``local_time(wall_time)``: a wall-clock time on the runner's clock.
+    """
+
+    def __init__(self, runner: LifecycleRunner, instance: str,
+                 replica_index: Callable[[str], int | None],
+                 local_time: Callable[[float], float],
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S):
+        self.runner = runner
+        self.instance = instance
+        self._replica_index = replica_index
+        self._local_time = local_time
+        self.stale_after_s = stale_after_s
+        # (instance, request_id) -> (booking, local time booked); oldest first.
+        self.open: OrderedDict[tuple[str, str], tuple[Booking, float]] = OrderedDict()
+        self.applied = {"routed": 0, "completed": 0, "ended": 0, "expired": 0, "ignored": 0}
+
+    def apply(self, event: Event) -> bool:
+        """Apply one event; False if it changed nothing (our own, a duplicate, an unknown
+        replica, an end whose booking this instance never saw)."""
+        if event.instance == self.instance:
+            return False
+        key = (event.instance, event.request_id)
+        if isinstance(event, Routed):
+            if key in self.open:
+                return self._ignored()
+            index = self._replica_index(event.replica)
+            if index is None:
+                return self._ignored()
+            now = self._local_time(event.wall_time)
+            request = RequestView(request_id=f"{event.instance}/{event.request_id}",
+                                  num_tokens=event.num_tokens, block_size=event.block_size,
+                                  block_keys=event.block_keys, tenant=event.tenant, now=now)
+            priority = None
+            if event.priority_wall_ms is not None:
+                priority = round(self._local_time(event.priority_wall_ms / 1000.0) * 1000.0)
+            decision = Decision(index, event.branch, "routed by another instance",
+                                predicted_cached_tokens=event.predicted_cached_tokens,
+                                priority=priority)
+            booking = self.runner.book_remote(request, decision)
+            if booking is None:
+                return self._ignored()
+            self.open[key] = (booking, now)
+            self.applied["routed"] += 1
+            return True
+        entry = self.open.pop(key, None)
+        if entry is None:
+            return self._ignored()
+        booking = entry[0]
+        if isinstance(event, Completed):
+            self.runner.completed(booking, event.cached_tokens)
+            self.applied["completed"] += 1
+        else:
+            assert isinstance(event, Ended)
+            self.runner.ended(booking, ran=event.ran)
+            self.applied["ended"] += 1
+        return True
+
+    def expire(self, now: float) -> int:
+        """End (as run) the remote bookings older than ``stale_after_s`` at ``now`` (the
+        runner's clock); returns how many."""
+        expired = 0
+        limit = now - self.stale_after_s
+        while self.open:
+            key, (booking, booked_at) = next(iter(self.open.items()))
+            if booked_at > limit:
+                break
+            del self.open[key]
+            self.runner.ended(booking, ran=True)
+            expired += 1
+        self.applied["expired"] += expired
+        return expired
+
+    def instances(self) -> set[str]:
+        """The other instances with bookings open here."""
+        return {instance for instance, _ in self.open}
+
+    def forget_instance(self, instance: str) -> int:
+        """``instance`` is gone (it stopped saying it is alive): its open bookings end as
+        run, as :meth:`expire` would end them later; returns how many."""
+        keys = [key for key in self.open if key[0] == instance]
+        for key in keys:
+            booking, _ = self.open.pop(key)
+            self.runner.ended(booking, ran=True)
+        self.applied["expired"] += len(keys)
+        return len(keys)
+
+    def _ignored(self) -> bool:
+        self.applied["ignored"] += 1
+        return False

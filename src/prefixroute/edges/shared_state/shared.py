@@ -1,0 +1,112 @@
+"""Shared routing state for several router instances: the piece a router body plugs in.
+
+A body (the gateway, an Envoy Endpoint Picker) creates one :class:`SharedState` beside its
+:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, tells it each local booking and
+its end (:meth:`routed`, :meth:`completed`, :meth:`ended`), asks it for rate limits
+(:meth:`take`), and starts and stops it with itself. Everything else (the booking stream,
+applying the other instances' bookings to the runner, bootstrap, outages) happens inside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Callable, Sequence
+
+from prometheus_client import CollectorRegistry
+
+from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
+from prefixroute.edges.shared_state.apply import DEFAULT_STALE_AFTER_S, RemoteBookings
+from prefixroute.edges.shared_state.codec import Completed, Ended, Routed
+from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink, SharedStateMetrics
+from prefixroute.edges.shared_state.ratelimit import SharedRateLimiter
+from prefixroute.edges.shared_state.stream import SharedBookings
+
+DEFAULT_NAMESPACE = "prefixroute"
+BOOTSTRAP_S = 2.0
+
+log = logging.getLogger("prefixroute.shared_state")
+
+
+class SharedState:
+    """``runner``: this instance's runner; ``now``: its clock (what ``RequestView.now``
+    uses); ``wall``: wall-clock seconds, shared by the instances."""
+
+    def __init__(self, url: str, runner: LifecycleRunner, registry: CollectorRegistry, *,
+                 now: Callable[[], float], wall: Callable[[], float] = time.time,
+                 namespace: str = DEFAULT_NAMESPACE, instance: str | None = None,
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S):
+        self.instance = instance or os.urandom(8).hex()
+        self.registry = registry
+        self.metrics = SharedStateMetrics(registry)
+        self.link = RedisLink(url, self.metrics)
+        self._now = now
+        self._wall = wall
+        self.runner = runner
+        self.remote = RemoteBookings(runner, self.instance, self._replica_index,
+                                     self.local_time, stale_after_s)
+        self.bookings = SharedBookings(self.link, self.remote, namespace=namespace, now=now)
+        self.limiter = SharedRateLimiter(self.link, namespace)
+
+    def local_time(self, wall_time: float) -> float:
+        return wall_time - (self._wall() - self._now())
+
+    def wall_time(self, local_time: float) -> float:
+        return local_time + (self._wall() - self._now())
+
+    def _replica_index(self, name: str) -> int | None:
+        for index, view in self.runner.replicas.items():
+            if view.name == name:
+                return index
+        return None
+
+    # -- the body's events ---------------------------------------------------------------
+
+    def routed(self, booking: Booking, predicted_cached_tokens: int) -> None:
+        request, decision = booking.request, booking.decision
+        priority = None
+        if decision.priority is not None:
+            priority = round(self.wall_time(decision.priority / 1000.0) * 1000.0)
+        self._publish(Routed(
+            self.instance, request.request_id, booking.view.name, request.tenant,
+            request.num_tokens, request.block_size, tuple(request.block_keys),
+            self.wall_time(request.now), decision.branch, predicted_cached_tokens, priority))
+
+    def completed(self, booking: Booking, cached_tokens: int) -> None:
+        self._publish(Completed(self.instance, booking.request.request_id, cached_tokens))
+
+    def ended(self, booking: Booking, ran: bool) -> None:
+        self._publish(Ended(self.instance, booking.request.request_id, ran))
+
+    def _publish(self, event) -> None:
+        """Queue an event; a booking that cannot be encoded (a block key that is not a
+        64-bit integer, say) is logged and left local: no request fails over shared state."""
+        try:
+            self.bookings.publish(event)
+        except Exception as exc:
+            log.error("booking not shared", extra={"fields": {
+                "event": "shared_state_encode_error", "request_id": event.request_id,
+                "error": f"{type(exc).__name__}: {exc}"}})
+
+    async def take(self, tenant: str,
+                   buckets: Sequence[tuple[str, float, float, float]]) -> float | None:
+        """The fleet-wide rate limit (:meth:`SharedRateLimiter.try_take`); ``None``: use the
+        local bucket."""
+        return await self.limiter.try_take(tenant, buckets)
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    async def start(self, bootstrap_s: float = BOOTSTRAP_S) -> None:
+        """Read the fleet's recent bookings (for up to ``bootstrap_s``: a Redis that does not
+        answer delays no start; the read loop bootstraps when it returns), then follow."""
+        try:
+            await asyncio.wait_for(self.bookings.bootstrap(), bootstrap_s)
+        except (asyncio.TimeoutError, *REDIS_ERRORS) as exc:
+            self.link.failed("bootstrap", exc)
+        self.bookings.start()
+
+    async def stop(self) -> None:
+        await self.bookings.stop()
+        await self.link.aclose()
