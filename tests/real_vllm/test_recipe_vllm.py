@@ -28,7 +28,7 @@ from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, free_port, install_prob
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway-vllm.yaml"
-SECRET = "recipe-test-server-secret-0123456789abcdef"
+SECRET = "ab" * 32  # 64 hex digits: a 32-byte key
 KEYS = {"acme": "sk-acme-example-key", "globex": "sk-globex-example-key"}  # the example's
 DOCUMENT = "Prefix caching keeps the keys and values of a prompt's leading tokens. " * 20
 
