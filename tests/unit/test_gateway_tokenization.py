@@ -445,3 +445,21 @@ def test_character_block_feedback_is_converted_to_estimated_tokens():
     assert cached_in_routing_units(10_288, 10_302, 15_453, 16) == 15_453
     # Without the usage's prompt_tokens the figure is passed on as reported.
     assert cached_in_routing_units(160, None, 300, 16) == 160
+
+
+@pytest.mark.parametrize("request_for", [completion, lambda text, salt: chat(
+    [{"role": "user", "content": text}], salt)], ids=["completion", "chat"])
+def test_a_text_tokenized_for_one_trust_group_is_not_cached_for_another(tiny_tokenizer_dir,
+                                                                         request_for):
+    # A text cache shared across salts would answer tenant B faster because tenant A sent
+    # the same text: a timing channel the salt exists to close.
+    from prefixroute.edges.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    preparer = PromptPreparer(HASHING, tokenizer)
+    text = "one text two tenants send, word for word"
+    preparer.prepare(request_for(text, "a" * 64))
+    before = tokenizer._encode_cached.cache_info()
+    preparer.prepare(request_for(text, "b" * 64))
+    after = tokenizer._encode_cached.cache_info()
+    assert (after.hits, after.misses) == (before.hits, before.misses + 1)  # tokenized anew

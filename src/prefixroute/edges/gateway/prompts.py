@@ -203,9 +203,11 @@ class PromptPreparer:
                 text = self.tokenizer.apply_chat_template(
                     _text_only(part[1]), add_generation_prompt=bool(part[3]),
                     tools=part[2] if isinstance(part[2], list) else None)
-                token_ids = self.tokenizer.encode(text, add_special_tokens=bool(part[4]))
+                token_ids = self.tokenizer.encode(text, add_special_tokens=bool(part[4]),
+                                                  partition=identity.cache_salt)
             else:
-                token_ids = self.tokenizer.encode(part[1], add_special_tokens=bool(part[2]))
+                token_ids = self.tokenizer.encode(part[1], add_special_tokens=bool(part[2]),
+                                                  partition=identity.cache_salt)
         except PrefixRouteError as exc:
             # The engine may still accept what our template cannot render; route on characters
             # rather than refuse a request the engine would serve.
@@ -227,13 +229,13 @@ class PromptPreparer:
         pieces = text.split(_MEDIA_MARK)
         if len(pieces) != len(digests) + 1:
             return self.tokenizer.encode(text.replace(_MEDIA_MARK, ""),
-                                         add_special_tokens=bool(part[4])), []
+                                         add_special_tokens=bool(part[4]), partition=salt), []
         token_ids: list[int] = []
         media: list[MediaItem] = []
         for i, piece in enumerate(pieces):
             if piece or i == 0:
-                token_ids.extend(self.tokenizer.encode(piece,
-                                                       add_special_tokens=bool(part[4]) and i == 0))
+                token_ids.extend(self.tokenizer.encode(
+                    piece, add_special_tokens=bool(part[4]) and i == 0, partition=salt))
             if i < len(digests):
                 media.append(MediaItem(digests[i], len(token_ids), 1))
                 token_ids.append(MEDIA_PLACEHOLDER_ID)
