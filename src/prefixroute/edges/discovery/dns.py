@@ -17,7 +17,6 @@ system's resolvers.
 from __future__ import annotations
 
 import ipaddress
-import logging
 from typing import Any
 
 import dns.asyncresolver
@@ -26,10 +25,10 @@ import dns.rdatatype
 import dns.resolver
 
 from prefixroute.core.errors import InputError
-from prefixroute.edges.discovery.events import Member, MembershipEvent, diff_members
+from prefixroute.edges.discovery.events import Member, MembershipEvent
+from prefixroute.edges.discovery.source import ListedSource
 from prefixroute.edges.gateway.config import DnsDiscovery, parse_backend_list
 
-log = logging.getLogger("prefixroute.gateway")
 
 
 class DnsLookupFailed(Exception):
@@ -55,7 +54,7 @@ def _url(address: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-class DnsSource:
+class DnsSource(ListedSource):
     """Membership from the DNS records of one name (module docstring)."""
 
     def __init__(self, config: DnsDiscovery, defaults: dict[str, Any]):
@@ -63,8 +62,7 @@ class DnsSource:
         self.defaults = defaults
         self.interval_s = config.interval_s
         self.name = f"dns:{config.name}"
-        self.members: dict[str, Member] = {}
-        self.last_error: str | None = None
+        super().__init__()
         self._resolver = _resolver(config)
 
     async def _addresses(self, name: str) -> list[str]:
@@ -115,14 +113,5 @@ class DnsSource:
         try:
             members = await self.resolve()
         except DnsLookupFailed as exc:
-            if str(exc) != self.last_error:
-                self.last_error = str(exc)
-                log.warning("DNS lookup failed; keeping the previous list",
-                            extra={"fields": {"event": "membership_invalid",
-                                              "source": self.name, "error": str(exc),
-                                              "replicas_kept": sorted(self.members)}})
-            return []
-        self.last_error = None
-        events = diff_members(self.members, members, self.name)
-        self.members = members
-        return events
+            return self.refuse_listing(str(exc), "DNS lookup failed")
+        return self.take_listing(members)

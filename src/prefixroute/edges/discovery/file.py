@@ -11,17 +11,16 @@ beside the old one and rename it over, so a half-written file is never read.
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from prefixroute.core.errors import InputError
-from prefixroute.edges.discovery.events import Member, MembershipEvent, diff_members
+from prefixroute.edges.discovery.events import Member, MembershipEvent
+from prefixroute.edges.discovery.source import ListedSource
 from prefixroute.edges.gateway.config import parse_backend_list
 from prefixroute.edges.yaml_reader import load_yaml
 
-log = logging.getLogger("prefixroute.gateway")
 
 
 def read_members(path: Path, defaults: dict[str, Any]) -> dict[str, Member]:
@@ -40,7 +39,7 @@ def read_members(path: Path, defaults: dict[str, Any]) -> dict[str, Member]:
             for backend, draining, generation in parse_backend_list(data, str(path), defaults)}
 
 
-class FileSource:
+class FileSource(ListedSource):
     """Membership from a watched file (module docstring)."""
 
     def __init__(self, path: Path, defaults: dict[str, Any], interval_s: float = 1.0):
@@ -48,8 +47,7 @@ class FileSource:
         self.defaults = defaults
         self.interval_s = interval_s
         self.name = f"file:{self.path}"
-        self.members: dict[str, Member] = {}
-        self.last_error: str | None = None
+        super().__init__()
         self._signature: tuple[int, int, int] | None = None
 
     def _stat(self) -> tuple[int, int, int] | None:
@@ -71,14 +69,5 @@ class FileSource:
         try:
             members = read_members(self.path, self.defaults)
         except InputError as exc:
-            if str(exc) != self.last_error:
-                self.last_error = str(exc)
-                log.warning("membership file invalid; keeping the previous list",
-                            extra={"fields": {"event": "membership_invalid",
-                                              "source": self.name, "error": str(exc),
-                                              "replicas_kept": sorted(self.members)}})
-            return []
-        self.last_error = None
-        events = diff_members(self.members, members, self.name)
-        self.members = members
-        return events
+            return self.refuse_listing(str(exc), "membership file invalid")
+        return self.take_listing(members)
