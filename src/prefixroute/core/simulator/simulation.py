@@ -416,6 +416,36 @@ class SimulatedFleet:
         return [v.assignments for v in self.views]
 
 
+class EngineWakeups:
+    """Each engine's next event time, queued once in a heap: :meth:`schedule` after an engine
+    changed (a time already queued is not pushed again), :meth:`pop` the earliest entry, or
+    None when a later :meth:`schedule` of that engine superseded it. The simulator and its
+    streaming variant drive their engines through this one queue."""
+
+    __slots__ = ("engines", "heap", "wake")
+
+    def __init__(self, engines: Sequence) -> None:
+        self.engines = engines
+        self.heap: list[tuple[float, int]] = []
+        self.wake: list[float | None] = [None] * len(engines)
+
+    def schedule(self, i: int) -> None:
+        t = self.engines[i].next_event_time()
+        wake = self.wake
+        if t is None:
+            wake[i] = None
+        elif t != wake[i]:
+            wake[i] = t
+            heapq.heappush(self.heap, (t, i))
+
+    def pop(self) -> tuple[float, int] | None:
+        t, i = heapq.heappop(self.heap)
+        if self.wake[i] != t:
+            return None
+        self.wake[i] = None
+        return t, i
+
+
 def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *,
                     view: str = DEFAULT_VIEW, seed: int = 0,
                     progress: Callable[[int, int], None] | None = None,
@@ -448,16 +478,8 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
     clock = ManualClock(arrivals[0][0] if arrivals else 0.0)
     body = SimulatedFleet(workload, fleet, policy, view=view, clock=clock)
     engines = body.engines
-    heap: list[tuple[float, int]] = []
-    wake: list[float | None] = [None] * n_replicas
-
-    def schedule(i: int) -> None:
-        t = engines[i].next_event_time()
-        if t is None:
-            wake[i] = None
-        elif t != wake[i]:
-            wake[i] = t
-            heapq.heappush(heap, (t, i))
+    wakeups = EngineWakeups(engines)
+    heap, schedule = wakeups.heap, wakeups.schedule
 
     def handle(i: int, events) -> None:
         for k, ended in body.engine_events(i, events):
@@ -484,10 +506,10 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         if (heap[0][0] if heap and heap[0][0] < arrival else arrival) > snap_at:
             snapshot()  # every event up to busy_until is done: read the engines now
         if heap and heap[0][0] <= arrival:
-            t, i = heapq.heappop(heap)
-            if wake[i] != t:
+            popped = wakeups.pop()
+            if popped is None:
                 continue  # superseded
-            wake[i] = None
+            t, i = popped
             clock.advance_to(t)
             events = engines[i].advance(t)
             if events:

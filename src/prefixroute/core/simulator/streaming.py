@@ -24,7 +24,6 @@ session graph up front (:class:`~prefixroute.core.simulator.simulation.ArrivalPl
 
 from __future__ import annotations
 
-import heapq
 import math
 from array import array
 from typing import Any, Callable, Iterable, Iterator
@@ -35,8 +34,8 @@ from prefixroute.core.routing.registry import create_policy
 from prefixroute.core.simulator import metrics
 from prefixroute.core.simulator.keys import BlockKeyer
 from prefixroute.core.simulator.request import Request
-from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, FleetConfig, SimulatedFleet,
-                                                   split_view)
+from prefixroute.core.simulator.simulation import (DEFAULT_VIEW, EngineWakeups, FleetConfig,
+                                                   SimulatedFleet, split_view)
 
 
 class StreamingFleet(SimulatedFleet):
@@ -155,16 +154,8 @@ def simulate_stream(requests: Iterable[Request], fleet: FleetConfig, spec: str, 
     clock = ManualClock(0.0)
     body = StreamingFleet(fleet, policy, view=view, clock=clock)
     engines = body.engines
-    heap: list[tuple[float, int]] = []
-    wake: list[float | None] = [None] * fleet.replicas
-
-    def schedule(i: int) -> None:
-        t = engines[i].next_event_time()
-        if t is None:
-            wake[i] = None
-        elif t != wake[i]:
-            wake[i] = t
-            heapq.heappush(heap, (t, i))
+    wakeups = EngineWakeups(engines)
+    heap, schedule = wakeups.heap, wakeups.schedule
 
     inf = math.inf
     pending = next(stream, None)
@@ -175,10 +166,10 @@ def simulate_stream(requests: Iterable[Request], fleet: FleetConfig, spec: str, 
     while pending is not None or heap:
         arrival = pending.arrival_s if pending is not None else inf
         if heap and heap[0][0] <= arrival:  # engine events first at the same instant
-            t, i = heapq.heappop(heap)
-            if wake[i] != t:
+            popped = wakeups.pop()
+            if popped is None:
                 continue  # superseded
-            wake[i] = None
+            t, i = popped
             clock.advance_to(t)
             events = engines[i].advance(t)
             if events:
