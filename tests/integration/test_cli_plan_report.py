@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from prefixroute.core.economics.planner import DEFAULT_CANDIDATES
 from tests.integration.test_cli_plan import SMALL
 
@@ -15,6 +17,7 @@ from tests.integration.test_cli_plan import SMALL
 NO_POLICIES = [a for i, a in enumerate(SMALL) if a != "--policy" and SMALL[i - 1] != "--policy"]
 
 
+@pytest.mark.slow
 def test_plan_md_shows_the_policies_it_simulated_and_one_no_caching_bill(tmp_path):
     out = tmp_path / "plan"
     result = subprocess.run([sys.executable, "-m", "prefixroute", "plan", "--out", str(out),

@@ -12,6 +12,7 @@ def prefixroute(*args, cwd=None):
                           text=True, timeout=120, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_simulate_seed_fleet_writes_the_json_report(tmp_path):
     out = tmp_path / "report.json"
     plots = tmp_path / "plots"

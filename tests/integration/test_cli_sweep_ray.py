@@ -9,6 +9,9 @@ import pytest
 
 pytest.importorskip("ray")
 
+# Starting Ray's node takes minutes on a loaded 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
 GRID = ["--workload", "seed-fleet:requests=40", "--replicas", "2,4", "--cache-blocks", "200,400",
         "--policy", "round_robin", "--no-progress"]
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,6 +21,7 @@ def fresh_clone_commands() -> list[list[str]]:
     return [shlex.split(line) for line in block.splitlines() if line.startswith("prefixroute ")]
 
 
+@pytest.mark.slow
 def test_the_fresh_clone_examples_run(tmp_path):
     commands = fresh_clone_commands()
     assert len(commands) >= 3

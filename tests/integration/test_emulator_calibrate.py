@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from prefixroute.core.replica.service_time import profile_from_dict
 from prefixroute.edges.emulator.process import EmulatorProcess
 
@@ -16,6 +18,7 @@ TRUE = {"step_overhead_s": 0.01, "prefill_s_per_token": 1e-4,
         "decode_s_per_context_token": 1e-6, "request_overhead_s": 0.02}
 
 
+@pytest.mark.slow
 def test_calibrating_the_emulator_recovers_its_profile(tmp_path):
     truth = tmp_path / "truth.json"
     truth.write_text(json.dumps({"base": "instant", "name": "truth", **TRUE}))

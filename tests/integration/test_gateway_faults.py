@@ -208,6 +208,7 @@ def test_a_full_queue_answers_429_and_the_rest_complete(tmp_path):
         wait_counted(fleet, 12)
 
 
+@pytest.mark.slow
 def test_a_restarted_replica_that_passes_health_checks_takes_requests_at_once(tmp_path):
     """Both replicas fail in turn: r1 dies and its breaker opens; r1 comes back and passes
     its health checks while the gateway idles; then r0 dies. r1 must take every request,

@@ -79,6 +79,7 @@ def test_render_keys_are_the_replicas_event_ids_for_text_and_images(fleet):
     assert fleet.metric("prefixroute_gateway_tokenize_fallbacks_total") == 0
 
 
+@pytest.mark.slow
 def test_render_mode_hits_as_often_as_token_id_prompts(fleet):
     restart(fleet)
     text_rate, text_route = hit_rate(fleet, WORKLOAD)
