@@ -1,7 +1,8 @@
 """``prefixroute simulate``: replay a workload through replicas under several routing policies.
 
 A workload is generated (``--workload NAME[:key=value,...]``) or read from a trace
-(``--trace FILE --trace-format {mooncake,kvtester,jsonl,azure}``). Every policy (repeat
+(``--trace FILE --trace-format {mooncake,kvtester,jsonl,azure,recording}``); a gateway's
+recording also brings what the live router did, and the report sets each policy beside it. Every policy (repeat
 ``--policy``; ``all`` is every registered one) gets fresh replicas over the same requests; the
 table and ``--json`` report token and request hit rates, reused prefill and what one infinite
 cache would also have reused (lost to routing and finite caches), TTFT and end-to-end
@@ -52,8 +53,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
     source.add_argument("--workload", metavar="NAME[:k=v,...]",
                         help=f"a generated workload: {', '.join(WORKLOADS)} (default seed-fleet)")
     source.add_argument("--trace", metavar="FILE", help="a trace file (kvtester: a file or a "
-                        "directory of session files)")
-    source.add_argument("--trace-format", choices=("mooncake", "kvtester", "jsonl", "azure"),
+                        "directory of session files; a recording: a file or its directory)")
+    source.add_argument("--trace-format",
+                        choices=("mooncake", "kvtester", "jsonl", "azure", "recording"),
                         help="format of --trace (default: detected from the first record; "
                              "docs/trace-format.md)")
     source.add_argument("--trace-block-size", type=int, metavar="N",
@@ -184,6 +186,8 @@ def open_requests(args: argparse.Namespace):
         if copies != 1:
             info.update(session_copies=copies, copy_interval_s=interval)
         defaults["replicas"] = DEFAULT_TRACE_REPLICAS
+        if args.trace_format == "recording":  # the live fleet's size and KV by default
+            _recording_defaults(requests, defaults)
     else:
         for flag, value in (("--trace-format", args.trace_format),
                             ("--trace-block-size", args.trace_block_size),
@@ -210,6 +214,16 @@ def open_requests(args: argparse.Namespace):
     if args.closed_loop:
         info.update(closed_loop=True, max_think_s=max_think)
     return requests, info, defaults, max_think
+
+
+def _recording_defaults(recording: Any, defaults: dict[str, Any]) -> None:
+    """A recording's fleet (from its headers) as the replay's defaults, and the recording
+    itself, whose live outcomes the report compares with (``live_compare``)."""
+    if recording.replicas is not None:
+        defaults["replicas"] = recording.replicas
+    if recording.cache_blocks is not None:
+        defaults["cache_blocks"] = recording.cache_blocks
+    defaults["recording"] = recording
 
 
 def resolve_fleet(args: argparse.Namespace, workload: PreparedWorkload,
@@ -364,6 +378,9 @@ def run(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.stop()
     result = report(workload, fleet, runs, seed=args.seed or 0)
+    if defaults.get("recording") is not None:
+        from prefixroute.edges.cli.live_compare import add_live
+        add_live(result, defaults["recording"], len(workload.requests), args.time_scale)
 
     # Render everything first, then write: a failure leaves nothing half-written.
     outputs: list[tuple[str, str | bytes]] = []
@@ -377,6 +394,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print_table(result, stdout_console(), args.table_format, args.columns)
+        if "live" in result and args.table_format == "table":
+            from prefixroute.edges.cli.live_compare import print_live
+            print_live(result, stdout_console())
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0
