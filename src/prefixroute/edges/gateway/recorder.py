@@ -163,7 +163,8 @@ class TrafficRecorder:
         self._closed = False
         self._stem = f"{FILE_PREFIX}{time.strftime('%Y%m%dT%H%M%S', time.gmtime(wall()))}" \
                      f"-{os.getpid()}-"
-        self._files: list[Path] = []
+        self._files: list[Path] = []  # this writer's, oldest first
+        self._file_number = 0
         self._handle: Any = None
         self._size = 0
         self._new_file = False
@@ -299,7 +300,8 @@ class TrafficRecorder:
             self._flush()
             self._handle.close()
             self._handle = None
-        path = self.directory / f"{self._stem}{len(self._files):05d}.jsonl"
+        path = self.directory / f"{self._stem}{self._file_number:05d}.jsonl"
+        self._file_number += 1
         self.directory.mkdir(parents=True, exist_ok=True)
         handle = open(path, "xb")
         header = {**self._header, **self._fleet(),
