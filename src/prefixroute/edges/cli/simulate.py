@@ -642,6 +642,10 @@ def run_stream(args: argparse.Namespace, specs: list[str]) -> int:
                 progress.stop()
     result = {"workload": {**info, "streamed": True}, "fleet": fleet.describe(),
               "seed": args.seed or 0, "policies": policies}
+    if defaults.get("recording") is not None and policies:  # the live fleet beside it
+        from prefixroute.edges.cli.live_compare import add_live
+        add_live(result, defaults["recording"], next(iter(policies.values()))["requests"],
+                 args.time_scale)
     if args.json and args.json != "-":
         write_outputs([(args.json, json.dumps(result, indent=2) + "\n")])
     if args.json == "-":
@@ -651,6 +655,9 @@ def run_stream(args: argparse.Namespace, specs: list[str]) -> int:
             print(f"{spec}: {summary['requests']:,} requests, token hit rate "
                   f"{summary['token_hit_rate']:.1%}, TTFT p50 {summary['ttft_p50_s']} s, "
                   f"p99 {summary['ttft_p99_s']} s")
+        if "live" in result:
+            from prefixroute.edges.cli.live_compare import print_live
+            print_live(result, stdout_console())
         if args.json:
             print(f"wrote {args.json}")
     return 0
