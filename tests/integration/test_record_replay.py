@@ -55,8 +55,9 @@ def test_the_replay_of_the_live_policy_matches_the_live_hit_rate(tmp_path):
         replayed = report["policies"][live_policy]
         counterfactual = report["policies"][other]
         figures.append(f"live {live_policy}: hit rate {live['token_hit_rate']:.4f} (clients "
-                       f"saw {shown['token_hit_rate']:.4f}), replay {replayed['token_hit_rate']:.4f}, "
-                       f"{other} {counterfactual['token_hit_rate']:.4f}; TTFT p50 live "
+                       f"saw {shown['token_hit_rate']:.4f}), replay "
+                       f"{replayed['token_hit_rate']:.4f}, {other} "
+                       f"{counterfactual['token_hit_rate']:.4f}; TTFT p50 live "
                        f"{live['ttft_p50_s']:.3f} s, replay {replayed['ttft_p50_s']:.3f} s")
         # The recording is the whole run, as the live fleet saw it.
         assert live["requests"] == live["requests_reported"] == REQUESTS

@@ -1,14 +1,17 @@
 """``prefixroute simulate``: replay a workload through replicas under several routing policies.
 
 A workload is generated (``--workload NAME[:key=value,...]``) or read from a trace
-(``--trace FILE --trace-format {mooncake,kvtester,jsonl,azure,recording}``); a gateway's
-recording also brings what the live router did, and the report sets each policy beside it. Every policy (repeat
+(``--trace FILE``, format detected or given by ``--trace-format``). Every policy (repeat
 ``--policy``; ``all`` is every registered one) gets fresh replicas over the same requests; the
 table and ``--json`` report token and request hit rates, reused prefill and what one infinite
 cache would also have reused (lost to routing and finite caches), TTFT and end-to-end
 percentiles, assignments and skew, utilisation and evictions, next to the workload's ideal
 token hit rate (one infinite cache). ``--plot DIR`` draws a TTFT CDF per
 policy, the hit rates, and each replica's load over time.
+
+A gateway's recording (``serve`` with ``record``) also brings what the live router did: the
+report then sets each policy's counterfactual beside the live hit rate and TTFT
+(:mod:`prefixroute.edges.cli.live_compare`).
 
 This module only parses, reads files and formats; the simulation is
 :mod:`prefixroute.core.simulator.simulation`. Bad input (unknown policy or parameter, a trace

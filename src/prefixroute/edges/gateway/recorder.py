@@ -201,6 +201,11 @@ class TrafficRecorder:
                       extra={"fields": {"event": "record_failed"}})
             self.dropped.labels("error").inc()
             return
+        self.record_finished(item)
+
+    def record_finished(self, item: Finished) -> None:
+        """Queue ``item`` for writing, or count it dropped (the queue is full, or the
+        recorder stopped)."""
         if self._closed:
             self.dropped.labels("stopped").inc()
             return

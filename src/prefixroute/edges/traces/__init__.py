@@ -3,7 +3,8 @@
 Formats: ``jsonl`` (prefixroute's own, docs/trace-format.md), ``mooncake`` (512-token block
 ids), ``kvtester`` (agentic sessions, a directory or files), ``azure`` (arrivals and lengths,
 given prefixes by a generator), ``recording`` (a gateway's recorded traffic, a file or a
-directory, with the live outcomes beside it). Every reader streams, checks every field it uses, and raises
+directory, with the live outcomes beside it). Every reader streams (a recording is sorted by
+arrival in memory first), checks every field it uses, and raises
 :class:`~prefixroute.core.errors.InputError` naming the file and line (or request) and the
 field: missing fields, timestamps going backwards, block-size mismatches.
 """

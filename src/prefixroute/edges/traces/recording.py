@@ -6,8 +6,8 @@ one gateway or several). Every file opens with a header line (``prefixroute_reco
 version, ``block_size``, the live ``policy``, ``replicas`` and ``cache_blocks``); every other
 line is one request: Mooncake's ``timestamp`` (Unix milliseconds), ``input_length``,
 ``output_length`` and ``hash_ids`` (one id per full block), its ``trust_group`` and the live
-outcome (``live_replica``, ``live_prompt_tokens``, ``live_cached_tokens``, ``live_ttft_ms``, ``live_latency_ms``,
-``status``, ``attempts``).
+outcome (``live_replica``, ``live_prompt_tokens``, ``live_cached_tokens``,
+``live_ttft_ms``, ``live_latency_ms``, ``status``, ``attempts``).
 
 Lines are written as requests end, so they are only nearly in arrival order: the reader loads
 every file, checks every field (errors name ``file:line`` and the field), orders the requests
@@ -85,8 +85,9 @@ class Recording:
     outcome of each request yielded, in the same order.
 
     The headers (first lines) are read and checked at once; the requests when iterated.
-    ``block_size`` (``--trace-block-size``) must agree with the headers. :attr:`policy`, :attr:`replicas` and :attr:`cache_blocks` what
-    the headers agree on (``None`` where they differ or do not say)."""
+    ``block_size`` (``--trace-block-size``) must agree with the headers. :attr:`policy`,
+    :attr:`replicas` and :attr:`cache_blocks` are what the headers agree on (``None`` where
+    they differ or do not say)."""
 
     def __init__(self, path: str | os.PathLike, block_size: int | None = None):
         self.path = str(path)
@@ -243,7 +244,8 @@ def _request(record: dict, where: str, block_size: int, request_id: str
     ttft_ms = _optional(record, "live_ttft_ms", where, "number")
     latency_ms = _optional(record, "live_latency_ms", where, "number")
     prompt_tokens = _optional(record, "live_prompt_tokens", where, "int")
-    live = LiveOutcome(input_tokens if prompt_tokens is None else prompt_tokens, _optional(record, "live_replica", where, "str"),
+    live = LiveOutcome(input_tokens if prompt_tokens is None else prompt_tokens,
+                       _optional(record, "live_replica", where, "str"),
                        _optional(record, "live_cached_tokens", where, "int"),
                        None if ttft_ms is None else ttft_ms / 1000.0,
                        None if latency_ms is None else latency_ms / 1000.0,
