@@ -107,3 +107,12 @@ def test_check_shows_the_record_settings(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["record"] == {
         "path": str(tmp_path / "rec"), "rotate_mb": 50.0, "keep": 10, "queue": 10000}
+
+
+def test_an_unwritable_record_directory_stops_serve_with_exit_2(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    path = config_file(tmp_path, f"record:\n  path: {tmp_path / 'a-file' / 'rec'}\n")
+    result = cli("serve", "--config", str(path), "--port", "0", env=SECRET_ENV)
+    assert result.returncode == 2
+    assert f"{path}: record.path: cannot write to" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -127,7 +127,7 @@ class Gateway:
                 block_size=config.hashing.block_size, policy=config.policy,
                 fleet=lambda: fleet_description(self.pool.backends),
                 now=self.clock.now, wall=wall_clock)
-            self.recorder.check_directory()
+            self.recorder.check_directory(config.source)
         self.admission = AdmissionQueue(config.limits.max_concurrent, config.limits.max_queued,
                                         config.limits.queue_timeout_s)
         # Read when scraped rather than set on every change (four lock-taking sets per

@@ -216,16 +216,16 @@ class TrafficRecorder:
 
     # -- start and stop ---------------------------------------------------------------------
 
-    def check_directory(self) -> None:
+    def check_directory(self, source: str = "config") -> None:
         """Create the directory, or raise :class:`ConfigError` saying why it cannot be
-        written."""
+        written (``source``: the configuration file, named in the message)."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             probe = self.directory / f".{self._stem}probe"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            raise ConfigError(f"record.path: cannot write to {self.directory}: "
+            raise ConfigError(f"{source}: record.path: cannot write to {self.directory}: "
                               f"{exc.strerror or exc}") from None
 
     def start(self) -> None:
