@@ -65,6 +65,7 @@ _GROUP_DOMAIN = b"prefixroute-trace/v1/trust-group\x00"
 # entries: about 3M tokens of distinct prefixes at block 16, some 30 MB.
 ID_MEMO_BLOCKS = 200_000
 _STOP = object()
+DROP_REASONS = ("queue_full", "write_error", "stopped", "error")
 
 
 def trust_group_id(secret: bytes, cache_salt: str | None) -> str:
@@ -175,6 +176,8 @@ class TrafficRecorder:
         self.dropped = Counter(p + "records_dropped_total", "Requests the traffic recording "
                                "left out: its queue was full or a write failed",
                                ["reason"], registry=registry)
+        for reason in DROP_REASONS:  # shown as 0 from the start, not from the first drop
+            self.dropped.labels(reason)
 
     # -- the request path -------------------------------------------------------------------
 
