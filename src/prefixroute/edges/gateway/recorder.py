@@ -19,7 +19,8 @@ What the file can and cannot tell:
   two different blocks that follow the same prefix (the simulator chains each id onto the
   ones before it), so a collision that matters has odds of 2^-32 per such pair.
 * The trust group id is ``"tg-"`` and 16 hex digits of an HMAC of the group's cache salt:
-  stable while the secret is, unlinkable to the group's name or salt without it.
+  stable while the secret is, unlinkable to the group's name or salt without it. Model names
+  are HMACed the same way (``"m-"``): an adapter's name can name a customer.
 
 Writing never slows or fails a request: :meth:`TrafficRecorder.record` copies a few fields
 into a bounded queue (``record.queue``) and returns; a thread hashes, encodes and writes.
@@ -61,6 +62,7 @@ RECORDING_VERSION = 1
 FILE_PREFIX = "prefixroute-trace-"
 _ID_DOMAIN = b"prefixroute-trace/v1/block\x00"
 _GROUP_DOMAIN = b"prefixroute-trace/v1/trust-group\x00"
+_MODEL_DOMAIN = b"prefixroute-trace/v1/model\x00"
 # Block key -> id, per writer: prompts that share a prefix hash its blocks once. 200,000
 # entries: about 3M tokens of distinct prefixes at block 16, some 30 MB.
 ID_MEMO_BLOCKS = 200_000
@@ -75,6 +77,12 @@ def trust_group_id(secret: bytes, cache_salt: str | None) -> str:
         return "tg-none"
     digest = hmac.new(secret, _GROUP_DOMAIN + cache_salt.encode(), hashlib.sha256).hexdigest()
     return "tg-" + digest[:16]
+
+
+def model_id(secret: bytes, model: str) -> str:
+    """The opaque id of a model name: ``"m-"`` and 12 hex digits of its HMAC. Names are
+    not written as they are because an adapter's name can name a customer."""
+    return "m-" + hmac.new(secret, _MODEL_DOMAIN + model.encode(), hashlib.sha256).hexdigest()[:12]
 
 
 def block_id(secret: bytes, group: str, block_key: int) -> int:
@@ -155,6 +163,7 @@ class TrafficRecorder:
         self.directory = Path(config.path)
         self._secret = secret
         self._ids = BlockIds(secret)
+        self._models: dict[str, str] = {}  # the writer thread's
         self._header = {RECORDING_KEY: RECORDING_VERSION, "block_size": block_size,
                         "policy": policy}
         self._fleet = fleet
@@ -273,7 +282,8 @@ class TrafficRecorder:
             "timestamp": round(item.arrival_unix_s * 1000.0, 3),
             "input_length": item.input_tokens, "output_length": item.output_tokens,
             "hash_ids": self._ids(group, item.block_keys),
-            "trust_group": group, "model": item.model, "live_replica": item.replica,
+            "trust_group": group, "model": self._model_id(item.model),
+            "live_replica": item.replica,
             "live_prompt_tokens": item.prompt_tokens, "live_cached_tokens": item.cached_tokens,
             "live_ttft_ms": None if item.ttft_s is None else round(item.ttft_s * 1000.0, 3),
             "live_latency_ms": round(item.latency_s * 1000.0, 3),
@@ -324,6 +334,12 @@ class TrafficRecorder:
                 oldest.unlink()
             except FileNotFoundError:
                 pass
+
+    def _model_id(self, model: str) -> str:
+        found = self._models.get(model)
+        if found is None:
+            found = self._models[model] = model_id(self._secret, model)
+        return found
 
     def _flush(self) -> None:
         self._handle.flush()
