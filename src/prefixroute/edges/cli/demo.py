@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import tempfile
 from typing import Any
@@ -68,6 +69,10 @@ def register(subparsers) -> None:
     p.add_argument("--shared-state", metavar="redis://HOST:PORT", default=None,
                    help="the gateways share bookings and rate limits through this Redis "
                         "(needs prefixroute[redis]); without it each sees only its share")
+    p.add_argument("--record", metavar="DIR", default=None,
+                   help="record each policy's traffic at the gateway into DIR/POLICY/ "
+                        "(docs/trace-format.md, 'Recordings'), to replay with "
+                        "prefixroute simulate --trace DIR/POLICY")
     add_json_argument(p, "the results")
     p.set_defaults(handler=run)
 
@@ -81,6 +86,12 @@ def check_policies(specs: list[str], replicas: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_json_destination(args.json)
+    if args.record is not None:
+        try:
+            os.makedirs(args.record, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--record: cannot create {args.record}: "
+                              f"{exc.strerror or exc}") from None
     from rich.console import Console
 
     from prefixroute.edges.loadtest.workload import design_requests
@@ -154,6 +165,9 @@ def _run_fleet(workdir: str, args: argparse.Namespace, specs: list[str], request
             fleet.reset_replicas()
             before = fleet.counters()
             extra: dict[str, Any] = {}
+            if args.record is not None:
+                recording = os.path.abspath(os.path.join(args.record, _slug(spec)))
+                extra["record"] = {"path": recording}
             if args.shared_state is not None:
                 # A namespace of its own per run: the next policy must not start from this
                 # one's bookings.
@@ -190,10 +204,17 @@ def _run_fleet(workdir: str, args: argparse.Namespace, specs: list[str], request
                  "computed_tokens": int((a["prompt_tokens"] - b["prompt_tokens"])
                                         - (a["cached_tokens"] - b["cached_tokens"]))}
                 for i, (b, a) in enumerate(zip(before, after))]
+            if args.record is not None:
+                summary["recording"] = recording
             results[spec] = summary
             progress.update(task, status=f"hit {summary['token_hit_rate'] or 0:5.1%}  "
                                          f"failed {summary['requests_failed']}")
     return results
+
+
+def _slug(spec: str) -> str:
+    """A policy spec as a directory name (``prefixroute:alpha=2`` -> ``prefixroute_alpha_2``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_") or "policy"
 
 
 def print_table(result: dict, console) -> None:
@@ -226,6 +247,14 @@ def print_table(result: dict, console) -> None:
     for name, row in result["policies"].items():
         for error, count in row["errors"].items():
             console.print(f"{name}: {count} x {error}")
+    scale = scenario["time_scale"]
+    for name, row in result["policies"].items():
+        if row.get("recording"):
+            # The recording's times are wall seconds: 1 / time scale turns them into the
+            # engine seconds the simulator's replicas run in.
+            console.print(f"{name}: traffic recorded in {row['recording']}; replay it with "
+                          f"prefixroute simulate --trace {row['recording']} --policy {name} "
+                          f"--time-scale {1 / scale:g}")
 
 
 def _secs(x: float | None) -> str:

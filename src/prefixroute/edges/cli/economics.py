@@ -50,7 +50,7 @@ from prefixroute.edges.cli.common import (add_json_argument, check_json_destinat
                                           stdout_console)
 
 _EXAMPLE = WorkedExample()
-_TRACE_FORMATS = ("jsonl", "mooncake", "kvtester", "azure")
+_TRACE_FORMATS = ("jsonl", "mooncake", "kvtester", "azure", "recording")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -59,7 +59,10 @@ def run(args) -> int:
                     "name": config.discovery.dns.name, "record": config.discovery.dns.record,
                     "port": config.discovery.dns.port, "server": config.discovery.dns.server}},
             "tenants": [{"name": t.name, "trust_group": t.trust_group, "admin": t.admin,
-                         "keys": len(t.api_key_hashes)} for t in config.tenants]})
+                         "keys": len(t.api_key_hashes)} for t in config.tenants],
+            "record": None if config.record is None else {
+                "path": str(config.record.path), "rotate_mb": config.record.rotate_mb,
+                "keep": config.record.keep, "queue": config.record.queue}})
         return 0
     from prefixroute.edges.gateway.server import serve
 

@@ -1,13 +1,17 @@
 """``prefixroute simulate``: replay a workload through replicas under several routing policies.
 
 A workload is generated (``--workload NAME[:key=value,...]``) or read from a trace
-(``--trace FILE --trace-format {mooncake,kvtester,jsonl,azure}``). Every policy (repeat
+(``--trace FILE``, format detected or given by ``--trace-format``). Every policy (repeat
 ``--policy``; ``all`` is every registered one) gets fresh replicas over the same requests; the
 table and ``--json`` report token and request hit rates, reused prefill and what one infinite
 cache would also have reused (lost to routing and finite caches), TTFT and end-to-end
 percentiles, assignments and skew, utilisation and evictions, next to the workload's ideal
 token hit rate (one infinite cache). ``--plot DIR`` draws a TTFT CDF per
 policy, the hit rates, and each replica's load over time.
+
+A gateway's recording (``serve`` with ``record``) also brings what the live router did: the
+report then sets each policy's counterfactual beside the live hit rate and TTFT
+(:mod:`prefixroute.edges.cli.live_compare`).
 
 This module only parses, reads files and formats; the simulation is
 :mod:`prefixroute.core.simulator.simulation`. Bad input (unknown policy or parameter, a trace
@@ -52,8 +56,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, grid: bool = Fals
     source.add_argument("--workload", metavar="NAME[:k=v,...]",
                         help=f"a generated workload: {', '.join(WORKLOADS)} (default seed-fleet)")
     source.add_argument("--trace", metavar="FILE", help="a trace file (kvtester: a file or a "
-                        "directory of session files)")
-    source.add_argument("--trace-format", choices=("mooncake", "kvtester", "jsonl", "azure"),
+                        "directory of session files; a recording: a file or its directory)")
+    source.add_argument("--trace-format",
+                        choices=("mooncake", "kvtester", "jsonl", "azure", "recording"),
                         help="format of --trace (default: detected from the first record; "
                              "docs/trace-format.md)")
     source.add_argument("--trace-block-size", type=int, metavar="N",
@@ -184,6 +189,8 @@ def open_requests(args: argparse.Namespace):
         if copies != 1:
             info.update(session_copies=copies, copy_interval_s=interval)
         defaults["replicas"] = DEFAULT_TRACE_REPLICAS
+        if args.trace_format == "recording":  # the live fleet's size and KV by default
+            _recording_defaults(requests, defaults)
     else:
         for flag, value in (("--trace-format", args.trace_format),
                             ("--trace-block-size", args.trace_block_size),
@@ -210,6 +217,16 @@ def open_requests(args: argparse.Namespace):
     if args.closed_loop:
         info.update(closed_loop=True, max_think_s=max_think)
     return requests, info, defaults, max_think
+
+
+def _recording_defaults(recording: Any, defaults: dict[str, Any]) -> None:
+    """A recording's fleet (from its headers) as the replay's defaults, and the recording
+    itself, whose live outcomes the report compares with (``live_compare``)."""
+    if recording.replicas is not None:
+        defaults["replicas"] = recording.replicas
+    if recording.cache_blocks is not None:
+        defaults["cache_blocks"] = recording.cache_blocks
+    defaults["recording"] = recording
 
 
 def resolve_fleet(args: argparse.Namespace, workload: PreparedWorkload,
@@ -364,6 +381,9 @@ def run(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.stop()
     result = report(workload, fleet, runs, seed=args.seed or 0)
+    if defaults.get("recording") is not None:
+        from prefixroute.edges.cli.live_compare import add_live
+        add_live(result, defaults["recording"], len(workload.requests), args.time_scale)
 
     # Render everything first, then write: a failure leaves nothing half-written.
     outputs: list[tuple[str, str | bytes]] = []
@@ -377,6 +397,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print_table(result, stdout_console(), args.table_format, args.columns)
+        if "live" in result and args.table_format == "table":
+            from prefixroute.edges.cli.live_compare import print_live
+            print_live(result, stdout_console())
         for path, _ in outputs:
             print(f"wrote {path}")
     return 0
@@ -622,6 +645,10 @@ def run_stream(args: argparse.Namespace, specs: list[str]) -> int:
                 progress.stop()
     result = {"workload": {**info, "streamed": True}, "fleet": fleet.describe(),
               "seed": args.seed or 0, "policies": policies}
+    if defaults.get("recording") is not None and policies:  # the live fleet beside it
+        from prefixroute.edges.cli.live_compare import add_live
+        add_live(result, defaults["recording"], next(iter(policies.values()))["requests"],
+                 args.time_scale)
     if args.json and args.json != "-":
         write_outputs([(args.json, json.dumps(result, indent=2) + "\n")])
     if args.json == "-":
@@ -631,6 +658,9 @@ def run_stream(args: argparse.Namespace, specs: list[str]) -> int:
             print(f"{spec}: {summary['requests']:,} requests, token hit rate "
                   f"{summary['token_hit_rate']:.1%}, TTFT p50 {summary['ttft_p50_s']} s, "
                   f"p99 {summary['ttft_p99_s']} s")
+        if "live" in result:
+            from prefixroute.edges.cli.live_compare import print_live
+            print_live(result, stdout_console())
         if args.json:
             print(f"wrote {args.json}")
     return 0

@@ -422,6 +422,7 @@ class Exchange:
             usage = _usage_of(b"".join(self.answer)) if self.answer else None
             self.picker.router.succeeded(attempt, usage)
             job.cached_tokens = attempt.record.reported_cached_tokens
+            job.usage = usage
             job.status = str(self.status)
         self.answer = []
         self._finish()

@@ -118,6 +118,16 @@ class Gateway:
         mode = None if config.tokenization == "auto" else config.tokenization
         self.prompts = PromptPreparer(config.hashing, tokenizer, mode=mode,
                                       render=self.renderer.render)
+        # The traffic recording (edges/gateway/recorder.py), written off the request path.
+        self.recorder = None
+        if config.record is not None:
+            from prefixroute.edges.gateway.recorder import TrafficRecorder, fleet_description
+            self.recorder = TrafficRecorder(
+                config.record, config.server_secret, self.metrics.registry,
+                block_size=config.hashing.block_size, policy=config.policy,
+                fleet=lambda: fleet_description(self.pool.backends),
+                now=self.clock.now, wall=wall_clock)
+            self.recorder.check_directory(config.source)
         self.admission = AdmissionQueue(config.limits.max_concurrent, config.limits.max_queued,
                                         config.limits.queue_timeout_s)
         # Read when scraped rather than set on every change (four lock-taking sets per
@@ -189,6 +199,8 @@ class Gateway:
         self._watch_sighup()
         if self.shared is not None:
             await self.shared.start()
+        if self.recorder is not None:
+            self.recorder.start()
         if self.config.busy_poll_s > 0:
             self.busy_poller = BusyPoller(asyncio.get_running_loop(), self.config.busy_poll_s,
                                           lambda: self.open_requests > 0, self.clock.now)
@@ -212,6 +224,8 @@ class Gateway:
             await self.shared.stop()
         if self.tracing is not None:
             self.tracing.shutdown()
+        if self.recorder is not None:
+            await asyncio.to_thread(self.recorder.close)
         if self.upstream is not None:
             await self.upstream.aclose()
         if self.client is not None:
@@ -396,6 +410,8 @@ class Gateway:
         endpoint = job.checked.endpoint
         if job.ttft_s is not None:
             self.metrics.ttft.labels(endpoint).observe(job.ttft_s)
+        if self.recorder is not None:
+            self.recorder.record(job, self.clock.now())
         self._account(endpoint, job.status, job.started, job.request_id, job.tenant, job=job)
 
     def _account(self, endpoint: str, status: str, started: float, request_id: str,

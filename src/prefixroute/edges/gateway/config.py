@@ -38,6 +38,12 @@ TOKENIZATION_MODES = ("auto", "tokenizer", "backend", "chars")
 DEFAULT_RETRIES = 2  # a third replica before giving up; vLLM router and SGLang router retry too
 DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 DEFAULT_DECISIONS_KEPT = 1000
+# Recording: 100 MB files hold about 14,000 requests of 10,000-token prompts at 16-token
+# blocks (625 ids of up to 10 digits dominate a line); ten of them keep the last quarter-million requests. A queue of
+# 10,000 records rides out seconds of a stalled disk at thousands of requests per second.
+DEFAULT_RECORD_ROTATE_MB = 100.0
+DEFAULT_RECORD_KEEP = 10
+DEFAULT_RECORD_QUEUE = 10_000
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 
@@ -212,6 +218,19 @@ class SharedStateConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordConfig:
+    """Record served traffic as a trace the simulator replays (``edges/gateway/recorder.py``,
+    docs/trace-format.md): files in the directory ``path``, a new one past ``rotate_mb``
+    megabytes, the newest ``keep`` kept; at most ``queue`` records wait for the writer
+    (beyond that a record is dropped and counted, never the request delayed)."""
+
+    path: Path
+    rotate_mb: float = DEFAULT_RECORD_ROTATE_MB
+    keep: int = DEFAULT_RECORD_KEEP
+    queue: int = DEFAULT_RECORD_QUEUE
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     backends: tuple[BackendConfig, ...]
     tenants: tuple[TenantConfig, ...]
@@ -240,6 +259,7 @@ class GatewayConfig:
     backend_defaults: dict[str, Any] = field(default_factory=dict)
     tracing: TracingConfig | None = None
     shared_state: SharedStateConfig | None = None
+    record: RecordConfig | None = None
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -642,8 +662,19 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
     else:
         top.used.add("shared_state")
 
+    record = None
+    if top.has("record"):
+        rec = top.section("record")
+        record = RecordConfig(base / rec.string("path", required=True),
+                              rec.number("rotate_mb", DEFAULT_RECORD_ROTATE_MB),
+                              rec.integer("keep", DEFAULT_RECORD_KEEP, minimum=1),
+                              rec.integer("queue", DEFAULT_RECORD_QUEUE, minimum=1))
+        rec.finish()
+    else:
+        top.used.add("record")
+
     config = GatewayConfig(
-        shared_state=shared_state,
+        shared_state=shared_state, record=record,
         backends=tuple(backends), tenants=tuple(tenants), server_secret=secret, policy=policy,
         source=source, tokenizer=tokenizer, tokenization=tokenization, hashing=hashing, timeouts=timeouts, limits=limits,
         health=health, circuit_breaker=breaker,

@@ -77,6 +77,7 @@ class Job:
     ttft_s: float | None = None
     cached_tokens: int | None = None
     predicted_cached_tokens: int | None = None
+    usage: dict | None = None  # the answer's usage object, when it had one
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -318,6 +319,7 @@ class Proxy:
         usage = _usage_of(content)
         self.router.succeeded(attempt, usage)
         job.cached_tokens = attempt.record.reported_cached_tokens
+        job.usage = usage
         job.status = str(status)
         return Response(content, status_code=status, headers=_reply_headers(upstream, job),
                         media_type=upstream.headers.get("content-type", "application/json"))
@@ -546,6 +548,7 @@ class SSERelay:
             return
         self.proxy.router.succeeded(self.attempt, self.usage)
         self.job.cached_tokens = self.attempt.record.reported_cached_tokens
+        self.job.usage = self.usage
         self.job.status = "200"
 
     def _filter(self, event: bytes) -> bytes | None:

@@ -17,7 +17,7 @@ dropping a request:
 
 What a running gateway cannot take over (it changes what every cached block is called, or
 how the process was built) is refused with the field named: ``hashing``, ``tokenizer``,
-``tokenization``, ``timeouts``, ``busy_poll_s``, ``seed``, ``tracing``.
+``tokenization``, ``timeouts``, ``busy_poll_s``, ``seed``, ``tracing``, ``record``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from prefixroute.edges.gateway.tenants import TenantRegistry
 log = logging.getLogger("prefixroute.gateway")
 
 FIXED_FIELDS = ("hashing", "tokenizer", "tokenization", "timeouts", "busy_poll_s", "seed",
-                "tracing")
+                "tracing", "record")
 
 
 class ReloadRefused(ConfigError):
@@ -73,6 +73,8 @@ async def apply_config(gateway: Any, new: GatewayConfig) -> dict[str, Any]:
     await gateway.admission.resize(limits.max_concurrent, limits.max_queued, limits.queue_timeout_s)
     if policy is not None:
         gateway.router.replace_policy(policy)
+        if getattr(gateway, "recorder", None) is not None:
+            gateway.recorder.set_policy(new.policy)
     if gateway.proxy is not None:
         gateway.proxy.retries = new.retries
     if new.decisions_kept != old.decisions_kept:

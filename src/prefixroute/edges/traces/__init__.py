@@ -2,7 +2,9 @@
 
 Formats: ``jsonl`` (prefixroute's own, docs/trace-format.md), ``mooncake`` (512-token block
 ids), ``kvtester`` (agentic sessions, a directory or files), ``azure`` (arrivals and lengths,
-given prefixes by a generator). Every reader streams, checks every field it uses, and raises
+given prefixes by a generator), ``recording`` (a gateway's recorded traffic, a file or a
+directory, with the live outcomes beside it). Every reader streams (a recording is sorted by
+arrival in memory first), checks every field it uses, and raises
 :class:`~prefixroute.core.errors.InputError` naming the file and line (or request) and the
 field: missing fields, timestamps going backwards, block-size mismatches.
 """
@@ -20,13 +22,15 @@ from prefixroute.edges.traces.azure import read_azure
 from prefixroute.edges.traces.jsonl import read_jsonl
 from prefixroute.edges.traces.kvtester import read_kvtester
 from prefixroute.edges.traces.mooncake import MOONCAKE_BLOCK_SIZE, read_mooncake
+from prefixroute.edges.traces.recording import RECORDING_KEY, is_recording, read_recording
 
-FORMATS = ("mooncake", "kvtester", "jsonl", "azure")
+FORMATS = ("mooncake", "kvtester", "jsonl", "azure", "recording")
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """The format of a trace, from its first record: a directory or a JSON document with
-    ``requests`` is ``kvtester``; a JSON line with ``timestamp`` and ``input_length`` is
+    """The format of a trace, from its first record: a file or directory of files starting
+    with the ``prefixroute_recording`` header is a ``recording``; another directory or a
+    JSON document with ``requests`` is ``kvtester``; a JSON line with ``timestamp`` and ``input_length`` is
     ``mooncake``, with ``arrival_s`` or the ``prefixroute_trace`` header ``jsonl``; a CSV
     header starting ``TIMESTAMP,ContextTokens`` is ``azure``. Anything else is an
     :class:`InputError` that names the formats and the flag to give."""
@@ -34,6 +38,8 @@ def detect_format(path: str | os.PathLike) -> str:
 
     from prefixroute.edges.traces.common import open_text
 
+    if is_recording(path):
+        return "recording"
     if os.path.isdir(path):
         return "kvtester"
     with open_text(path) as handle:
@@ -85,6 +91,8 @@ def read_trace(path: str | os.PathLike, fmt: str, block_size: int | None = None,
         return read_kvtester(path, block_size, copies=copies, copy_interval_s=copy_interval_s)
     if fmt == "jsonl":
         return read_jsonl(path, block_size)
+    if fmt == "recording":
+        return read_recording(path, block_size)
     if fmt == "azure":
         options = dict(prefixes or {})
         options.setdefault("seed", seed)
@@ -116,4 +124,4 @@ def resolve_format(path: str | os.PathLike, given: str | None) -> str:
 
 
 __all__ = ["FORMATS", "detect_format", "resolve_format", "read_trace", "read_mooncake", "read_kvtester", "read_jsonl",
-           "read_azure", "MOONCAKE_BLOCK_SIZE"]
+           "read_azure", "read_recording", "MOONCAKE_BLOCK_SIZE", "RECORDING_KEY"]
