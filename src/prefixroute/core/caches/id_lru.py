@@ -72,15 +72,15 @@ class IdLRU:
         last, alive = self.last, self.alive
         before = last[ids]
         present = before >= self.cut
-        # The common shape, in a few operations: leading hits, then only new distinct blocks.
-        hits = int(present.argmin())
-        if present[hits]:
-            hits = n
-        if hits == n or not present[hits:].any():
+        # The common shape, in a few operations: leading hits, then only new distinct blocks
+        # (as many present blocks as leading hits).
+        held = np.count_nonzero(present)
+        hits = n if held == n else int(present.argmin())
+        if held == hits:
             tick = self.tick
             ticks = np.arange(tick, tick + n)
             last[ids] = ticks
-            if (last[ids] != ticks).any():  # an id named twice
+            if np.count_nonzero(last[ids] == ticks) != n:  # an id named twice
                 last[ids] = before
                 return self._access_stepwise(ids)
             alive[before[:hits]] = False
@@ -165,7 +165,7 @@ class IdLRU:
         # flags costs about what one more numpy call does).
         width = 16 * over + 4096
         while True:
-            found = np.flatnonzero(alive[cut:cut + width])
+            found = alive[cut:cut + width].nonzero()[0]
             if len(found) >= over:
                 break
             width *= 4
