@@ -1,10 +1,10 @@
 """The fleet hit-rate example (docs/concepts.md, example 4): token hit rates 83.7% (random),
 96.8% (prefix-aware), 0.0% (a timestamp at the top), computed by running the library.
 
-Setup, as the example states it: 4 replicas, each an LRU of 400 blocks of 16 tokens
-(hit blocks move to the recent end, missed blocks are inserted one by one, evicting the
-oldest); 2,000 requests per run, each a shared 1,200-token system prompt,
-one of 8 tenants' 800-token documents and 60 fresh user tokens; one random stream
+Setup, as the example states it: 4 replicas, each an LRU of 400 blocks of 16 tokens (hit
+blocks move to the recent end, missed blocks are inserted one by one, evicting the oldest);
+2,000 requests per run, each a shared 1,200-token system prompt, one of 8 tenants' 800-token
+documents and 60 fresh user tokens; one random stream
 (``random.seed(3)``) shared by the three runs in order, drawn per request as
 :func:`~prefixroute.core.simulator.generators.draw_fleet_prompt` does, then, for random
 routing, ``randrange(4)``. Prefix-aware routing sends a request to
@@ -25,8 +25,7 @@ How it runs fast without changing a single figure:
 * the keys are numbered once (``numpy.unique``) and each replica is an
   :class:`~prefixroute.core.caches.id_lru.IdLRU` over those numbers: the answers of
   :meth:`~prefixroute.core.caches.key_lru.KeyLRUCache.access`, a request in a few array
-  operations instead of a dictionary
-  operation per block;
+  operations instead of a dictionary operation per block;
 * the routing functions are plain functions of the request (neither depends on cache state),
   computed per request with the leading text of each tenant joined once.
 """
