@@ -83,10 +83,10 @@ def main() -> int:
                                         "--requests", str(n), "--seed", "7", "-o", str(trace),
                                         "--no-progress"])
         load_before = os.getloadavg()[0]
-        sim_s, sim_cpu, sim_mb = measured(cli + ["simulate", "--trace", str(trace), "--trace-format",
-                                        "mooncake", "--stream", "--policy", "prefixroute",
-                                        "--replicas", str(REPLICAS), "--json", str(out),
-                                        "--no-progress"])
+        sim_s, sim_cpu, sim_mb = measured(cli + [
+            "simulate", "--trace", str(trace), "--trace-format", "mooncake", "--stream",
+            "--policy", "prefixroute", "--replicas", str(REPLICAS), "--json", str(out),
+            "--no-progress"])
         summary = json.loads(out.read_text())["policies"]["prefixroute"]
         row = {"requests": n, "trace_mb": round(trace.stat().st_size / 2**20, 1),
                "generate_s": round(gen_s, 1), "generate_peak_mb": round(gen_mb),
