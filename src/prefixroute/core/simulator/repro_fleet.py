@@ -22,7 +22,8 @@ How it runs fast without changing a single figure:
   hashes only its own blocks (:meth:`BlockHasher.native_chain`); a prompt with a volatile head
   shares no block with any other, so all of its 128 blocks are hashed, every prompt's block
   ``b`` in one numpy pass (:func:`~prefixroute.core.identity.xxh3_rows.chain_blocks`);
-* the keys are numbered once (``numpy.unique``) and each replica is an
+* the keys are numbered once (``numpy.unique``; in place when a sort shows them all
+  distinct) and each replica is an
   :class:`~prefixroute.core.caches.id_lru.IdLRU` over those numbers: the answers of
   :meth:`~prefixroute.core.caches.key_lru.KeyLRUCache.access`, a request in a few array
   operations instead of a dictionary operation per block;
@@ -87,8 +88,14 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
                             np.full(requests, seed, dtype=np.uint64))
         route = [md5_route(f"time={head} ".encode() + leading[tenant], replicas)
                  for head, tenant in zip(batch.head, batch.tenants)]
-        distinct, ids = np.unique(keys, return_inverse=True)
-        ids = np.ascontiguousarray(ids.reshape(keys.shape).T)
+        ordered = np.sort(keys, axis=None)
+        if np.any(ordered[1:] == ordered[:-1]):  # two prompts share a block (same head)
+            distinct, ids = np.unique(keys, return_inverse=True)
+            n_ids = len(distinct)
+            ids = np.ascontiguousarray(ids.reshape(keys.shape).T)
+        else:  # every block distinct, as a volatile head makes them: number them in place
+            n_ids = keys.size
+            ids = np.arange(n_ids).reshape(requests, -1)
     else:
         # A tenant's static blocks are hashed once; each request hashes the rest of its
         # prompt (the static remainder that does not fill a block, then its user tokens).
@@ -108,10 +115,11 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
         # Block ids numbered once over the tenants' prefixes and the requests' tails.
         distinct, ids = np.unique(np.concatenate([prefix.ravel(), tail_keys.ravel()]),
                                   return_inverse=True)
+        n_ids = len(distinct)
         prefix_ids = ids[:prefix.size].reshape(prefix.shape)
         ids = np.hstack([prefix_ids[tenants], ids[prefix.size:].reshape(tail_keys.shape)])
         route = [tenant_route[t] for t in batch.tenants] if prefix_aware else batch.routes
-    caches = [IdLRU(capacity, len(distinct)) for _ in range(replicas)]
+    caches = [IdLRU(capacity, n_ids) for _ in range(replicas)]
     hit_blocks = 0
     for i, replica in enumerate(route):
         hit_blocks += caches[replica].access(ids[i])
