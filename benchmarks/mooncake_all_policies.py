@@ -59,21 +59,22 @@ def main() -> int:
     print(f"{len(workload.requests):,} requests, ideal token hit rate "
           f"{workload.ideal_token_hit_rate:.1%}; {fleet.replicas} replicas x {blocks} blocks of "
           f"{fleet.block_size} tokens; read + keys {read_s:.2f} s")
-    print(f"{'policy':<22} {'seconds':>8} {'token hit':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
-          f"{'skew':>6}")
+    print(f"{'policy':<22} {'seconds':>8} {'cpu s':>7} {'token hit':>10} {'TTFT p50':>9} "
+          f"{'TTFT p99':>9} {'skew':>6}")
     if args.jobs > 1:
         from prefixroute.edges.cli.simulate import run_policies
         runs = run_policies(workload, fleet, specs, jobs=args.jobs)
         for spec, run in runs.items():
             summary = run.summary
-            print(f"{spec:<22} {'-':>8} {summary['token_hit_rate']:10.1%} "
+            print(f"{spec:<22} {'-':>8} {'-':>7} {summary['token_hit_rate']:10.1%} "
                   f"{summary['ttft_p50_s']:9.3f} {summary['ttft_p99_s']:9.3f} "
                   f"{summary['max_assignment_skew']:6d}")
     else:
         for spec in specs:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             summary = simulate_policy(workload, fleet, spec).summary
-            print(f"{spec:<22} {time.perf_counter() - t:8.2f} {summary['token_hit_rate']:10.1%} "
+            print(f"{spec:<22} {time.perf_counter() - t:8.2f} {time.process_time() - cpu:7.2f} "
+                  f"{summary['token_hit_rate']:10.1%} "
                   f"{summary['ttft_p50_s']:9.3f} {summary['ttft_p99_s']:9.3f} "
                   f"{summary['max_assignment_skew']:6d}", flush=True)
     total = time.perf_counter() - start

@@ -31,15 +31,18 @@ TIME_LIMIT_S = 600.0
 MEMORY_LIMIT_MB = 2048.0
 
 
-def measured(argv: list[str]) -> tuple[float, float]:
-    """Run ``argv``; its wall seconds and peak RSS in MB (its own, not its siblings')."""
+def measured(argv: list[str]) -> tuple[float, float, float]:
+    """Run ``argv``; its wall seconds, CPU seconds (user + system) and peak RSS in MB (its
+    own, not its siblings'). On a shared machine the CPU seconds are the steadier figure:
+    wall time also counts waiting for a core."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise SystemExit(f"{' '.join(argv)} failed with exit code {proc.returncode}")
-    return time.perf_counter() - start, usage.ru_maxrss / 1024  # Linux: kilobytes
+    return (time.perf_counter() - start, usage.ru_utime + usage.ru_stime,
+            usage.ru_maxrss / 1024)  # Linux: kilobytes
 
 
 def write_results(rows: list[dict], rate: float) -> None:
@@ -50,11 +53,14 @@ def write_results(rows: list[dict], rate: float) -> None:
              "default policy `prefixroute`, streamed). Target for 1M requests: "
              f"<= {TIME_LIMIT_S / 60:.0f} min and <= {MEMORY_LIMIT_MB / 1024:.0f} GB peak RSS.",
              "", "| requests | trace MB | generate s | generate peak MB | simulate s | "
-             "simulate peak MB | token hit rate | TTFT p50 s | TTFT p99 s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "simulate CPU s | load avg (start, end) | simulate peak MB | token hit rate | "
+             "TTFT p50 s | TTFT p99 s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        load = " / ".join(str(x) for x in r.get("load_average_1min", []))
         lines.append(f"| {r['requests']:,} | {r['trace_mb']} | {r['generate_s']} | "
-                     f"{r['generate_peak_mb']} | {r['simulate_s']} | {r['simulate_peak_mb']} | "
+                     f"{r['generate_peak_mb']} | {r['simulate_s']} | "
+                     f"{r.get('simulate_cpu_s', '')} | {load} | {r['simulate_peak_mb']} | "
                      f"{r['token_hit_rate']:.1%} | {r['ttft_p50_s']} | {r['ttft_p99_s']} |")
     (RESULTS / "sim_scale.md").write_text("\n".join(lines) + "\n")
 
@@ -73,17 +79,20 @@ def main() -> int:
     rows = []
     for n in sizes:
         trace, out = workdir / f"trace-{n}.jsonl", workdir / f"result-{n}.json"
-        gen_s, gen_mb = measured(cli + ["generate", f"mooncake-sessions:rate={args.rate}",
+        gen_s, _, gen_mb = measured(cli + ["generate", f"mooncake-sessions:rate={args.rate}",
                                         "--requests", str(n), "--seed", "7", "-o", str(trace),
                                         "--no-progress"])
-        sim_s, sim_mb = measured(cli + ["simulate", "--trace", str(trace), "--trace-format",
-                                        "mooncake", "--stream", "--policy", "prefixroute",
-                                        "--replicas", str(REPLICAS), "--json", str(out),
-                                        "--no-progress"])
+        load_before = os.getloadavg()[0]
+        sim_s, sim_cpu, sim_mb = measured(cli + [
+            "simulate", "--trace", str(trace), "--trace-format", "mooncake", "--stream",
+            "--policy", "prefixroute", "--replicas", str(REPLICAS), "--json", str(out),
+            "--no-progress"])
         summary = json.loads(out.read_text())["policies"]["prefixroute"]
         row = {"requests": n, "trace_mb": round(trace.stat().st_size / 2**20, 1),
                "generate_s": round(gen_s, 1), "generate_peak_mb": round(gen_mb),
-               "simulate_s": round(sim_s, 1), "simulate_peak_mb": round(sim_mb),
+               "simulate_s": round(sim_s, 1), "simulate_cpu_s": round(sim_cpu, 1),
+               "simulate_peak_mb": round(sim_mb),
+               "load_average_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
                "token_hit_rate": summary["token_hit_rate"],
                "ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
                "completed": summary["completed"]}

@@ -7,7 +7,8 @@ MD5 routing, prefix-aware with a timestamp at the top) on one ``random.Random(3)
 
 * **library**: :func:`prefixroute.core.simulator.repro_fleet.repro_fleet` (the random stream
   drawn in one block, integer token ids, native xxh3 block keys with each tenant's static
-  blocks hashed once, :meth:`KeyLRUCache.access`);
+  blocks hashed once and volatile prompts hashed a block position at a time in numpy, keys
+  numbered once and replayed on :class:`~prefixroute.core.caches.id_lru.IdLRU`);
 * **baseline** (the headline): the seed's own script: token strings, one ``OrderedDict`` per
   replica, and for every block a chained key, the SHA-256 of ``parent + "|" + block`` (the
   previous key, then the block's joined tokens);
@@ -16,8 +17,8 @@ MD5 routing, prefix-aware with a timestamp at the top) on one ``random.Random(3)
 
 Usage: ``python benchmarks/sim_vs_baseline.py [--repeat N] [--skip-prefix-baseline]``.
 Target: library >= 10x faster than the chained baseline. Each side reports the best wall time
-and the best process CPU time of its repeats: on a machine shared with other work the CPU
-time is the steadier figure.
+and the best process CPU time of its repeats, which alternate between the two sides: on a
+machine shared with other work the CPU time is the steadier figure.
 """
 
 from __future__ import annotations
@@ -91,14 +92,18 @@ def library() -> dict[str, float]:
     return repro_fleet()
 
 
-def timed(fn, repeat: int):
-    best, best_cpu, result = float("inf"), float("inf"), None
+def timed(fns: list, repeat: int) -> list[tuple[float, float, dict]]:
+    """Best wall and best CPU seconds of each of ``fns`` over ``repeat`` rounds, and its
+    result. The rounds interleave the contenders (A, B, A, B, ...), so a change of load on
+    the shared machine falls on both sides alike."""
+    best = [[float("inf"), float("inf"), None] for _ in fns]
     for _ in range(repeat):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-        best_cpu = min(best_cpu, time.process_time() - start_cpu)
-    return best, best_cpu, result
+        for fn, row in zip(fns, best):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            row[2] = fn()
+            row[0] = min(row[0], time.perf_counter() - start)
+            row[1] = min(row[1], time.process_time() - start_cpu)
+    return [tuple(row) for row in best]
 
 
 def main() -> None:
@@ -110,11 +115,11 @@ def main() -> None:
     import prefixroute.core.simulator.repro_fleet  # noqa: F401  (import outside the timing)
     library()  # warm-up: numpy's first calls and the module-level tables
 
-    lib_s, lib_cpu, lib = timed(library, args.repeat)
-    chain_s, chain_cpu, chain = timed(lambda: baseline(chained=True), args.repeat)
+    (lib_s, lib_cpu, lib), (chain_s, chain_cpu, chain) = timed(
+        [library, lambda: baseline(chained=True)], args.repeat)
     rows = [("baseline (chained SHA-256)", chain_s, chain_cpu, chain, "target >= 10x")]
     if not args.skip_prefix_baseline:
-        base_s, base_cpu, base = timed(lambda: baseline(chained=False), 1)
+        [(base_s, base_cpu, base)] = timed([lambda: baseline(chained=False)], 1)
         rows.append(("prefix baseline (reference)", base_s, base_cpu, base, ""))
     for name in lib:
         for row in rows:

@@ -1,12 +1,15 @@
 """Invariants of the local prefix caches, checked on random workloads (hypothesis)."""
 
+import numpy as np
 from hypothesis import given, settings, strategies as st
 
+from prefixroute.core.caches.id_lru import IdLRU
 from prefixroute.core.caches.key_lru import KeyLRUCache
 from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.caches.radix_tree import RadixCache
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.identity import Adapter, CacheIdentity
+from prefixroute.core.identity.xxh3_rows import chain_blocks
 
 BLOCK = 4
 HASHER = BlockHasher("native", block_size=BLOCK)
@@ -176,3 +179,33 @@ def test_the_hash_memo_never_changes_a_digest(prompts, memo_blocks):
         tokens = [stem] * 24 + list(range(tail))
         identity = CacheIdentity(cache_salt=salt or None)
         assert memo.block_hashes(tokens, identity) == plain.block_hashes(tokens, identity)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 14), min_size=0, max_size=10), min_size=1, max_size=40),
+       st.integers(0, 10))
+def test_id_lru_answers_as_key_lru_access(requests, capacity):
+    """The numpy LRU over block ids (runs of present and absent blocks at once) gives the
+    hits, contents and LRU order of the key-at-a-time cache, whatever the request shapes
+    (repeated ids, evictions reaching a block the same request uses later)."""
+    ids = IdLRU(capacity, 15)
+    keys = KeyLRUCache(capacity)
+    for request in requests:
+        assert ids.access(np.array(request, dtype=np.int64)) == keys.access(request)
+        assert ids.keys() == keys.keys()
+        assert len(ids) == len(keys)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([8, 12, 16, 20, 24, 28, 32]), st.integers(1, 4), st.integers(1, 5),
+       st.integers(0, 2 ** 64 - 1), st.randoms(use_true_random=False))
+def test_block_major_hashing_gives_the_native_keys(block_size, blocks, rows, parent, rnd):
+    """xxh3 in numpy, one block position for every prompt at once, equals the ``native``
+    profile's one-call-per-block chain (the xxhash package)."""
+    tokens = np.array([[rnd.getrandbits(32) for _ in range(blocks * block_size)]
+                       for _ in range(rows)], dtype=np.uint32)
+    by_block = np.ascontiguousarray(tokens.reshape(rows, blocks, block_size).transpose(1, 2, 0))
+    keys = chain_blocks(by_block, np.full(rows, parent, dtype=np.uint64))
+    hasher = BlockHasher("native", block_size=block_size)
+    for r in range(rows):
+        assert keys[:, r].tolist() == hasher.native_chain(tokens[r].tobytes(), parent)

@@ -1,10 +1,10 @@
 """The fleet hit-rate example (docs/concepts.md, example 4): token hit rates 83.7% (random),
 96.8% (prefix-aware), 0.0% (a timestamp at the top), computed by running the library.
 
-Setup, as the example states it: 4 replicas, each an LRU of 400 blocks of 16 tokens
-(:meth:`KeyLRUCache.access`: hit blocks move to the recent end, missed blocks are inserted one
-by one, evicting the oldest); 2,000 requests per run, each a shared 1,200-token system prompt,
-one of 8 tenants' 800-token documents and 60 fresh user tokens; one random stream
+Setup, as the example states it: 4 replicas, each an LRU of 400 blocks of 16 tokens (hit
+blocks move to the recent end, missed blocks are inserted one by one, evicting the oldest);
+2,000 requests per run, each a shared 1,200-token system prompt, one of 8 tenants' 800-token
+documents and 60 fresh user tokens; one random stream
 (``random.seed(3)``) shared by the three runs in order, drawn per request as
 :func:`~prefixroute.core.simulator.generators.draw_fleet_prompt` does, then, for random
 routing, ``randrange(4)``. Prefix-aware routing sends a request to
@@ -20,7 +20,13 @@ How it runs fast without changing a single figure:
 * keys are the ``native`` block keys of :class:`BlockHasher` (xxh3-64 over packed uint32 ids,
   chained through the seed): a tenant's 125 static blocks are hashed once, each request then
   hashes only its own blocks (:meth:`BlockHasher.native_chain`); a prompt with a volatile head
-  shares no block with any other, so all of its 128 blocks are hashed;
+  shares no block with any other, so all of its 128 blocks are hashed, every prompt's block
+  ``b`` in one numpy pass (:func:`~prefixroute.core.identity.xxh3_rows.chain_blocks`);
+* the keys are numbered once (``numpy.unique``; in place when a sort shows them all
+  distinct) and each replica is an
+  :class:`~prefixroute.core.caches.id_lru.IdLRU` over those numbers: the answers of
+  :meth:`~prefixroute.core.caches.key_lru.KeyLRUCache.access`, a request in a few array
+  operations instead of a dictionary operation per block;
 * the routing functions are plain functions of the request (neither depends on cache state),
   computed per request with the leading text of each tenant joined once.
 """
@@ -32,8 +38,9 @@ import random
 
 import numpy as np
 
-from prefixroute.core.caches.key_lru import KeyLRUCache
+from prefixroute.core.caches.id_lru import IdLRU
 from prefixroute.core.identity.hashing import BlockHasher
+from prefixroute.core.identity.xxh3_rows import chain_blocks
 from prefixroute.core.simulator.generators import (FLEET_DOCUMENTS, FLEET_HEAD_ID_BASE,
                                                    FLEET_SYSTEM, FLEET_TENANTS,
                                                    FLEET_USER_ID_BASE, FLEET_USER_TOKENS,
@@ -61,7 +68,6 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
     user = (batch.user + FLEET_USER_ID_BASE).astype(np.uint32)
     static_len = static.shape[1]
     seed = hasher.native_seed()
-    caches = [KeyLRUCache(capacity, block_size=block_size) for _ in range(replicas)]
     if prefix_aware:
         # The text the router hashes: the first 1,280 tokens (one fewer static token after a
         # head), joined once per tenant.
@@ -69,44 +75,54 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
         leading = [" ".join((FLEET_SYSTEM + FLEET_DOCUMENTS[t])[:lead]).encode()
                    for t in FLEET_TENANTS]
         tenant_route = [md5_route(text, replicas) for text in leading]
-    hit_blocks = 0
+    chain = hasher.native_chain
     if volatile:
         # Every block follows the head: nothing is shared, each prompt is hashed whole.
-        n = 1 + static_len + FLEET_USER_TOKENS
-        full = n // block_size * block_size
-        rows = np.empty((requests, n), dtype=np.uint32)
-        rows[:, 0] = np.asarray(batch.head, dtype=np.uint32) + FLEET_HEAD_ID_BASE
-        rows[:, 1:1 + static_len] = static[tenants]
-        rows[:, 1 + static_len:] = user
-        packed = memoryview(np.ascontiguousarray(rows[:, :full])).cast("B")
-        row_bytes = full * 4
-        chain = hasher.native_chain
-        for i in range(requests):
-            tenant = batch.tenants[i]
-            head = f"time={batch.head[i]} ".encode()
-            replica = md5_route(head + leading[tenant], replicas)
-            keys = chain(packed[i * row_bytes:(i + 1) * row_bytes], seed)
-            hit_blocks += caches[replica].access(keys)
+        # Block-major (token position, then request), as chain_blocks hashes it.
+        full = (1 + static_len + FLEET_USER_TOKENS) // block_size * block_size
+        tokens = np.empty((full, requests), dtype=np.uint32)
+        tokens[0] = np.asarray(batch.head, dtype=np.uint32) + FLEET_HEAD_ID_BASE
+        tokens[1:1 + static_len] = static.T[:, tenants]
+        tokens[1 + static_len:] = user.T[:full - 1 - static_len]
+        keys = chain_blocks(tokens.reshape(full // block_size, block_size, requests),
+                            np.full(requests, seed, dtype=np.uint64))
+        route = [md5_route(f"time={head} ".encode() + leading[tenant], replicas)
+                 for head, tenant in zip(batch.head, batch.tenants)]
+        ordered = np.sort(keys, axis=None)
+        if np.any(ordered[1:] == ordered[:-1]):  # two prompts share a block (same head)
+            distinct, ids = np.unique(keys, return_inverse=True)
+            n_ids = len(distinct)
+            ids = np.ascontiguousarray(ids.reshape(keys.shape).T)
+        else:  # every block distinct, as a volatile head makes them: number them in place
+            n_ids = keys.size
+            ids = np.arange(n_ids).reshape(requests, -1)
     else:
         # A tenant's static blocks are hashed once; each request hashes the rest of its
         # prompt (the static remainder that does not fill a block, then its user tokens).
         shared = static_len // block_size * block_size
-        prefix = [hasher.native_chain(memoryview(static[t, :shared]), seed)
-                  for t in range(len(FLEET_TENANTS))]
+        prefix = np.array([chain(memoryview(static[t, :shared]), seed)
+                           for t in range(len(FLEET_TENANTS))], dtype=np.uint64)
         tail_len = (static_len - shared + FLEET_USER_TOKENS) // block_size * block_size
         tails = np.empty((requests, static_len - shared + FLEET_USER_TOKENS), dtype=np.uint32)
         tails[:, :static_len - shared] = static[tenants, shared:]
         tails[:, static_len - shared:] = user
         packed = memoryview(np.ascontiguousarray(tails[:, :tail_len])).cast("B")
         row_bytes = tail_len * 4
-        chain = hasher.native_chain
-        routes = batch.routes
+        tail_keys = np.empty((requests, tail_len // block_size), dtype=np.uint64)
         for i in range(requests):
-            tenant = batch.tenants[i]
-            keys = prefix[tenant]
-            keys = keys + chain(packed[i * row_bytes:(i + 1) * row_bytes], keys[-1])
-            replica = tenant_route[tenant] if prefix_aware else routes[i]
-            hit_blocks += caches[replica].access(keys)
+            tail_keys[i] = chain(packed[i * row_bytes:(i + 1) * row_bytes],
+                                 int(prefix[batch.tenants[i], -1]))
+        # Block ids numbered once over the tenants' prefixes and the requests' tails.
+        distinct, ids = np.unique(np.concatenate([prefix.ravel(), tail_keys.ravel()]),
+                                  return_inverse=True)
+        n_ids = len(distinct)
+        prefix_ids = ids[:prefix.size].reshape(prefix.shape)
+        ids = np.hstack([prefix_ids[tenants], ids[prefix.size:].reshape(tail_keys.shape)])
+        route = [tenant_route[t] for t in batch.tenants] if prefix_aware else batch.routes
+    caches = [IdLRU(capacity, n_ids) for _ in range(replicas)]
+    hit_blocks = 0
+    for i, replica in enumerate(route):
+        hit_blocks += caches[replica].access(ids[i])
     total_tokens = requests * (static_len + FLEET_USER_TOKENS + volatile)
     return hit_blocks * block_size / total_tokens
 

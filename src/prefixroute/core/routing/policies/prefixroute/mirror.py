@@ -44,6 +44,23 @@ _UNKNOWN_CAPACITY = 1 << 40
 StampRun = tuple[int, int]
 
 
+def _held_stamps(get, keys: Sequence[Hashable], end: int) -> list[int]:
+    """Stamps of ``keys[:end]`` up to the first key the mirror lacks, read in chunks that
+    double: a replica holding only a prompt's system prompt costs a few lookups, not one
+    per block of the prompt."""
+    stamps: list[int] = []
+    start, step = 0, 8
+    while start < end:
+        stop = min(end, start + step)
+        chunk = list(map(get, keys[start:stop]))
+        if None in chunk:  # the mirror ends there
+            stamps += chunk[:chunk.index(None)]
+            return stamps
+        stamps += chunk
+        start, step = stop, 2 * step
+    return stamps
+
+
 class HitEstimate(NamedTuple):
     """What a replica is expected to reuse of a prompt."""
 
@@ -101,9 +118,7 @@ class BlockMirror:
             return HitEstimate(0.0, 0, [])
         # Past the view's last block nothing counts unless a request in flight computes it.
         end = min(limit, len(keys)) if floor is not None else min(limit, len(keys), view_blocks)
-        stamps: list[int] = list(map(get, keys[:end]))
-        if None in stamps:  # the mirror ends there
-            del stamps[stamps.index(None):]
+        stamps = _held_stamps(get, keys, end)
         expected = 0.0
         running = 1.0
         i = 0
