@@ -66,7 +66,7 @@ def test_salt_depends_on_the_server_secret():
 
 def test_token_bucket_allows_the_burst_then_refills_at_the_rate():
     clock = ManualClock()
-    bucket = TokenBucket(RateLimit(requests_per_second=2.0, burst=3), clock)
+    bucket = TokenBucket(2.0, 3, clock)
     assert [bucket.try_take() for _ in range(3)] == [0.0, 0.0, 0.0]
     assert bucket.try_take() == pytest.approx(0.5)  # one token takes 1/2 s at 2 per second
     clock.advance(0.5)

@@ -376,6 +376,8 @@ class Gateway:
                 span.set_attribute("prefixroute.tokenization", prompt.mode)
         if prompt.fallback_reason:
             self.metrics.tokenize_fallbacks.inc()
+        if tenant.token_bucket is not None:
+            await self.check_prompt_tokens(tenant, prompt.num_tokens)
         await self.admission.acquire()
         return checked, backends, prompt
 
@@ -389,6 +391,26 @@ class Gateway:
             self.tenants.check_rate(tenant)
         elif wait > 0:
             raise self.tenants.rate_error(tenant, wait)
+
+    async def check_prompt_tokens(self, tenant: Tenant, prompt_tokens: int) -> None:
+        """Take the prompt's tokens from ``tenant``'s prompt-token limit, or raise 429
+        (counted). Checked once the prompt is tokenized, so a request refused here has
+        already taken its request token (as a refused request does with one gateway). With
+        shared state the bucket is the whole fleet's; the local one while Redis cannot
+        answer."""
+        try:
+            wait = None
+            if self.shared is not None:
+                bucket = tenant.token_bucket
+                wait = await self.shared.take(tenant.name, [(
+                    "prompt_tokens", bucket.rate, bucket.burst, float(prompt_tokens))])
+            if wait is None:
+                self.tenants.check_prompt_tokens(tenant, prompt_tokens)
+            elif wait > 0:
+                raise self.tenants.token_rate_error(tenant, prompt_tokens, wait)
+        except GatewayError:
+            self.metrics.rate_limited.labels(tenant.name).inc()
+            raise
 
     def _job_done(self, job: Job) -> None:
         self.admission.release()

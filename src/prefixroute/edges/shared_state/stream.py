@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from typing import Callable
 
 from prefixroute.edges.shared_state.apply import RemoteBookings
-from prefixroute.edges.shared_state.codec import CodecError, Event, decode, encode
+from prefixroute.edges.shared_state.codec import CodecError, Event, Routed, decode, encode
 from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink
 
 log = logging.getLogger("prefixroute.shared_state")
@@ -197,6 +198,7 @@ class SharedBookings:
 
     def _apply(self, entries: list) -> None:
         metrics = self.link.metrics.remote_events
+        wall = time.time
         for entry_id, fields in entries:
             self.last_id = entry_id
             data = fields.get(FIELD)
@@ -211,3 +213,6 @@ class SharedBookings:
                 continue
             if self.remote.apply(event):
                 metrics.labels(type(event).__name__.lower()).inc()
+                if isinstance(event, Routed) and self.bootstrapped:
+                    # Wall clocks of two hosts: a lag is as exact as their synchronisation.
+                    self.link.metrics.remote_lag.observe(max(0.0, wall() - event.wall_time))
