@@ -127,3 +127,87 @@ def test_an_instance_that_stops_has_its_open_bookings_ended_by_the_others(tmp_pa
             await b.stop()
 
     asyncio.run(scenario())
+
+
+def test_four_instances_spend_at_most_the_fleet_bucket_of_prompt_tokens(tmp_path):
+    """Leased slices, spent locally by four instances offered three times the limit: the
+    tokens they let through stay within burst + rate x elapsed, as one bucket's would."""
+    rate, burst, seconds = 4000.0, 4000.0, 2.0
+    costs = [100 + (37 * i) % 300 for i in range(10_000)]  # 100..399 prompt tokens
+
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            fleet = [instance(redis.url, "t5")[0] for _ in range(4)]
+            accepted = offered = 0
+            started = time.monotonic()
+            i = 0
+            while time.monotonic() - started < seconds:
+                cost = costs[i]
+                wait = await fleet[i % 4].take("a", [("prompt_tokens", rate, burst, cost)])
+                assert wait is not None  # Redis answered
+                offered += cost
+                accepted += cost if wait == 0 else 0
+                i += 1
+                # three times the rate, spread evenly
+                await asyncio.sleep(max(0.0, started + offered / (3 * rate) - time.monotonic()))
+            elapsed = time.monotonic() - started
+            ops = sum(s.registry.get_sample_value(
+                "prefixroute_shared_state_redis_operations_total", {"op": "ratelimit"}) or 0
+                for s in fleet)
+            for s in fleet:
+                await s.stop()
+            return accepted, offered, elapsed, i, ops
+
+    accepted, offered, elapsed, requests, ops = asyncio.run(scenario())
+    allowed = burst + rate * elapsed
+    assert offered > 2 * allowed, "the load was too light to test the limit"
+    assert accepted <= 1.05 * allowed, f"{accepted} tokens accepted, {allowed:.0f} allowed"
+    assert accepted >= 0.6 * rate * seconds
+    assert ops < requests  # not one round trip per request
+
+
+def test_a_tenant_within_its_limit_asks_redis_about_once_per_slice(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t6")
+            waits = []
+            for _ in range(100):  # 100 requests at 200 a second, limit 100 a second burst 100
+                waits.append(await shared.take("a", [("requests", 100.0, 100.0, 1.0)]))
+                await asyncio.sleep(0.005)
+            counts = dict(shared.limiter.counts)
+            await shared.stop()
+            return waits, counts
+
+    waits, counts = asyncio.run(scenario())
+    assert waits == [0.0] * 100
+    # Slices of 25 (a quarter of the burst): the first on the path, then topped up to 25,
+    # ahead of need, whenever fewer than 12.5 are left: 13 a time, (100 - 25) / 13 -> 6 or 7
+    # round trips off the path.
+    assert counts["path"] == 1
+    assert counts["local"] == 99
+    assert 5 <= counts["prefetch"] <= 7
+
+
+def test_an_unspent_slice_goes_back_to_the_fleet_bucket(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t7")
+            shared.limiter.ttl_s = 0.05
+            bucket = [("requests", 100.0, 100.0, 1.0)]  # slices of 25
+            await shared.take("a", bucket)  # a slice of 25 taken, 1 spent, 24 unspent
+            key = shared.limiter.key("a", "requests")
+            client = shared.link.client
+            held = float(await client.hget(key, "tokens"))
+            await asyncio.sleep(0.06)  # the slice lapses
+            returned = await shared.limiter.sweep()
+            after = float(await client.hget(key, "tokens"))
+            left = shared.limiter.leases[key].tokens
+            await shared.stop()
+            return held, returned, after, left
+
+    held, returned, after, left = asyncio.run(scenario())
+    assert 75 <= held < 77  # 100 - 25 (and whatever refilled meanwhile)
+    assert (returned, left) == (1, 0)
+    # 24 came back, on top of the refill (100 a second): without them the bucket would hold
+    # about 81 after 0.06 s.
+    assert after == 100 or after >= held + 24

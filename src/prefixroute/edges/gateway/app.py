@@ -71,6 +71,17 @@ DEFAULT_DECISIONS_SHOWN = 20
 OFFLOAD_PREPARE_BYTES = 32 * 1024
 
 
+
+def _settle(check: asyncio.Future | None) -> None:
+    """A rate check the request no longer waits for (it failed first): cancel it if still
+    running, else mark its outcome seen (no "exception was never retrieved" warning)."""
+    if check is None:
+        return
+    if not check.done():
+        check.cancel()
+    elif not check.cancelled():
+        check.exception()
+
 class Gateway:
     """Everything one gateway process holds; ``app`` is its ASGI application.
 
@@ -298,9 +309,15 @@ class Gateway:
                 with tracing.span(request_id, "auth"):
                     tenant = self._authorize(request)
             tenant_name = tenant.name
-            await self.check_rate(tenant)
-            raw = await self._read_body(request)
-            checked, backends, prompt = await self.admit(endpoint, tenant, raw, request_id)
+            rate_check = self._start_rate_check(tenant)
+            try:
+                raw = await self._read_body(request)
+                if rate_check is not None and rate_check.done():
+                    rate_check.result()  # refused already: no work on the body
+                checked, backends, prompt = await self.admit(endpoint, tenant, raw,
+                                                             request_id, rate_check)
+            finally:
+                _settle(rate_check)
         except GatewayError as error:
             self.open_requests -= 1
             self._account(endpoint, str(error.status), started, request_id, tenant_name,
@@ -347,7 +364,25 @@ class Gateway:
             self.metrics.rate_limited.labels(tenant.name).inc()
             raise
 
-    async def admit(self, endpoint: str, tenant: Tenant, raw: bytes, request_id: str = ""
+    def _start_rate_check(self, tenant: Tenant) -> asyncio.Future | None:
+        """Take one request from ``tenant``'s request limit. A local bucket answers at once
+        (429 raised here); the fleet's, in Redis, may need a round trip, so its check runs
+        beside the request's own work (reading and tokenizing the body) and :meth:`admit`
+        awaits it before the request takes a slot: the limit is as exact as before and the
+        round trip is off the path unless it outlasts that work."""
+        if tenant.bucket is None:
+            return None
+        if self.shared is None:
+            try:
+                self.tenants.check_rate(tenant)
+            except GatewayError:
+                self.metrics.rate_limited.labels(tenant.name).inc()
+                raise
+            return None
+        return asyncio.ensure_future(self.check_rate(tenant))
+
+    async def admit(self, endpoint: str, tenant: Tenant, raw: bytes, request_id: str = "",
+                    rate_check: asyncio.Future | None = None
                     ) -> tuple[CheckedRequest, list[Backend], PreparedPrompt]:
         """From an authenticated tenant's raw body to a request ready to route: the body
         checked and salted (:func:`check_request`), the replicas serving its model (waiting
@@ -376,8 +411,16 @@ class Gateway:
                 span.set_attribute("prefixroute.tokenization", prompt.mode)
         if prompt.fallback_reason:
             self.metrics.tokenize_fallbacks.inc()
-        if tenant.token_bucket is not None:
-            await self.check_prompt_tokens(tenant, prompt.num_tokens)
+        if rate_check is not None or tenant.token_bucket is not None:
+            # What the limit checks add to the request's path: the wait for the request
+            # limit's answer once the body is ready, and the prompt-token check.
+            waited = time.perf_counter()
+            if rate_check is not None:
+                await rate_check
+            if tenant.token_bucket is not None:
+                await self.check_prompt_tokens(tenant, prompt.num_tokens)
+            if self.shared is not None:
+                self.shared.observe_limit_wait(time.perf_counter() - waited)
         await self.admission.acquire()
         return checked, backends, prompt
 

@@ -54,9 +54,12 @@ class SharedStateMetrics:
                                "Booking events dropped because the outbox was full during "
                                "an outage", registry=registry)
         self.path = Histogram("prefixroute_shared_state_path_seconds",
-                              "Time shared state adds to a request's path: sharing a "
-                              "booking event (op=booking) or a fleet rate-limit check "
-                              "(op=ratelimit, one per limit checked)", ["op"],
+                              "Time in shared state on a request's way: sharing a "
+                              "booking event (op=booking), a fleet rate-limit check "
+                              "(op=ratelimit, one per limit, possibly beside the request's "
+                              "own work), and what a request waited for its limit checks "
+                              "once its own work was done (op=limits_wait, one per "
+                              "limited request)", ["op"],
                               buckets=PATH_BUCKETS, registry=registry)
         self.remote_lag = Histogram("prefixroute_shared_state_remote_lag_seconds",
                                     "From another instance routing a request to this one "

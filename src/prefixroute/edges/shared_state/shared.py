@@ -51,6 +51,7 @@ class SharedState:
         self.limiter = SharedRateLimiter(self.link, namespace, now=now)
         self._booking_time = self.metrics.path.labels("booking")
         self._limit_time = self.metrics.path.labels("ratelimit")
+        self._limit_wait = self.metrics.path.labels("limits_wait")
 
     def local_time(self, wall_time: float) -> float:
         return wall_time - (self._wall() - self._now())
@@ -103,6 +104,12 @@ class SharedState:
             return await self.limiter.try_take(tenant, buckets)
         finally:
             self._limit_time.observe(time.perf_counter() - started)
+
+    def observe_limit_wait(self, seconds: float) -> None:
+        """A request waited ``seconds`` for its fleet rate-limit checks once its own work was
+        done: what the limits added to its path (the body glue measures it, since a check
+        may run beside the request's own work)."""
+        self._limit_wait.observe(seconds)
 
     # -- lifetime ------------------------------------------------------------------------
 
