@@ -211,3 +211,19 @@ def test_an_unspent_slice_goes_back_to_the_fleet_bucket(tmp_path):
     # 24 came back, on top of the refill (100 a second): without them the bucket would hold
     # about 81 after 0.06 s.
     assert after == 100 or after >= held + 24
+
+
+def test_a_slice_fetched_before_the_cost_is_known_spares_the_check_its_round_trip(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t8")
+            shared.warm("a", "prompt_tokens", 5000.0, 5000.0)  # the prompt is not tokenized
+            await asyncio.sleep(0)  # ... while the body is read and tokenized
+            wait = await shared.take("a", [("prompt_tokens", 5000.0, 5000.0, 250.0)])
+            counts = dict(shared.limiter.counts)
+            await shared.stop()
+            return wait, counts
+
+    wait, counts = asyncio.run(scenario())
+    assert wait == 0.0
+    assert (counts["prefetch"], counts["path"]) == (1, 0)  # a slice of 1250 covered it

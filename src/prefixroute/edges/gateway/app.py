@@ -369,7 +369,13 @@ class Gateway:
         (429 raised here); the fleet's, in Redis, may need a round trip, so its check runs
         beside the request's own work (reading and tokenizing the body) and :meth:`admit`
         awaits it before the request takes a slot: the limit is as exact as before and the
-        round trip is off the path unless it outlasts that work."""
+        round trip is off the path unless it outlasts that work. A prompt-token limit's
+        slice is fetched at the same time (its check follows tokenization)."""
+        if self.shared is not None and tenant.token_bucket is not None:
+            # The prompt-token check needs the prompt's tokens: its slice is fetched now,
+            # beside the body's work too.
+            self.shared.warm(tenant.name, "prompt_tokens", tenant.token_bucket.rate,
+                             tenant.token_bucket.burst)
         if tenant.bucket is None:
             return None
         if self.shared is None:

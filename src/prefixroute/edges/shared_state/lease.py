@@ -54,6 +54,7 @@ class Lease:
         self.ttl_s = ttl_s
         self.tokens = 0.0
         self.expires_at = -math.inf
+        self.last_cost = 1.0  # the last request's cost: what a fetch ahead of one asks for
         # The fleet bucket's level after the last answer from Redis, and when it came.
         self._level: float | None = None
         self._level_at = 0.0

@@ -103,14 +103,38 @@ class SharedRateLimiter:
             taken.append((self.leases[key], float(cost)))
         return 0.0
 
-    async def _take(self, key: str, rate: float, burst: float, cost: float) -> float | None:
+    def warm(self, tenant: str, limit: str, rate: float, burst: float) -> None:
+        """Fetch a slice of ``tenant``'s ``limit`` bucket in the background, before the cost
+        of the request at hand is known (its prompt is not tokenized yet): the check that
+        follows then finds the slice held, or this fetch under way, instead of starting a
+        round trip on the request's path. Asks for the last cost seen (1 at first), up to a
+        slice; nothing when the slice already covers that, a refusal is known, or Redis is
+        down."""
+        if not self.link.usable():
+            return
+        key = self.key(tenant, limit)
+        lease = self._lease(key, float(rate), float(burst))
+        now = self._now()
+        cost = lease.last_cost
+        if (key in self._fetching or lease.known_wait(cost, now) > 0
+                or (now < lease.expires_at and lease.tokens >= cost)):
+            return
+        self.counts["prefetch"] += 1
+        self._start_fetch(key, lease, cost, ahead=False)
+
+    def _lease(self, key: str, rate: float, burst: float) -> Lease:
         lease = self.leases.get(key)
         if lease is None or (lease.rate, lease.burst) != (rate, burst):
             # A new limit (or a reload changed it): a fresh lease; the old one's tokens go
-            # back with its lapse.
+            # back.
             if lease is not None:
                 self._give_back_later(key, lease)
             lease = self.leases[key] = Lease(rate, burst, self.ttl_s)
+        return lease
+
+    async def _take(self, key: str, rate: float, burst: float, cost: float) -> float | None:
+        lease = self._lease(key, rate, burst)
+        lease.last_cost = min(cost, burst)
         if lease.spend(cost, self._now()):
             self.counts["local"] += 1
             self._maybe_prefetch(key, lease, cost)
@@ -138,9 +162,12 @@ class SharedRateLimiter:
     def _maybe_prefetch(self, key: str, lease: Lease, cost: float) -> None:
         if lease.wants_prefetch(cost) and key not in self._fetching and self.link.usable():
             self.counts["prefetch"] += 1
-            task = asyncio.create_task(self._fetch(key, lease, cost, ahead=True))
-            self._fetching[key] = task
-            task.add_done_callback(lambda _t: self._fetching.pop(key, None))
+            self._start_fetch(key, lease, cost, ahead=True)
+
+    def _start_fetch(self, key: str, lease: Lease, cost: float, ahead: bool) -> None:
+        task = asyncio.create_task(self._fetch(key, lease, cost, ahead=ahead))
+        self._fetching[key] = task
+        task.add_done_callback(lambda _t: self._fetching.pop(key, None))
 
     async def _fetch(self, key: str, lease: Lease, cost: float, ahead: bool = False) -> bool:
         """One script call: give back a lapsed slice's rest and ask for a slice covering

@@ -105,6 +105,11 @@ class SharedState:
         finally:
             self._limit_time.observe(time.perf_counter() - started)
 
+    def warm(self, tenant: str, limit: str, rate: float, burst: float) -> None:
+        """Start fetching a slice of a limit whose cost is not known yet
+        (:meth:`SharedRateLimiter.warm`)."""
+        self.limiter.warm(tenant, limit, rate, burst)
+
     def observe_limit_wait(self, seconds: float) -> None:
         """A request waited ``seconds`` for its fleet rate-limit checks once its own work was
         done: what the limits added to its path (the body glue measures it, since a check

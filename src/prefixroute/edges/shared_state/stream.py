@@ -41,6 +41,7 @@ BATCH = 500  # entries per XADD pipeline / XREAD
 # time to hear from everyone again) is gone, and its open bookings end.
 HEARTBEAT_S, HEARTBEAT_TTL_S, CHECK_S = 1.0, 5.0, 5.0
 READ_BLOCK_MS = 1000
+APPLY_CHUNK = 4  # remote events applied between two turns of the loop
 FIELD = b"m"
 
 
@@ -194,7 +195,13 @@ class SharedBookings:
                                               block=READ_BLOCK_MS)
         self.link.metrics.operations.labels("xread").inc()
         for _stream, entries in answer or ():
-            self._apply(entries)
+            # A remote booking costs what a local one does in the policy (milliseconds for a
+            # long prompt): a batch applied in one go would hold this instance's own requests
+            # behind it, so the loop gets a turn every APPLY_CHUNK events.
+            for start in range(0, len(entries), APPLY_CHUNK):
+                if start:
+                    await asyncio.sleep(0)
+                self._apply(entries[start:start + APPLY_CHUNK])
 
     def _apply(self, entries: list) -> None:
         metrics = self.link.metrics.remote_events
