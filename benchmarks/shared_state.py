@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -367,6 +368,8 @@ def main() -> None:
                         help="more seeds run with 1 instance and 4 shared ones (TTFT noise)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
+    # A SIGTERM ends the run through its clean-up (Redis, replicas, gateways stopped).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -73,6 +73,7 @@ class SharedRateLimiter:
         self._script = link.client.register_script(LEASE_SCRIPT)
         self.leases: dict[str, Lease] = {}
         self._fetching: dict[str, asyncio.Task] = {}
+        self._giving: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
         # What the checks cost, for the benchmark and the metrics: round trips made on a
         # request's path, fetched ahead, and answers given from the lease alone.
@@ -190,8 +191,10 @@ class SharedRateLimiter:
 
     def _give_back_later(self, key: str, lease: Lease) -> None:
         tokens = lease.release()
-        if tokens > 0:
-            asyncio.create_task(self._give(key, lease, tokens))
+        if tokens > 0:  # the loop keeps only weak references to tasks: hold this one
+            task = asyncio.create_task(self._give(key, lease, tokens))
+            self._giving.add(task)
+            task.add_done_callback(self._giving.discard)
 
     async def _give(self, key: str, lease: Lease, tokens: float) -> None:
         try:
