@@ -133,6 +133,33 @@ class SharedRateLimiter:
             lease = self.leases[key] = Lease(rate, burst, self.ttl_s)
         return lease
 
+    def take_local(self, tenant: str,
+                   buckets: Sequence[tuple[str, float, float, float]]) -> float | None:
+        """:meth:`try_take` when this instance's slices decide it alone (held tokens, or a
+        refusal known from Redis's last answer), without suspending; ``None`` when Redis
+        must be asked (the caller then awaits :meth:`try_take`)."""
+        if not self.link.usable():
+            return None
+        now = self._now()
+        taken: list[tuple[Lease, float]] = []
+        for name, rate, burst, cost in buckets:
+            key = self.key(tenant, name)
+            lease = self._lease(key, float(rate), float(burst))
+            lease.last_cost = min(float(cost), lease.burst)
+            if lease.spend(cost, now):
+                taken.append((lease, float(cost)))
+                self._maybe_prefetch(key, lease, float(cost))
+                continue
+            wait = lease.known_wait(cost, now)
+            for held, spent in taken:
+                held.refund(spent)
+            if wait > 0:
+                self.counts["local"] += 1
+                return wait
+            return None
+        self.counts["local"] += 1
+        return 0.0
+
     async def _take(self, key: str, rate: float, burst: float, cost: float) -> float | None:
         lease = self._lease(key, rate, burst)
         lease.last_cost = min(cost, burst)

@@ -105,6 +105,16 @@ class SharedState:
         finally:
             self._limit_time.observe(time.perf_counter() - started)
 
+    def take_local(self, tenant: str,
+                   buckets: Sequence[tuple[str, float, float, float]]) -> float | None:
+        """The fleet-wide rate limit when this instance's slices decide it without Redis
+        (:meth:`SharedRateLimiter.take_local`); ``None``: await :meth:`take`."""
+        started = time.perf_counter()
+        wait = self.limiter.take_local(tenant, buckets)
+        if wait is not None:
+            self._limit_time.observe(time.perf_counter() - started)
+        return wait
+
     def warm(self, tenant: str, limit: str, rate: float, burst: float) -> None:
         """Start fetching a slice of a limit whose cost is not known yet
         (:meth:`SharedRateLimiter.warm`)."""
