@@ -229,23 +229,28 @@ def test_a_slice_fetched_before_the_cost_is_known_spares_the_check_its_round_tri
     assert (counts["prefetch"], counts["path"]) == (1, 0)  # a slice of 1250 covered it
 
 
-def test_a_held_slice_or_a_known_refusal_decides_without_asking_redis(tmp_path):
+def test_a_slice_a_credit_or_a_known_refusal_decides_without_asking_redis(tmp_path):
     async def scenario():
         with RedisServer(tmp_path) as redis:
             shared, _ = instance(redis.url, "t9")
             roomy = [("requests", 100.0, 100.0, 1.0)]  # slices of 25
             tight = [("requests", 2.0, 1.0, 1.0)]  # burst 1: slices of one request
-            cold = shared.take_local("a", roomy)  # nothing held, nothing known
-            first = await shared.take("a", roomy)  # asks Redis: a slice of 25
+            credit = shared.take_local("a", roomy)  # nothing held; the bucket is full
+            await until(lambda: not shared.limiter._fetching)  # charged, a slice fetched
             held = shared.take_local("a", roomy)
-            await shared.take("b", tight)  # b's only token
+            cold = shared.take_local("b", tight)  # burst 1: never on credit, ask Redis
+            first = await shared.take("b", tight)  # b's only token
             refused = shared.take_local("b", tight)  # Redis said the bucket is empty
             ops = shared.registry.get_sample_value(
                 "prefixroute_shared_state_redis_operations_total", {"op": "ratelimit"})
+            level = float(await shared.link.client.hget(shared.limiter.key("a"), "tokens"))
+            counts = dict(shared.limiter.counts)
             await shared.stop()
-            return cold, first, held, refused, ops
+            return credit, held, cold, first, refused, ops, level, counts
 
-    cold, first, held, refused, ops = asyncio.run(scenario())
-    assert (cold, first, held) == (None, 0.0, 0.0)
+    credit, held, cold, first, refused, ops, level, counts = asyncio.run(scenario())
+    assert (credit, held, cold, first) == (0.0, 0.0, None, 0.0)
     assert 0.4 < refused <= 0.5  # one token at 2 a second, less what refilled meanwhile
-    assert ops == 2  # one slice for a, one for b
+    assert ops == 2  # a's charge with its slice, b's token
+    assert 74 <= level < 76  # 100 - 1 (the credit) - 24 (the slice), plus a little refill
+    assert counts["credit"] == 1

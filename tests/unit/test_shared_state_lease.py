@@ -86,3 +86,18 @@ def test_release_hands_back_everything_held():
 def test_a_bucket_needs_a_positive_rate_and_burst():
     with pytest.raises(ValueError):
         Lease(rate=0, burst=1)
+
+
+def test_credit_needs_the_bucket_half_full_beyond_the_request_and_nothing_owed():
+    lease = Lease(rate=100, burst=100)
+    assert lease.may_admit_on_credit(1, now=0.0)  # never asked: taken as full
+    lease.credit(1)
+    assert not lease.may_admit_on_credit(1, now=0.0)  # one at a time
+    lease.owed = 0.0
+    lease.granted(0, level=50, now=0.0)  # Redis: 50 left
+    assert not lease.may_admit_on_credit(1, now=0.0)  # 50 - 1 < 100 / 2
+    assert lease.may_admit_on_credit(1, now=0.01)  # refilled by 1: 51 - 1 >= 50
+
+
+def test_a_burst_of_one_never_gets_credit():
+    assert not Lease(rate=10, burst=1).may_admit_on_credit(1, now=0.0)  # 1 - 1 < 0.5

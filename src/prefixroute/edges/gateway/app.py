@@ -462,8 +462,10 @@ class Gateway:
             wait = None
             if self.shared is not None:
                 bucket = tenant.token_bucket
-                wait = await self.shared.take(tenant.name, [(
-                    "prompt_tokens", bucket.rate, bucket.burst, float(prompt_tokens))])
+                buckets = [("prompt_tokens", bucket.rate, bucket.burst, float(prompt_tokens))]
+                wait = self.shared.take_local(tenant.name, buckets)
+                if wait is None:
+                    wait = await self.shared.take(tenant.name, buckets)
             if wait is None:
                 self.tenants.check_prompt_tokens(tenant, prompt_tokens)
             elif wait > 0:

@@ -28,6 +28,18 @@ refuses locally with the same Retry-After (:meth:`Lease.known_wait`). So a round
 on the path only when a request finds its slice empty and the bucket may hold its cost: about
 once per slice for a tenant within its limit, and once per refill interval for one above it.
 
+**Admission on credit.** A tenant well within its limit, seen rarely by each instance (many
+tenants, several instances), would still find its slice empty or lapsed at almost every
+request. When this instance estimates the fleet bucket at least half full beyond the request
+(from Redis's last answer plus the refill since, or full when it never asked), it admits the
+request at once and charges it with the next fetch, started in the background
+(:meth:`Lease.may_admit_on_credit`). One request at a time per instance: until that charge is
+answered, the next request waits for it. The charge is taken even from an emptied bucket (it
+goes below zero and refills from there), so the fleet's long-run rate is unchanged; what
+credit adds to the bound is at most one request per instance, and only while the bucket was
+estimated half full: a request limit with a burst of 1, or a tenant at its limit, never gets
+credit.
+
 Pure: no I/O; time comes in the calls.
 """
 
@@ -55,6 +67,7 @@ class Lease:
         self.tokens = 0.0
         self.expires_at = -math.inf
         self.last_cost = 1.0  # the last request's cost: what a fetch ahead of one asks for
+        self.owed = 0.0  # admitted on credit, not yet charged to the fleet bucket
         # The fleet bucket's level after the last answer from Redis, and when it came.
         self._level: float | None = None
         self._level_at = 0.0
@@ -110,6 +123,21 @@ class Lease:
         level = min(self.burst, self._level + (now - self._level_at) * self.rate)
         short = cost - held - level
         return short / self.rate if short > 1e-9 else 0.0
+
+    def estimated_level(self, now: float) -> float:
+        """The fleet bucket's level as far as this instance knows: Redis's last answer plus
+        the refill since, less what it owes; full when it never asked."""
+        if self._level is None:
+            return self.burst - self.owed
+        return min(self.burst, self._level + (now - self._level_at) * self.rate) - self.owed
+
+    def may_admit_on_credit(self, cost: float, now: float) -> bool:
+        """Admit ``cost`` now and charge it later: nothing owed yet, and the bucket estimated
+        at least half full beyond it."""
+        return self.owed == 0 and self.estimated_level(now) - cost >= self.burst / 2
+
+    def credit(self, cost: float) -> None:
+        self.owed += cost
 
     def lapse(self, now: float) -> float:
         """The unspent tokens of a lapsed slice, to give back; the slice is then empty."""

@@ -27,7 +27,8 @@ from typing import Callable, Sequence
 from prefixroute.edges.shared_state.lease import LEASE_TTL_S, Lease
 from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink
 
-# KEYS[1]: the bucket's hash. ARGV: rate, burst, give (unspent tokens coming back), need (grant
+# KEYS[1]: the bucket's hash. ARGV: rate, burst, give (unspent tokens coming back, less what was
+# admitted on credit: the level may go below zero and refills from there), need (grant
 # at least this or nothing), want (grant up to this), expiry margin in ms. Returns
 # {granted, level after}: strings, since Lua numbers would be truncated to integers.
 LEASE_SCRIPT = """
@@ -77,7 +78,7 @@ class SharedRateLimiter:
         self._sweeper: asyncio.Task | None = None
         # What the checks cost, for the benchmark and the metrics: round trips made on a
         # request's path, fetched ahead, and answers given from the lease alone.
-        self.counts = {"local": 0, "path": 0, "prefetch": 0, "give_back": 0}
+        self.counts = {"local": 0, "path": 0, "prefetch": 0, "credit": 0, "give_back": 0}
 
     def key(self, tenant: str, limit: str = "requests") -> str:
         return f"{self.namespace}:ratelimit:{tenant}:{limit}"
@@ -151,6 +152,13 @@ class SharedRateLimiter:
                 self._maybe_prefetch(key, lease, float(cost))
                 continue
             wait = lease.known_wait(cost, now)
+            if (wait == 0 and key not in self._fetching
+                    and lease.may_admit_on_credit(cost, now)):
+                lease.credit(cost)  # charged by this fetch, off the path
+                self.counts["credit"] += 1
+                self._start_fetch(key, lease, cost, ahead=True)
+                taken.append((lease, 0.0))
+                continue
             for held, spent in taken:
                 held.refund(spent)
             if wait > 0:
@@ -201,7 +209,10 @@ class SharedRateLimiter:
         """One script call: give back a lapsed slice's rest and ask for a slice covering
         ``cost``. False when Redis did not answer."""
         now = self._now()
-        give = lease.lapse(now)
+        # Unspent tokens of a lapsed slice go back; what was admitted on credit is charged
+        # (even below zero).
+        give = lease.lapse(now) - lease.owed
+        lease.owed = 0.0
         need, want = lease.request(cost, now, ahead)
         try:
             granted, level = await self._script(
