@@ -25,8 +25,8 @@ refusal is remembered: Redis answers with the bucket's level, and since the othe
 only take from the bucket meanwhile (slices given back aside), until that level could have
 refilled to the request's cost at the tenant's rate the answer is known, and this instance
 refuses locally with the same Retry-After (:meth:`Lease.known_wait`). So a round trip is left
-on the path only when a request finds its slice empty and the bucket may hold its cost: about
-once per slice for a tenant within its limit, and once per refill interval for one above it.
+on the path only when a request finds its slice empty, the bucket may hold its cost and no
+credit applies (below): about once per refill interval for a tenant above its limit.
 
 **Admission on credit.** A tenant well within its limit, seen rarely by each instance (many
 tenants, several instances), would still find its slice empty or lapsed at almost every
