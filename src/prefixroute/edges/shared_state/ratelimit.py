@@ -76,8 +76,9 @@ class SharedRateLimiter:
         self._fetching: dict[str, asyncio.Task] = {}
         self._giving: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
-        # What the checks cost, for the benchmark and the metrics: round trips made on a
-        # request's path, fetched ahead, and answers given from the lease alone.
+        # How checks were decided (tests read them): from the slice or a known refusal
+        # (local), by a round trip on the request's path, on credit; and the calls made off
+        # the path (slices fetched ahead, slices given back).
         self.counts = {"local": 0, "path": 0, "prefetch": 0, "credit": 0, "give_back": 0}
 
     def key(self, tenant: str, limit: str = "requests") -> str:
@@ -136,9 +137,10 @@ class SharedRateLimiter:
 
     def take_local(self, tenant: str,
                    buckets: Sequence[tuple[str, float, float, float]]) -> float | None:
-        """:meth:`try_take` when this instance's slices decide it alone (held tokens, or a
-        refusal known from Redis's last answer), without suspending; ``None`` when Redis
-        must be asked (the caller then awaits :meth:`try_take`)."""
+        """:meth:`try_take` when this instance decides it alone, without suspending: tokens
+        its slice holds, a refusal known from Redis's last answer, or credit
+        (:meth:`Lease.may_admit_on_credit`; the charge is sent in the background). ``None``
+        when Redis must be asked (the caller then awaits :meth:`try_take`)."""
         if not self.link.usable():
             return None
         now = self._now()
@@ -185,6 +187,10 @@ class SharedRateLimiter:
             if lease.spend(cost, self._now()):
                 self.counts["local"] += 1
                 return 0.0
+            wait = lease.known_wait(cost, self._now())
+            if wait > 0:  # that answer was a refusal
+                self.counts["local"] += 1
+                return wait
         self.counts["path"] += 1
         if not await self._fetch(key, lease, cost):
             return None
