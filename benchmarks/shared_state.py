@@ -1,6 +1,6 @@
 """Several gateway instances, with and without shared state on Redis (one command, bounded).
 
-    PYTHONPATH=src python benchmarks/shared_state.py [--requests 150] [--repeats 3] [--json out.json]
+    PYTHONPATH=src python benchmarks/shared_state.py [--requests 150] [--repeats 3] [--json F]
 
 Starts a redis-server (a plain process on a free loopback port; ``scripts/setup_test_services.sh``
 installs it), emulator replicas, and for each of 1, 2 and 4 gateway instances, with and
