@@ -75,3 +75,10 @@ def test_doctor_on_an_unreachable_backend_is_exit_2():
     result = cli("doctor", "--backend", f"http://127.0.0.1:{port}")
     assert result.returncode == 2 and "cannot reach the backend" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_doctor_on_an_unreachable_gateway_is_exit_2():
+    port = free_port()  # nothing listens there
+    result = cli("doctor", "--gateway", f"http://127.0.0.1:{port}")
+    assert result.returncode == 2 and "cannot read the gateway's metrics" in result.stderr
+    assert "Traceback" not in result.stderr

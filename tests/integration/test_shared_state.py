@@ -118,6 +118,61 @@ def test_a_tenant_limit_holds_across_instances(tmp_path):
                    for u in urls) == 0
 
 
+def test_a_tenant_prompt_token_limit_holds_across_instances(tmp_path):
+    """A tenant limited to T prompt tokens a second, sent more than twice that over three
+    instances, gets at most burst + T x seconds through; a refusal is an OpenAI-style 429
+    with Retry-After, and a prompt longer than the burst is refused for good."""
+    rate, burst, seconds, prompt_tokens = 1000.0, 1000, 4.0, 100
+    limited = {"rate_limit": {"prompt_tokens_per_second": rate, "prompt_tokens_burst": burst}}
+    tenants = [{"name": "a", "api_key_sha256": hash_api_key(KEYS["a"]), **limited},
+               {"name": "ops", "api_key_sha256": hash_api_key(KEYS["ops"]), "admin": True}]
+    prompt = list(range(500, 500 + prompt_tokens))  # token ids: exactly 100 prompt tokens
+    with RedisServer(tmp_path) as redis, \
+            fleet_with_redis(tmp_path, redis, tenants=tenants) as fleet:
+        urls = [fleet.url, fleet.start_another_gateway(), fleet.start_another_gateway()]
+        refusals: list[httpx.Response] = []
+
+        async def hammer() -> tuple[int, int]:
+            ok = offered = 0
+            async with httpx.AsyncClient(timeout=30) as client:
+                deadline = time.monotonic() + seconds
+                i = 0
+                while time.monotonic() < deadline:
+                    batch = [client.post(f"{urls[(i + k) % 3]}/v1/completions",
+                                         headers={"authorization": f"Bearer {KEYS['a']}"},
+                                         json={"model": fleet.model, "prompt": prompt,
+                                               "max_tokens": 1}) for k in range(6)]
+                    i += 6
+                    for response in await asyncio.gather(*batch):
+                        offered += prompt_tokens
+                        assert response.status_code in (200, 429), response.text
+                        if response.status_code == 200:
+                            ok += prompt_tokens
+                        else:
+                            refusals.append(response)
+                return ok, offered
+
+        started = time.monotonic()
+        ok, offered = asyncio.run(hammer())
+        elapsed = time.monotonic() - started
+        allowed = burst + rate * elapsed
+        assert offered > 2 * allowed, f"the load ({offered}) was too light to test the limit"
+        assert ok <= 1.05 * allowed, f"{ok} tokens accepted; the fleet allows {allowed:.0f}"
+        assert ok >= 0.6 * rate * seconds
+        error = refusals[0].json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
+        assert "prompt tokens per second" in error["message"]
+        assert int(refusals[0].headers["retry-after"]) >= 1
+        too_long = httpx.post(f"{urls[1]}/v1/completions", timeout=30,
+                              headers={"authorization": f"Bearer {KEYS['a']}"},
+                              json={"model": fleet.model, "prompt": list(range(1001)),
+                                    "max_tokens": 1})
+        assert too_long.status_code == 429 and "retry-after" not in too_long.headers
+        assert "can never pass" in too_long.json()["error"]["message"]
+        assert sum(metric(u, "prefixroute_shared_state_local_rate_checks_total")
+                   for u in urls) == 0
+
+
 def test_killing_redis_fails_no_request_and_instances_resync(tmp_path):
     with RedisServer(tmp_path) as redis, fleet_with_redis(tmp_path, redis) as fleet:
         second = fleet.start_another_gateway()

@@ -127,3 +127,130 @@ def test_an_instance_that_stops_has_its_open_bookings_ended_by_the_others(tmp_pa
             await b.stop()
 
     asyncio.run(scenario())
+
+
+def test_four_instances_spend_at_most_the_fleet_bucket_of_prompt_tokens(tmp_path):
+    """Leased slices, spent locally by four instances offered three times the limit: the
+    tokens they let through stay within burst + rate x elapsed, as one bucket's would."""
+    rate, burst, seconds = 4000.0, 4000.0, 2.0
+    costs = [100 + (37 * i) % 300 for i in range(10_000)]  # 100..399 prompt tokens
+
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            fleet = [instance(redis.url, "t5")[0] for _ in range(4)]
+            accepted = offered = 0
+            started = time.monotonic()
+            i = 0
+            while time.monotonic() - started < seconds:
+                cost = costs[i]
+                wait = await fleet[i % 4].take("a", [("prompt_tokens", rate, burst, cost)])
+                assert wait is not None  # Redis answered
+                offered += cost
+                accepted += cost if wait == 0 else 0
+                i += 1
+                # three times the rate, spread evenly
+                await asyncio.sleep(max(0.0, started + offered / (3 * rate) - time.monotonic()))
+            elapsed = time.monotonic() - started
+            ops = sum(s.registry.get_sample_value(
+                "prefixroute_shared_state_redis_operations_total", {"op": "ratelimit"}) or 0
+                for s in fleet)
+            for s in fleet:
+                await s.stop()
+            return accepted, offered, elapsed, i, ops
+
+    accepted, offered, elapsed, requests, ops = asyncio.run(scenario())
+    allowed = burst + rate * elapsed
+    assert offered > 2 * allowed, "the load was too light to test the limit"
+    assert accepted <= 1.05 * allowed, f"{accepted} tokens accepted, {allowed:.0f} allowed"
+    assert accepted >= 0.6 * rate * seconds
+    assert ops < requests  # not one round trip per request
+
+
+def test_a_tenant_within_its_limit_asks_redis_about_once_per_slice(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t6")
+            waits = []
+            for _ in range(100):  # 100 requests at 200 a second, limit 100 a second burst 100
+                waits.append(await shared.take("a", [("requests", 100.0, 100.0, 1.0)]))
+                await asyncio.sleep(0.005)
+            counts = dict(shared.limiter.counts)
+            await shared.stop()
+            return waits, counts
+
+    waits, counts = asyncio.run(scenario())
+    assert waits == [0.0] * 100
+    # Slices of 25 (a quarter of the burst): the first on the path, then topped up to 25,
+    # ahead of need, whenever fewer than 12.5 are left: 13 a time, (100 - 25) / 13 -> 6 or 7
+    # round trips off the path.
+    assert counts["path"] == 1
+    assert counts["local"] == 99
+    assert 5 <= counts["prefetch"] <= 7
+
+
+def test_an_unspent_slice_goes_back_to_the_fleet_bucket(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t7")
+            shared.limiter.ttl_s = 0.05
+            bucket = [("requests", 100.0, 100.0, 1.0)]  # slices of 25
+            await shared.take("a", bucket)  # a slice of 25 taken, 1 spent, 24 unspent
+            key = shared.limiter.key("a", "requests")
+            client = shared.link.client
+            held = float(await client.hget(key, "tokens"))
+            await asyncio.sleep(0.06)  # the slice lapses
+            returned = await shared.limiter.sweep()
+            after = float(await client.hget(key, "tokens"))
+            left = shared.limiter.leases[key].tokens
+            await shared.stop()
+            return held, returned, after, left
+
+    held, returned, after, left = asyncio.run(scenario())
+    assert 75 <= held < 77  # 100 - 25 (and whatever refilled meanwhile)
+    assert (returned, left) == (1, 0)
+    # 24 came back, on top of the refill (100 a second): without them the bucket would hold
+    # about 81 after 0.06 s.
+    assert after == 100 or after >= held + 24
+
+
+def test_a_slice_fetched_before_the_cost_is_known_spares_the_check_its_round_trip(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t8")
+            shared.warm("a", "prompt_tokens", 5000.0, 5000.0)  # the prompt is not tokenized
+            await asyncio.sleep(0)  # ... while the body is read and tokenized
+            wait = await shared.take("a", [("prompt_tokens", 5000.0, 5000.0, 250.0)])
+            counts = dict(shared.limiter.counts)
+            await shared.stop()
+            return wait, counts
+
+    wait, counts = asyncio.run(scenario())
+    assert wait == 0.0
+    assert (counts["prefetch"], counts["path"]) == (1, 0)  # a slice of 1250 covered it
+
+
+def test_a_slice_a_credit_or_a_known_refusal_decides_without_asking_redis(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t9")
+            roomy = [("requests", 100.0, 100.0, 1.0)]  # slices of 25
+            tight = [("requests", 2.0, 1.0, 1.0)]  # burst 1: slices of one request
+            credit = shared.take_local("a", roomy)  # nothing held; the bucket is full
+            await until(lambda: not shared.limiter._fetching)  # charged, a slice fetched
+            held = shared.take_local("a", roomy)
+            cold = shared.take_local("b", tight)  # burst 1: never on credit, ask Redis
+            first = await shared.take("b", tight)  # b's only token
+            refused = shared.take_local("b", tight)  # Redis said the bucket is empty
+            ops = shared.registry.get_sample_value(
+                "prefixroute_shared_state_redis_operations_total", {"op": "ratelimit"})
+            level = float(await shared.link.client.hget(shared.limiter.key("a"), "tokens"))
+            counts = dict(shared.limiter.counts)
+            await shared.stop()
+            return credit, held, cold, first, refused, ops, level, counts
+
+    credit, held, cold, first, refused, ops, level, counts = asyncio.run(scenario())
+    assert (credit, held, cold, first) == (0.0, 0.0, None, 0.0)
+    assert 0.4 < refused <= 0.5  # one token at 2 a second, less what refilled meanwhile
+    assert ops == 2  # a's charge with its slice, b's token
+    assert 74 <= level < 76  # 100 - 1 (the credit) - 24 (the slice), plus a little refill
+    assert counts["credit"] == 1

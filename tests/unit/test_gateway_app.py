@@ -298,6 +298,24 @@ def test_rate_limited_tenant_gets_429(monkeypatch):
     run(scenario())
 
 
+def test_a_tenant_over_its_prompt_token_limit_gets_429(monkeypatch):
+    tenants = [{"name": "alice", "api_key_sha256": hash_api_key("key-alice"),
+                "rate_limit": {"prompt_tokens_per_second": 1, "prompt_tokens_burst": 10}}]
+    config = make_config(monkeypatch, tenants=tenants)
+
+    async def scenario():
+        async with Harness(config) as h:
+            client = h.openai()
+            await client.completions.create(model="tiny", prompt=[1, 2, 3, 4, 5, 6], max_tokens=1)
+            with pytest.raises(openai.RateLimitError) as info:  # 6 + 6 > a burst of 10
+                await client.completions.create(model="tiny", prompt=[7, 8, 9, 10, 11, 12],
+                                                max_tokens=1)
+            assert info.value.response.headers["retry-after"] == "2"  # 2 tokens at 1 a second
+            assert "prompt tokens per second" in info.value.message
+            await client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=1)
+    run(scenario())
+
+
 # -- salting and routing ---------------------------------------------------------------------
 
 def test_replica_receives_the_trust_groups_secret_salt(config):

@@ -6,7 +6,8 @@ import pytest
 
 from prefixroute.core.errors import InputError
 from prefixroute.core.routing.registry import policy_names
-from prefixroute.edges.gateway.config import (default_policy_spec, hash_api_key, load_config)
+from prefixroute.edges.gateway.config import (RateLimit, default_policy_spec, hash_api_key,
+                                             load_config)
 
 SECRET = "s" * 64
 KEY_A = hash_api_key("key-a")
@@ -222,6 +223,25 @@ def test_tokenizer_directory_must_hold_tokenizer_json(tmp_path):
 def test_rate_limit_needs_a_rate(tmp_path):
     text = MINIMAL + "    rate_limit: {burst: 3}\n"
     assert "tenants[0].rate_limit.requests_per_second" in error_of(tmp_path, text)
+
+
+def test_a_prompt_token_limit_alone_defaults_its_burst_to_one_second(tmp_path):
+    text = MINIMAL + "    rate_limit: {prompt_tokens_per_second: 5000}\n"
+    limit = load_config(write(tmp_path, text)).tenants[0].rate_limit
+    assert limit == RateLimit(None, 0, 5000.0, 5000)
+
+
+def test_both_limits_together(tmp_path):
+    text = MINIMAL + ("    rate_limit: {requests_per_second: 2, burst: 4, "
+                      "prompt_tokens_per_second: 1000, prompt_tokens_burst: 8000}\n")
+    limit = load_config(write(tmp_path, text)).tenants[0].rate_limit
+    assert limit == RateLimit(2.0, 4, 1000.0, 8000)
+
+
+def test_a_token_burst_without_its_rate_is_refused_with_its_field(tmp_path):
+    text = MINIMAL + ("    rate_limit: {requests_per_second: 2, "
+                      "prompt_tokens_burst: 8000}\n")
+    assert "tenants[0].rate_limit.prompt_tokens_burst" in error_of(tmp_path, text)
 
 
 def test_a_measured_prefill_speed_reaches_the_replica_view(tmp_path):

@@ -66,7 +66,7 @@ def test_salt_depends_on_the_server_secret():
 
 def test_token_bucket_allows_the_burst_then_refills_at_the_rate():
     clock = ManualClock()
-    bucket = TokenBucket(RateLimit(requests_per_second=2.0, burst=3), clock)
+    bucket = TokenBucket(2.0, 3, clock)
     assert [bucket.try_take() for _ in range(3)] == [0.0, 0.0, 0.0]
     assert bucket.try_take() == pytest.approx(0.5)  # one token takes 1/2 s at 2 per second
     clock.advance(0.5)
@@ -85,6 +85,41 @@ def test_rate_limit_is_429_with_retry_after():
     assert info.value.status == 429 and info.value.code == "rate_limit_exceeded"
     assert info.value.headers["retry-after"] == "1"
     reg.check_rate(reg.authenticate("Bearer key-bob"))  # bob has no limit
+
+
+def test_a_prompt_token_limit_takes_each_prompt_s_tokens():
+    clock = ManualClock()
+    reg = registry(clock, RateLimit(None, 0, prompt_tokens_per_second=1000.0,
+                                    prompt_tokens_burst=3000))
+    alice = reg.authenticate("Bearer key-alice")
+    reg.check_rate(alice)  # requests are not limited
+    reg.check_prompt_tokens(alice, 2000)
+    with pytest.raises(GatewayError) as info:
+        reg.check_prompt_tokens(alice, 1500)  # 1000 left: 500 more take 0.5 s
+    assert info.value.status == 429 and info.value.code == "rate_limit_exceeded"
+    assert info.value.headers["retry-after"] == "1"
+    assert "1500 prompt tokens" in info.value.message
+    clock.advance(0.5)
+    reg.check_prompt_tokens(alice, 1500)
+
+
+def test_a_prompt_longer_than_the_token_burst_can_never_pass():
+    reg = registry(ManualClock(), RateLimit(None, 0, 1000.0, 3000))
+    with pytest.raises(GatewayError) as info:
+        reg.check_prompt_tokens(reg.authenticate("Bearer key-alice"), 3001)
+    assert info.value.status == 429 and "retry-after" not in info.value.headers
+    assert "can never pass" in info.value.message
+
+
+def test_a_reload_keeps_an_unchanged_token_bucket():
+    clock = ManualClock()
+    reg = registry(clock, RateLimit(None, 0, 1000.0, 3000))
+    reg.check_prompt_tokens(reg.authenticate("Bearer key-alice"), 3000)
+    tenants = (TenantConfig("alice", (hash_api_key("key-alice"),), "team-1",
+                            RateLimit(None, 0, 1000.0, 3000)),)
+    again = TenantRegistry(tenants, SECRET, clock, previous=reg)
+    with pytest.raises(GatewayError):  # still empty: a reload does not refill it
+        again.check_prompt_tokens(again.authenticate("Bearer key-alice"), 100)
 
 
 def test_media_identity_is_scoped_to_the_trust_group():

@@ -1,5 +1,10 @@
 """``prefixroute doctor``: check that the gateway's tokenization and hashing agree with an engine.
 
+``prefixroute doctor --gateway URL [--json]`` instead reads a running gateway's ``/metrics`` and
+shows each replica's cache view: ``exact`` (every KV event batch arrived, live or replayed),
+``degraded`` (a batch was lost beyond the engine's replay buffer; a warning), or ``approximate``
+(no KV events), with the batches lost and the event-stream restarts it saw.
+
 ``prefixroute doctor --backend URL [--tokenizer DIR] [--model NAME] [--block-size N]
 [--hash-algo A] [--kv-events ENDPOINT] [--json]`` probes one engine (vLLM or the emulator)
 under fresh random cache salts and reports each check as ok, warn, fail or skip: cached tokens
@@ -25,8 +30,12 @@ MARKS = {"ok": "ok  ", "fail": "FAIL", "warn": "warn", "skip": "skip"}
 def register(subparsers) -> None:
     p = subparsers.add_parser("doctor", help="check the gateway's tokenization and hashing "
                               "against an engine", description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", required=True, metavar="URL",
-                   help="the engine's base URL, e.g. http://127.0.0.1:8001")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--backend", metavar="URL",
+                        help="the engine's base URL, e.g. http://127.0.0.1:8001")
+    target.add_argument("--gateway", metavar="URL",
+                        help="a running gateway's base URL: show each replica's cache view "
+                             "(exact, degraded or approximate) from its /metrics")
     p.add_argument("--tokenizer", metavar="DIR",
                    help="the tokenizer directory the gateway is configured with (the "
                         "served model's; 'prefixroute tokenizer --tiny DIR' makes a small "
@@ -53,6 +62,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     check_json_destination(args.json)
+    if args.gateway:
+        return run_gateway(args)
     from prefixroute.edges.gateway.doctor import Doctor, ProbeError
 
     tokenizer = None
@@ -103,3 +114,31 @@ def run(args) -> int:
             print(f"  [{MARKS.get(check.status, check.status)}] {check.name}: {check.detail}")
         print("all checks passed" if doctor.ok else "some checks FAILED")
     return 0 if doctor.ok else 1
+
+
+def run_gateway(args) -> int:
+    """Each replica's view state as a running gateway sees it: exit 0 (a degraded view is a
+    warning), 2 when the gateway cannot be read."""
+    from prefixroute.edges.gateway.doctor import gateway_view_checks, gateway_view_states
+
+    if not args.gateway.startswith(("http://", "https://")):
+        raise InputError(f"--gateway must be an http:// or https:// URL, got {args.gateway!r}")
+    try:
+        response = httpx.get(args.gateway.rstrip("/") + "/metrics", timeout=args.timeout)
+        response.raise_for_status()
+        states = gateway_view_states(response.text)
+    except (httpx.HTTPError, ValueError) as exc:
+        raise InputError(f"cannot read the gateway's metrics: {exc}",
+                         where=args.gateway) from None
+    if not states:
+        raise InputError("no replica metrics at /metrics: is this a prefixroute gateway?",
+                         where=args.gateway)
+    checks = gateway_view_checks(states)
+    if args.json:
+        emit_json({"gateway": args.gateway, "ok": True,
+                   "checks": [c.as_dict() for c in checks]}, args.json)
+    else:
+        print(f"prefixroute doctor: gateway {args.gateway}, {len(states)} replicas")
+        for check in checks:
+            print(f"  [{MARKS.get(check.status, check.status)}] {check.name}: {check.detail}")
+    return 0

@@ -71,6 +71,17 @@ DEFAULT_DECISIONS_SHOWN = 20
 OFFLOAD_PREPARE_BYTES = 32 * 1024
 
 
+
+def _settle(check: asyncio.Future | None) -> None:
+    """A rate check the request no longer waits for (it failed first): cancel it if still
+    running, else mark its outcome seen (no "exception was never retrieved" warning)."""
+    if check is None:
+        return
+    if not check.done():
+        check.cancel()
+    elif not check.cancelled():
+        check.exception()
+
 class Gateway:
     """Everything one gateway process holds; ``app`` is its ASGI application.
 
@@ -312,9 +323,15 @@ class Gateway:
                 with tracing.span(request_id, "auth"):
                     tenant = self._authorize(request)
             tenant_name = tenant.name
-            await self.check_rate(tenant)
-            raw = await self._read_body(request)
-            checked, backends, prompt = await self.admit(endpoint, tenant, raw, request_id)
+            rate_check = self._start_rate_check(tenant)
+            try:
+                raw = await self._read_body(request)
+                if rate_check is not None and rate_check.done():
+                    rate_check.result()  # refused already: no work on the body
+                checked, backends, prompt = await self.admit(endpoint, tenant, raw,
+                                                             request_id, rate_check)
+            finally:
+                _settle(rate_check)
         except GatewayError as error:
             self.open_requests -= 1
             self._account(endpoint, str(error.status), started, request_id, tenant_name,
@@ -361,7 +378,40 @@ class Gateway:
             self.metrics.rate_limited.labels(tenant.name).inc()
             raise
 
-    async def admit(self, endpoint: str, tenant: Tenant, raw: bytes, request_id: str = ""
+    def _start_rate_check(self, tenant: Tenant) -> asyncio.Future | None:
+        """Take one request from ``tenant``'s request limit. A local bucket answers at once
+        (429 raised here); the fleet's, in Redis, may need a round trip, so its check runs
+        beside the request's own work (reading and tokenizing the body) and :meth:`admit`
+        awaits it before the request takes a slot: the limit is as exact as before and the
+        round trip is off the path unless it outlasts that work. A prompt-token limit's
+        slice is fetched at the same time (its check follows tokenization)."""
+        if self.shared is not None and tenant.token_bucket is not None:
+            # The prompt-token check needs the prompt's tokens: its slice is fetched now,
+            # beside the body's work too.
+            self.shared.warm(tenant.name, "prompt_tokens", tenant.token_bucket.rate,
+                             tenant.token_bucket.burst)
+        if tenant.bucket is None:
+            return None
+        try:
+            if self.shared is None:
+                self.tenants.check_rate(tenant)
+                return None
+            # Most checks are decided by the slice this instance holds: no task, no turn of
+            # the loop (which costs milliseconds on a busy host).
+            bucket = tenant.bucket
+            wait = self.shared.take_local(tenant.name,
+                                          [("requests", bucket.rate, bucket.burst, 1.0)])
+            if wait is not None:
+                if wait > 0:
+                    raise self.tenants.rate_error(tenant, wait)
+                return None
+        except GatewayError:
+            self.metrics.rate_limited.labels(tenant.name).inc()
+            raise
+        return asyncio.ensure_future(self.check_rate(tenant))
+
+    async def admit(self, endpoint: str, tenant: Tenant, raw: bytes, request_id: str = "",
+                    rate_check: asyncio.Future | None = None
                     ) -> tuple[CheckedRequest, list[Backend], PreparedPrompt]:
         """From an authenticated tenant's raw body to a request ready to route: the body
         checked and salted (:func:`check_request`), the replicas serving its model (waiting
@@ -390,6 +440,18 @@ class Gateway:
                 span.set_attribute("prefixroute.tokenization", prompt.mode)
         if prompt.fallback_reason:
             self.metrics.tokenize_fallbacks.inc()
+        if rate_check is not None or tenant.token_bucket is not None:
+            # What the limit checks add to the request's path: the wait for the request
+            # limit's answer once the body is ready, and the prompt-token check.
+            waited = time.perf_counter()
+            if rate_check is not None:
+                await rate_check
+            if tenant.token_bucket is not None:
+                await self.check_prompt_tokens(tenant, prompt.num_tokens)
+            if self.shared is not None:
+                self.shared.observe_limit_wait(time.perf_counter() - waited)
+        elif self.shared is not None and tenant.bucket is not None:
+            self.shared.observe_limit_wait(0.0)  # decided by the slice held, at arrival
         await self.admission.acquire()
         return checked, backends, prompt
 
@@ -403,6 +465,28 @@ class Gateway:
             self.tenants.check_rate(tenant)
         elif wait > 0:
             raise self.tenants.rate_error(tenant, wait)
+
+    async def check_prompt_tokens(self, tenant: Tenant, prompt_tokens: int) -> None:
+        """Take the prompt's tokens from ``tenant``'s prompt-token limit, or raise 429
+        (counted). Checked once the prompt is tokenized, so a request refused here has
+        already taken its request token (as a refused request does with one gateway). With
+        shared state the bucket is the whole fleet's; the local one while Redis cannot
+        answer."""
+        try:
+            wait = None
+            if self.shared is not None:
+                bucket = tenant.token_bucket
+                buckets = [("prompt_tokens", bucket.rate, bucket.burst, float(prompt_tokens))]
+                wait = self.shared.take_local(tenant.name, buckets)
+                if wait is None:
+                    wait = await self.shared.take(tenant.name, buckets)
+            if wait is None:
+                self.tenants.check_prompt_tokens(tenant, prompt_tokens)
+            elif wait > 0:
+                raise self.tenants.token_rate_error(tenant, prompt_tokens, wait)
+        except GatewayError:
+            self.metrics.rate_limited.labels(tenant.name).inc()
+            raise
 
     def _job_done(self, job: Job) -> None:
         self.admission.release()

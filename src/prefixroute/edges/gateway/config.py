@@ -145,10 +145,15 @@ class TracingConfig:
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """A token bucket: ``requests_per_second`` refill, ``burst`` capacity."""
+    """A tenant's limits, each a token bucket: ``requests_per_second`` refill and ``burst``
+    capacity in requests (``None``: requests are not limited); ``prompt_tokens_per_second``
+    and ``prompt_tokens_burst`` the same in prompt tokens, a request costing its prompt's
+    tokens (``None``: not limited)."""
 
-    requests_per_second: float
+    requests_per_second: float | None
     burst: int
+    prompt_tokens_per_second: float | None = None
+    prompt_tokens_burst: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,12 +468,24 @@ def _tenant(reader: _Reader) -> TenantConfig:
     rate_limit = None
     if reader.has("rate_limit"):
         rl = reader.section("rate_limit")
-        rps = rl.number("requests_per_second", 0.0)
-        if not rl.has("requests_per_second"):
-            rl.missing("requests_per_second")
-        burst = rl.integer("burst", max(1, int(rps)), minimum=1)
+        if not rl.has("requests_per_second") and not rl.has("prompt_tokens_per_second"):
+            rl.missing("requests_per_second", "is required (or prompt_tokens_per_second)")
+        rps = tps = None
+        burst = token_burst = 0
+        if rl.has("requests_per_second"):
+            rps = rl.number("requests_per_second", 0.0)
+            burst = rl.integer("burst", max(1, int(rps)), minimum=1)
+        elif rl.has("burst"):
+            rl.fail("burst is the requests' burst: give requests_per_second with it",
+                    "burst")
+        if rl.has("prompt_tokens_per_second"):
+            tps = rl.number("prompt_tokens_per_second", 0.0)
+            token_burst = rl.integer("prompt_tokens_burst", max(1, int(tps)), minimum=1)
+        elif rl.has("prompt_tokens_burst"):
+            rl.fail("give prompt_tokens_per_second with prompt_tokens_burst",
+                    "prompt_tokens_burst")
         rl.finish()
-        rate_limit = RateLimit(rps, burst)
+        rate_limit = RateLimit(rps, burst, tps, token_burst)
     else:
         reader.used.add("rate_limit")
     admin = reader.boolean("admin", False)

@@ -523,3 +523,77 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
         if x != y:
             return i
     return min(len(a), len(b))
+
+
+# -- a running gateway's view of its replicas ---------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ReplicaViewState:
+    """What a running gateway knows of one replica's cache, read from its ``/metrics``.
+
+    ``state``: ``exact`` (every KV event batch arrived, live or replayed from the engine's
+    replay socket), ``degraded`` (a batch was lost beyond the replay buffer: the view may be
+    stale until the engine restarts or clears its cache), or ``approximate`` (no KV events:
+    the view is the gateway's own record of what it sent). ``missing``: batches lost and not
+    replayed; ``restarts``: times the replica's event sequence started over (the view was
+    reset and rebuilt from the new stream).
+    """
+
+    replica: str
+    state: str
+    healthy: bool
+    blocks: int
+    missing: int
+    restarts: int
+
+
+def gateway_view_states(metrics_text: str) -> list[ReplicaViewState]:
+    """Each replica's view state from a gateway's Prometheus text, by replica name."""
+    values: dict[str, dict[str, float]] = {}
+
+    def put(replica: str, key: str, value: float) -> None:
+        values.setdefault(replica, {})[key] = values.get(replica, {}).get(key, 0.0) + value
+
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            replica = sample.labels.get("replica")
+            if replica is None:
+                continue
+            name = sample.name
+            if name == "prefixroute_gateway_replica_healthy":
+                put(replica, "healthy", sample.value)
+            elif name == "prefixroute_gateway_replica_view_exact":
+                put(replica, "exact", sample.value)
+            elif name == "prefixroute_gateway_replica_view_blocks":
+                put(replica, "blocks", sample.value)
+            elif name == "prefixroute_gateway_kv_event_missing_total":
+                put(replica, "missing", sample.value)
+            elif (name == "prefixroute_gateway_kv_events_total"
+                  and sample.labels.get("kind") == "restart"):
+                put(replica, "restarts", sample.value)
+    states = []
+    for replica, v in sorted(values.items()):
+        if "healthy" not in v:  # a series of a replica no longer configured
+            continue
+        state = "approximate" if "exact" not in v else "exact" if v["exact"] else "degraded"
+        states.append(ReplicaViewState(replica, state, bool(v["healthy"]),
+                                       int(v.get("blocks", 0)), int(v.get("missing", 0)),
+                                       int(v.get("restarts", 0))))
+    return states
+
+
+def gateway_view_checks(states: Sequence[ReplicaViewState]) -> list[Check]:
+    """One check per replica: ok when exact or approximate, warn when degraded."""
+    checks = []
+    for s in states:
+        detail = (f"view {s.state}, {s.blocks} blocks, {s.missing} event batches lost, "
+                  f"{s.restarts} restarts seen" + ("" if s.healthy else "; replica unhealthy"))
+        if s.state == "degraded":
+            detail += ("; routing may follow blocks the engine no longer holds until it "
+                       "restarts or clears its cache")
+        status = WARN if s.state == "degraded" or not s.healthy else OK
+        checks.append(Check(f"view {s.replica}", status, detail,
+                            {"replica": s.replica, "state": s.state, "healthy": s.healthy,
+                             "blocks": s.blocks, "missing": s.missing,
+                             "restarts": s.restarts}))
+    return checks

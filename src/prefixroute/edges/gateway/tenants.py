@@ -24,36 +24,55 @@ from prefixroute.edges.gateway.errors import GatewayError
 
 
 class TokenBucket:
-    """``rate`` tokens a second up to ``burst``; one request takes one token.
+    """``rate`` tokens a second up to ``burst``, starting full; a take costs ``cost`` tokens
+    (one per request for a request limit, the prompt's tokens for a prompt-token limit).
 
     Time comes from an injected clock, so tests step it by hand.
     """
 
-    def __init__(self, limit: RateLimit, clock: Clock):
-        self.rate = limit.requests_per_second
-        self.burst = float(limit.burst)
+    def __init__(self, rate: float, burst: float, clock: Clock):
+        self.rate = rate
+        self.burst = float(burst)
         self._clock = clock
         self._tokens = self.burst
         self._at = clock.now()
 
-    def try_take(self) -> float:
-        """Take a token: 0.0 on success, else the seconds until one is available."""
+    def try_take(self, cost: float = 1.0) -> float:
+        """Take ``cost`` tokens: 0.0 on success, else the seconds until they are available
+        (``math.inf`` for a cost above the burst: never)."""
         now = self._clock.now()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
+        if self._tokens >= cost:
+            self._tokens -= cost
             return 0.0
-        return (1.0 - self._tokens) / self.rate
+        if cost > self.burst:
+            return math.inf
+        return (cost - self._tokens) / self.rate
 
 
 @dataclass(frozen=True, slots=True)
 class Tenant:
+    """``bucket``: the tenant's request limit; ``token_bucket``: its prompt-token limit
+    (each ``None`` when not limited)."""
+
     name: str
     trust_group: str
     cache_salt: str
     admin: bool
     bucket: TokenBucket | None
+    token_bucket: TokenBucket | None = None
+
+
+def _kept(bucket: TokenBucket | None, rate: float | None, burst: int,
+          clock: Clock) -> TokenBucket | None:
+    """``bucket`` if it has this rate and burst (a reload neither refills nor empties it),
+    else a new one (``None`` without a rate)."""
+    if rate is None:
+        return None
+    if bucket is not None and (bucket.rate, bucket.burst) == (rate, float(burst)):
+        return bucket
+    return TokenBucket(rate, burst, clock)
 
 
 class TenantRegistry:
@@ -66,16 +85,18 @@ class TenantRegistry:
         self._secret = server_secret
         self._by_digest: dict[str, Tenant] = {}
         self.tenants: list[Tenant] = []
-        kept = {t.name: t.bucket for t in previous.tenants} if previous is not None else {}
+        kept = {t.name: t for t in previous.tenants} if previous is not None else {}
         for config in tenants:
-            bucket = kept.get(config.name)
-            limit = config.rate_limit
-            if bucket is None or limit is None or (bucket.rate, bucket.burst) != (
-                    limit.requests_per_second, float(limit.burst)):
-                bucket = TokenBucket(limit, clock) if limit else None
+            before = kept.get(config.name)
+            limit = config.rate_limit or RateLimit(None, 0)
+            bucket = _kept(before and before.bucket, limit.requests_per_second, limit.burst,
+                           clock)
+            token_bucket = _kept(before and before.token_bucket,
+                                 limit.prompt_tokens_per_second, limit.prompt_tokens_burst,
+                                 clock)
             tenant = Tenant(config.name, config.trust_group,
                             derive_trust_group_salt(server_secret, config.trust_group),
-                            config.admin, bucket)
+                            config.admin, bucket, token_bucket)
             self.tenants.append(tenant)
             for digest in config.api_key_hashes:
                 self._by_digest[digest] = tenant
@@ -98,19 +119,46 @@ class TenantRegistry:
         return tenant
 
     def check_rate(self, tenant: Tenant) -> None:
-        """Take one request from the tenant's bucket, or raise 429 with Retry-After."""
+        """Take one request from the tenant's request bucket, or raise 429 with Retry-After."""
         if tenant.bucket is None:
             return
         wait = tenant.bucket.try_take()
         if wait > 0:
             raise self.rate_error(tenant, wait)
 
+    def check_prompt_tokens(self, tenant: Tenant, prompt_tokens: int) -> None:
+        """Take ``prompt_tokens`` from the tenant's prompt-token bucket, or raise 429."""
+        if tenant.token_bucket is None:
+            return
+        wait = tenant.token_bucket.try_take(prompt_tokens)
+        if wait > 0:
+            raise self.token_rate_error(tenant, prompt_tokens, wait)
+
     @staticmethod
     def rate_error(tenant: Tenant, wait: float) -> GatewayError:
-        """The 429 of a tenant whose bucket (local or shared) needs ``wait`` more seconds."""
+        """The 429 of a tenant whose request bucket (local or shared) needs ``wait`` more
+        seconds."""
         return GatewayError(429, f"rate limit of {tenant.bucket.rate:g} requests per second "
                             f"(burst {tenant.bucket.burst:g}) exceeded for this API key; "
                             f"retry in {wait:.2f} s", code="rate_limit_exceeded",
+                            headers={"retry-after": str(max(1, math.ceil(wait)))})
+
+    @staticmethod
+    def token_rate_error(tenant: Tenant, prompt_tokens: int, wait: float) -> GatewayError:
+        """The 429 of a request whose ``prompt_tokens`` the tenant's prompt-token bucket
+        (local or shared) cannot cover for ``wait`` more seconds; a prompt above the burst
+        can never pass, and its answer says so instead of a Retry-After."""
+        bucket = tenant.token_bucket
+        limit = (f"rate limit of {bucket.rate:g} prompt tokens per second (burst "
+                 f"{bucket.burst:g})")
+        if math.isinf(wait):
+            return GatewayError(429, f"this request's {prompt_tokens} prompt tokens exceed "
+                                f"the {limit} of this API key: it can never pass; send a "
+                                f"shorter prompt or raise prompt_tokens_burst",
+                                code="rate_limit_exceeded")
+        return GatewayError(429, f"{limit} exceeded for this API key by this request's "
+                            f"{prompt_tokens} prompt tokens; retry in {wait:.2f} s",
+                            code="rate_limit_exceeded",
                             headers={"retry-after": str(max(1, math.ceil(wait)))})
 
     def media_uuid(self, tenant: Tenant, content_digest: str) -> str:

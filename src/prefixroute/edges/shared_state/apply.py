@@ -11,7 +11,8 @@ Invariants: a booking is applied once (a repeated message, e.g. after a bootstra
 live stream, changes nothing); an end without its booking (its ``Routed`` is older than what
 this instance read) is ignored; a remote booking whose end never arrives (its instance died)
 is ended as run when its instance is known to be gone (:meth:`RemoteBookings.forget_instance`)
-or at the latest after ``stale_after_s``, so it does not hold the replica's in-flight count. Pure: no I/O; time comes in the calls.
+or at the latest after ``stale_after_s``, so it does not hold the replica's in-flight count.
+Pure: no I/O; time comes in the calls.
 """
 
 from __future__ import annotations

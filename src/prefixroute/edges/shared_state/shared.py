@@ -48,7 +48,10 @@ class SharedState:
         self.remote = RemoteBookings(runner, self.instance, self._replica_index,
                                      self.local_time, stale_after_s)
         self.bookings = SharedBookings(self.link, self.remote, namespace=namespace, now=now)
-        self.limiter = SharedRateLimiter(self.link, namespace)
+        self.limiter = SharedRateLimiter(self.link, namespace, now=now)
+        self._booking_time = self.metrics.path.labels("booking")
+        self._limit_time = self.metrics.path.labels("ratelimit")
+        self._limit_wait = self.metrics.path.labels("limits_wait")
 
     def local_time(self, wall_time: float) -> float:
         return wall_time - (self._wall() - self._now())
@@ -83,18 +86,45 @@ class SharedState:
     def _publish(self, event) -> None:
         """Queue an event; a booking that cannot be encoded (a block key that is not a
         64-bit integer, say) is logged and left local: no request fails over shared state."""
+        started = time.perf_counter()
         try:
             self.bookings.publish(event)
         except Exception as exc:
             log.error("booking not shared", extra={"fields": {
                 "event": "shared_state_encode_error", "request_id": event.request_id,
                 "error": f"{type(exc).__name__}: {exc}"}})
+        self._booking_time.observe(time.perf_counter() - started)
 
     async def take(self, tenant: str,
                    buckets: Sequence[tuple[str, float, float, float]]) -> float | None:
         """The fleet-wide rate limit (:meth:`SharedRateLimiter.try_take`); ``None``: use the
         local bucket."""
-        return await self.limiter.try_take(tenant, buckets)
+        started = time.perf_counter()
+        try:
+            return await self.limiter.try_take(tenant, buckets)
+        finally:
+            self._limit_time.observe(time.perf_counter() - started)
+
+    def take_local(self, tenant: str,
+                   buckets: Sequence[tuple[str, float, float, float]]) -> float | None:
+        """The fleet-wide rate limit when this instance's slices decide it without Redis
+        (:meth:`SharedRateLimiter.take_local`); ``None``: await :meth:`take`."""
+        started = time.perf_counter()
+        wait = self.limiter.take_local(tenant, buckets)
+        if wait is not None:
+            self._limit_time.observe(time.perf_counter() - started)
+        return wait
+
+    def warm(self, tenant: str, limit: str, rate: float, burst: float) -> None:
+        """Start fetching a slice of a limit whose cost is not known yet
+        (:meth:`SharedRateLimiter.warm`)."""
+        self.limiter.warm(tenant, limit, rate, burst)
+
+    def observe_limit_wait(self, seconds: float) -> None:
+        """A request waited ``seconds`` for its fleet rate-limit checks once its own work was
+        done: what the limits added to its path (the body glue measures it, since a check
+        may run beside the request's own work)."""
+        self._limit_wait.observe(seconds)
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -106,7 +136,9 @@ class SharedState:
         except (asyncio.TimeoutError, *REDIS_ERRORS) as exc:
             self.link.failed("bootstrap", exc)
         self.bookings.start()
+        self.limiter.start()
 
     async def stop(self) -> None:
+        await self.limiter.stop()
         await self.bookings.stop()
         await self.link.aclose()
