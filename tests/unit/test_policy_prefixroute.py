@@ -22,6 +22,7 @@ from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import Decision, ReplicaView, RequestView
 from prefixroute.core.routing.policies.prefixroute import (ColdBalance, PrefixRoute,
                                                           PrefixRouteParams, SessionMove)
+from prefixroute.core.routing.policies.prefixroute.costs import CostModel
 from prefixroute.core.routing.policies.prefixroute.queue import PrefillQueue, QueuedPrefill
 from prefixroute.core.routing.policies.prefixroute.speed import SpeedEstimate
 from prefixroute.core.routing.registry import create_policy
@@ -242,6 +243,38 @@ def test_spills_when_the_holders_queue_costs_more_than_the_prefill_saved():
     assert decision.replica == 0
     assert decision.branch == "spill"
     assert "holder replica 1" in decision.reason
+
+
+def test_the_spill_pays_for_the_copy_of_the_prefix_it_gives_away():
+    policy = plain()
+    replicas = fleet()
+    send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
+    # Replica 1 has 200 tokens queued: 0.2 s. Holder: 0.2 + 0.032 = 0.232 s. Elsewhere the
+    # 192-token prefill, 0.192 s, and the copy of the 160 tokens it lacks, 0.160 s: 0.352 s.
+    send(policy, req(blocks("C", 12), "short", extra_tokens=8), 1, replicas)
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"),
+                            fleet(pending=[0, 200]))
+    assert decision.scores[1]["wait_s"] == pytest.approx(0.2)
+    assert decision.scores[1]["copy_s"] == 0.0
+    assert decision.scores[0]["copy_s"] == pytest.approx(0.160)
+    assert decision.scores[0]["cost_s"] == pytest.approx(0.352)
+    # Without the copy's price 0.192 s < 0.232 s would have sent it away (a spill).
+    assert (decision.replica, decision.branch) == (1, "cache_affinity")
+
+
+def test_a_request_nobody_holds_pays_no_copy():
+    decision = plain().route(req(blocks("N", 4), "new"), fleet())
+    assert [decision.scores[i]["copy_s"] for i in (0, 1)] == [0.0, 0.0]
+
+
+def test_the_copy_is_the_recompute_beyond_the_holders_prefill():
+    costs = CostModel(PrefixRouteParams())  # attention over 44,000 tokens, 150 per step
+    # A 620-token prompt whose 576-token prefix another replica holds: on a replica holding
+    # nothing, 620 + 620 x 310 / 44,000 + 150 = 774.37 token-equivalents against the
+    # holder's 44 + 44 x 598 / 44,000 + 150 = 194.60: the copy is 579.77.
+    assert costs.copy_work(620, 0, 576) == pytest.approx(579.77, abs=0.01)
+    assert costs.copy_work(620, 576, 576) == 0.0
+    assert costs.copy_work(620, 576, 320) == 0.0  # it holds more than the rest: no copy
 
 
 def test_a_half_done_queue_waits_half_as_long():
