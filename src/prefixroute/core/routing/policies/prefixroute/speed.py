@@ -11,10 +11,10 @@ What that ratio measures is not only prefill. Behind a gateway a prefill is pend
 dispatch to the first streamed byte: the engine's fixed work per request (API server,
 tokenizer, scheduling), the steps that decode other requests, and on a loaded machine the
 wait for a CPU all end up in it, so the ratio heads for the run's duration over the work
-routed (on two real vLLM CPU replicas: 1,170 to 1,411 us per token against 33 calibrated,
-``docs/real-engines.md``). A replica that serves mostly cache hits, a small predicted work
-with the same fixed latency, climbs fastest, so two replicas of one engine drifted 2x apart
-and every cost on the slower-looking one doubled: one replica then got 219 of 250 requests.
+routed, tens of times the engine's speed. A replica that serves mostly cache hits, a small
+predicted work with the same fixed latency, climbs fastest, so left to itself each replica's
+ratio drifts apart from the others' and every cost on the slower-looking one grows with it
+(measured on real vLLM in ``docs/real-engines.md``).
 
 Two invariants keep the estimate a property of the engine rather than of the traffic:
 
@@ -22,10 +22,10 @@ Two invariants keep the estimate a property of the engine rather than of the tra
   estimate (busy seconds and work summed over all of them), so their speeds cannot drift
   apart; a fleet of different engines states each one's speed (``prefixroute calibrate``
   per backend).
-* **Bounded.** The value stays within :data:`SPEED_BAND` times the anchor either way (2: the same
-  engine's calibrated speed moved 3.3x between an idle and a loaded machine, 10 and 33 us
-  per token, so 2x around a middle covers it), so queueing and machine noise can scale the
-  costs by at most that much, alike on every replica of the kind.
+* **Bounded.** The value stays within :data:`SPEED_BAND` times the anchor either way (2:
+  one engine's calibrated speed moved 3.3x between an idle and a loaded machine, 10 and 33
+  us per token, so 2x around a middle covers it), so queueing and machine noise can scale
+  the costs by at most that much, alike on every replica of the kind.
 
 The prior counts as ``prior_work`` token-equivalents done at the anchor, and both sums forget
 ``forget`` per observation (:class:`PrefixRouteParams`).
