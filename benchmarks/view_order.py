@@ -5,15 +5,17 @@ tokenizer, ``scripts/setup_vllm_cpu.sh``). It replays the tenants workload of
 ``real_engines.py`` (seeds 0-2, 200 requests) one request at a time, round robin over two
 replicas, through the project's vLLM-semantics block pool (:class:`PagedBlockPool`: a
 finished request's blocks are freed tail first, so a prompt's head is evicted last) and
-through an LRU of the same number of blocks fed the way the gateway's
-:class:`ApproximateView` is fed (``put_many(keys)``: head first, so the head is the least
-recent block of its chain and the first to go), and fed tail first instead. It prints, per
-KV size and seed, the tokens the pool reused, what each view predicted, and how many
-requests each view predicted cold (0 tokens) that the pool served from cache.
+through two views: an LRU of the engine's block count fed head first (``put_many(keys)``,
+how :class:`ApproximateView` recorded a prompt before: the head is the least recent block
+of its chain and the first to go), and :class:`ApproximateView` itself as the gateway sizes
+it (the usable blocks, one fewer than the engine's: the null block), which records a chain
+tail first. It prints, per KV size and seed, the tokens the pool reused, what each view
+predicted, and how many requests each view predicted cold (0 tokens) that the pool served
+from cache.
 
-The point it checks: once the view is full it drops a prompt's *first* blocks, after which
-its prefix match is 0 although the engine still holds that prefix; recording the chain tail
-first (the order vLLM frees it) removes those cold predictions.
+The point it checks: once full, a head-first view drops a prompt's *first* blocks, after
+which its prefix match is 0 although the engine still holds that prefix; the view as it
+records now makes no such cold predictions.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_engines  # noqa: E402  (beside this file)
 from prefixroute.core.caches.key_lru import KeyLRUCache  # noqa: E402
 from prefixroute.core.caches.paged_pool import PagedBlockPool  # noqa: E402
+from prefixroute.core.routing.views import ApproximateView  # noqa: E402
 from prefixroute.core.simulator.simulation import prepare_workload  # noqa: E402
 from prefixroute.edges.tokenization import load_tokenizer  # noqa: E402
 from tests.real_vllm.vllm_server import BLOCK_SIZE, install_problem, vllm_install_dir  # noqa: E402
 
-ORDERS = ("head_first", "tail_first")
+ORDERS = ("head_first", "view")
 
 
 def check(blocks: int, seed: int, tokenizer) -> dict:
@@ -38,7 +41,8 @@ def check(blocks: int, seed: int, tokenizer) -> dict:
     requests, _ = real_engines.simulated_requests(workload, tokenizer)
     prepared = prepare_workload(requests, block_size=BLOCK_SIZE)
     pools = [PagedBlockPool(blocks, BLOCK_SIZE) for _ in range(2)]
-    views = {order: [KeyLRUCache(blocks) for _ in range(2)] for order in ORDERS}
+    views = {"head_first": [KeyLRUCache(blocks) for _ in range(2)],
+             "view": [ApproximateView(blocks - 1) for _ in range(2)]}
     predicted = dict.fromkeys(ORDERS, 0)
     cold = dict.fromkeys(ORDERS, 0)
     reused = 0
@@ -54,7 +58,7 @@ def check(blocks: int, seed: int, tokenizer) -> dict:
             predicted[order] += matches[order] * BLOCK_SIZE
             cold[order] += matches[order] == 0 and hit > 0
         views["head_first"][replica].put_many(keys)
-        views["tail_first"][replica].put_many(list(reversed(keys)))
+        views["view"][replica].record(keys)
     return {"blocks": blocks, "seed": seed, "reused": reused, "predicted": predicted,
             "cold_predicted_hits": cold}
 
@@ -65,14 +69,14 @@ def main() -> int:
         print(f"view_order.py: {problem}", file=sys.stderr)
         return 2
     tokenizer = load_tokenizer(vllm_install_dir() / "model")
-    print("blocks seed  reused | head-first: predicted, cold hits | tail-first: predicted, "
-          "cold hits")
+    print("blocks seed  reused | head first (before): predicted, cold hits | ApproximateView: "
+          "predicted, cold hits")
     for blocks in (160, 96):
         for seed in range(3):
             r = check(blocks, seed, tokenizer)
             print(f"{blocks:6d} {seed:4d} {r['reused']:7d} | {r['predicted']['head_first']:7d}"
                   f" {r['cold_predicted_hits']['head_first']:3d} | "
-                  f"{r['predicted']['tail_first']:7d} {r['cold_predicted_hits']['tail_first']:3d}")
+                  f"{r['predicted']['view']:7d} {r['cold_predicted_hits']['view']:3d}")
     return 0
 
 

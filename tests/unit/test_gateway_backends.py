@@ -132,12 +132,12 @@ def test_character_block_units_scale_the_kv_size_and_speed_the_policy_sees(monke
 def test_a_shrunk_approximate_view_forgets_the_least_recently_routed_blocks():
     from prefixroute.core.routing.views import ApproximateView
     view = ApproximateView(4)
-    view.record(["a", "b", "c", "d"])
+    view.record(["a", "b", "c", "d"])  # recorded tail first: d is the least recent
     view.resize(2)
-    assert (len(view), view.match(["c", "d"]), view.match(["a"])) == (2, 2, 0)
+    assert (len(view), view.match(["a", "b"]), view.match(["c"])) == (2, 2, 0)
     view.resize(3)
     view.record(["e"])
-    assert view.match(["c", "d"]) == 2
+    assert view.match(["a", "b"]) == 2
 
 
 def test_a_prompt_longer_than_the_replica_is_not_recorded():

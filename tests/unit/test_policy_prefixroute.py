@@ -22,7 +22,9 @@ from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import Decision, ReplicaView, RequestView
 from prefixroute.core.routing.policies.prefixroute import (ColdBalance, PrefixRoute,
                                                           PrefixRouteParams, SessionMove)
+from prefixroute.core.routing.policies.prefixroute.costs import CostModel
 from prefixroute.core.routing.policies.prefixroute.queue import PrefillQueue, QueuedPrefill
+from prefixroute.core.routing.policies.prefixroute.speed import SpeedEstimate
 from prefixroute.core.routing.registry import create_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -243,6 +245,38 @@ def test_spills_when_the_holders_queue_costs_more_than_the_prefill_saved():
     assert "holder replica 1" in decision.reason
 
 
+def test_the_spill_pays_for_the_copy_of_the_prefix_it_gives_away():
+    policy = plain()
+    replicas = fleet()
+    send(policy, req(blocks("A", 10), "warm"), 1, replicas, cached_tokens=0)
+    # Replica 1 has 200 tokens queued: 0.2 s. Holder: 0.2 + 0.032 = 0.232 s. Elsewhere the
+    # 192-token prefill, 0.192 s, and the copy of the 160 tokens it lacks, 0.160 s: 0.352 s.
+    send(policy, req(blocks("C", 12), "short", extra_tokens=8), 1, replicas)
+    decision = policy.route(req(blocks("A", 10) + blocks("B", 2), "r"),
+                            fleet(pending=[0, 200]))
+    assert decision.scores[1]["wait_s"] == pytest.approx(0.2)
+    assert decision.scores[1]["copy_s"] == 0.0
+    assert decision.scores[0]["copy_s"] == pytest.approx(0.160)
+    assert decision.scores[0]["cost_s"] == pytest.approx(0.352)
+    # Without the copy's price 0.192 s < 0.232 s would have sent it away (a spill).
+    assert (decision.replica, decision.branch) == (1, "cache_affinity")
+
+
+def test_a_request_nobody_holds_pays_no_copy():
+    decision = plain().route(req(blocks("N", 4), "new"), fleet())
+    assert [decision.scores[i]["copy_s"] for i in (0, 1)] == [0.0, 0.0]
+
+
+def test_the_copy_is_the_recompute_beyond_the_holders_prefill():
+    costs = CostModel(PrefixRouteParams())  # attention over 44,000 tokens, 150 per step
+    # A 620-token prompt whose 576-token prefix another replica holds: on a replica holding
+    # nothing, 620 + 620 x 310 / 44,000 + 150 = 774.37 token-equivalents against the
+    # holder's 44 + 44 x 598 / 44,000 + 150 = 194.60: the copy is 579.77.
+    assert costs.copy_work(620, 0, 576) == pytest.approx(579.77, abs=0.01)
+    assert costs.copy_work(620, 576, 576) == 0.0
+    assert costs.copy_work(620, 576, 320) == 0.0  # it holds more than the rest: no copy
+
+
 def test_a_half_done_queue_waits_half_as_long():
     policy = plain()
     replicas = fleet()
@@ -424,16 +458,17 @@ def _speed_scenario(policy, stated=MS):
                         replicas())
 
 
-def test_a_learned_prefill_speed_moves_the_decision():
+def test_a_learned_prefill_speed_is_one_for_the_replicas_of_a_kind():
     # With the prior (8,192 tokens at the stated 1 ms = 8.192 s), forgotten by 0.99 per
-    # observation: (0.99 x 8.192 + 2.5) s / (0.99 x 8,192 + 5,000) tokens = 0.81 ms per token.
+    # observation: (0.99 x 8.192 + 2.5) s / (0.99 x 8,192 + 5,000) tokens = 0.81 ms per token,
+    # learned on replica 1 and priced on both: same engine, same speed.
     learned = _speed_scenario(ablated(learn_speed="true"))
-    assert learned.scores[1]["s_per_token"] == pytest.approx((0.99 * 8.192 + 2.5)
-                                                             / (0.99 * 8192 + 5000))
-    assert learned.scores[0]["s_per_token"] == pytest.approx(MS)
-    assert learned.replica == 1  # 1,016 tokens: 0.82 s there against 1.016 s on replica 0
-    fixed = _speed_scenario(ablated(learn_speed="false"))
+    speed = (0.99 * 8.192 + 2.5) / (0.99 * 8192 + 5000)
+    assert learned.scores[1]["s_per_token"] == pytest.approx(speed)
+    assert learned.scores[0]["s_per_token"] == pytest.approx(speed)
     # Equal costs: the tie goes to the replica with fewer recent requests.
+    assert learned.replica == 0
+    fixed = _speed_scenario(ablated(learn_speed="false"))
     assert fixed.scores[1]["s_per_token"] == pytest.approx(MS)
     assert fixed.replica == 0
 
@@ -441,9 +476,11 @@ def test_a_learned_prefill_speed_moves_the_decision():
 def test_speed_is_learned_only_where_the_runner_states_none_by_default():
     stated = _speed_scenario(plain())  # 1 ms stated: kept
     assert stated.scores[1]["s_per_token"] == pytest.approx(MS)
-    unknown = _speed_scenario(plain(), stated=None)  # the policy's 4e-5 prior, then learned
-    assert unknown.scores[0]["s_per_token"] == pytest.approx(4.0e-5)
-    assert unknown.scores[1]["s_per_token"] > 4.0e-5
+    # The policy's 4e-5 prior, then (0.99 x 0.328 + 2.5) s / 13,110 tokens = 2.2e-4 learned,
+    # held at twice the prior, on both replicas.
+    unknown = _speed_scenario(plain(), stated=None)
+    assert unknown.scores[0]["s_per_token"] == pytest.approx(8.0e-5)
+    assert unknown.scores[1]["s_per_token"] == pytest.approx(8.0e-5)
     assert unknown.replica == 0
 
 
@@ -569,7 +606,7 @@ def test_bad_cold_balance_parameters_are_config_errors(spec):
 
 
 def test_the_utilisation_has_no_start_up_bias():
-    est = PrefillQueue(MS, 8192)
+    est = PrefillQueue(SpeedEstimate(MS, 8192, learns=True))
     est.observe(0, now=100.0, forget=1.0, horizon_s=30.0)  # first sight: the clock starts
     est.add(QueuedPrefill(1000, 1000, 1000, "a", 100.0))  # 1,000 tokens at 1 ms: 1 s of work
     est.observe(0, now=101.0, forget=1.0, horizon_s=30.0)
@@ -600,7 +637,7 @@ def _busy_holder_scenario(rules=(), **changes):
     """Replica 0 has had a request in flight for the last 600 s (two balance horizons),
     replica 1 none: their occupancies are 1 - e^-2 = 0.865 and 0 (mean 0.432). A session's
     next turn holds 10 of its 12 blocks on replica 0: 0.032 s there, 0.192 s on idle
-    replica 1."""
+    replica 1 plus 0.160 s for the copy of the 10 blocks it lacks."""
     policy = plain(rules, **changes)
     replicas = fleet()
     replicas[0].in_flight = 1
@@ -615,9 +652,9 @@ def test_a_replica_with_work_most_of_the_time_hands_a_session_to_an_idle_one():
     assert decision.scores[0]["occupancy"] == pytest.approx(1 - math.exp(-2))
     assert decision.scores[1]["occupancy"] == 0.0
     # 0.865 > 1.1 x 0.432 and > the floor 0.7: replica 1, idle and below the mean, takes it
-    # for 0.16 s more.
+    # for 0.32 s more: 0.16 s more prefill and 0.16 s for the copy of the 10 blocks it lacks.
     assert (decision.replica, decision.branch) == (1, "session_move")
-    assert "0.160 s more cost" in decision.reason
+    assert "0.320 s more cost" in decision.reason
 
 
 def test_without_session_moves_the_session_stays_with_its_cache():

@@ -211,13 +211,13 @@ def test_an_event_view_counts_in_flight_keys_and_holds_ran_ones_for_the_grace():
 
 
 def test_an_approximate_view_applies_its_records_in_order_when_read():
-    # Capacity 3: w x y, then z pushes w out (least recently routed); the prompt of 4
-    # blocks is longer than the replica and is not recorded at all.
+    # Capacity 3: w x y (recorded tail first, so y is the least recent), then z pushes y
+    # out; the prompt of 4 blocks is longer than the replica and is not recorded at all.
     view = ApproximateView(3)
     view.record(list("wxy"))
     view.record(list("z"))
     view.record(list("abcd"))
-    assert (view.match(list("xyz")), view.match(list("w")), view.match(list("a"))) == (3, 0, 0)
+    assert (view.match(list("wxy")), view.match(list("z")), view.match(list("a"))) == (2, 1, 0)
     assert len(view) == 3
 
 

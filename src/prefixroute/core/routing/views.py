@@ -52,7 +52,15 @@ class ApproximateView:
     once it holds :attr:`MAX_QUEUED` entries even if nobody reads: applying is in order, so
     the answers are the same, and a long run under a policy that never reads the view does
     not keep every booking (and its decision) alive; bookings are held weakly for the same
-    reason (one that ended and was dropped needs no answer)."""
+    reason (one that ended and was dropped needs no answer).
+
+    Order. A request's blocks are recorded tail first, so its head is the most recent block
+    of its chain and the last the LRU forgets: vLLM frees a finished request's blocks in
+    reverse order, so its free queue evicts a prompt's tail first and keeps the head, which
+    every later request of the prefix needs. Recorded head first, a full view would drop the
+    head and predict no hit for prefixes the engine still serves. Sized at the replica's
+    usable blocks (vLLM's ``num_gpu_blocks`` less its reserved null block), the view then
+    forgets what the engine evicts."""
 
     observes_engine = False  # it knows only what this router sent (see CacheView)
     MAX_QUEUED = 1024
@@ -102,7 +110,7 @@ class ApproximateView:
             if booking is not None:
                 booking.held_blocks = lru.match(keys)
             if capacity is None or len(keys) <= capacity:
-                lru.put_many(keys)
+                lru.put_many(keys[::-1])  # tail first: see the class docstring
         self._queued.clear()
 
     def correct(self, keys: Sequence[Hashable], reported_blocks: int) -> None:

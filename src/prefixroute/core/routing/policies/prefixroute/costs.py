@@ -1,6 +1,6 @@
 """The cost terms: seconds until a request's first token on one replica.
 
-``cost = wait + kv_wait + prefill + decode + delay_to_others``, all in seconds at the
+``cost = wait + kv_wait + prefill + decode + delay_to_others + copy``, all in seconds at the
 replica's learned speed ``s`` (seconds per token-equivalent):
 
 prefill
@@ -21,6 +21,16 @@ delay to others
     the fleet's. Charged to every candidate alike, it weighs the work a choice saves: near
     zero on a quiet fleet, it keeps an overloaded one on its cached prefixes. On a priority
     replica a request also delays each queued request it passes by its prefill.
+
+copy
+    a replica that holds less of the prompt than another (``cached`` below the fleet's most,
+    ``most``) computes the prefix it lacks again, which ``prefill`` counts, and writes it
+    into its cache a second time: as many blocks of other prefixes leave its cache, to be
+    computed again when next asked for. That later recompute is priced as the copy's own,
+    the prefill of the tokens it lacks after the holder's hit. So moving a prefix away from
+    its holder must save twice its recompute (the hysteresis the SGLang router gets from its
+    imbalance thresholds): a short queue at the holder, or noise in the estimates, does not
+    move it, while a long one still does. A request nobody holds pays no copy.
 
 ``wait`` is the replica's prefill queue (:mod:`.queue`).
 """
@@ -53,6 +63,15 @@ class CostModel:
         attention = uncached * (cached + uncached / 2) / p.attention_context_tokens
         steps = -(-uncached // p.chunk_tokens)
         return uncached + attention + steps * p.step_overhead_tokens
+
+    def copy_work(self, prompt: float, cached: float, most: float) -> float:
+        """Token-equivalents of the prefix a replica holding ``cached`` tokens of a
+        ``prompt`` lacks against the fleet's best holder (``most``): what it computes beyond
+        the holder's prefill, the price of the copy's cache space (module docstring)."""
+        if most <= cached:
+            return 0.0
+        return self.prefill_work(prompt - cached, cached) - self.prefill_work(prompt - most,
+                                                                              most)
 
     def decode_work(self, replica: ReplicaView, uncached: float, block_size: int) -> float:
         """Token-equivalents the replica's decoding requests add to the steps that compute

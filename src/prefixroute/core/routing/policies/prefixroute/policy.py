@@ -26,8 +26,9 @@ wait). A request that ends leaves the queue and the requests in flight; one that
 report and never ran (:meth:`PrefixRoute.on_unreported`) also takes back its blocks. A prompt
 longer than the replica's KV is rejected at once: it enters neither the mirror nor the load.
 
-Learning the speed. A replica whose speed the runner states (an engine profile) keeps it; one
-whose speed is unknown (the gateway before calibration) learns it online.
+Learning the speed. A replica whose speed the runner states (an engine profile) keeps it; the
+replicas whose speed is unknown (the gateway before calibration) learn one shared estimate,
+bounded around the policy's default (:mod:`.speed`).
 
 Subclasses in ``benchmarks/prefixroute_ablations.py`` switch single mechanisms off through the
 small hook methods below (``_learns_speed``, ``_prefill_busy``, ``_inflight_floor``,
@@ -50,6 +51,7 @@ from .load import RecentLoad
 from .mirror import BlockMirror, HitEstimate, StampRun
 from .params import PrefixRouteParams
 from .queue import PrefillQueue, QueuedPrefill
+from .speed import SpeedEstimate
 
 
 class _TrustMirror:
@@ -67,9 +69,9 @@ class ReplicaState:
 
     __slots__ = ("mirror", "queue", "load")
 
-    def __init__(self, s_per_token: float, prior_work: float) -> None:
+    def __init__(self, speed: SpeedEstimate) -> None:
         self.mirror = BlockMirror()
-        self.queue = PrefillQueue(s_per_token, prior_work)
+        self.queue = PrefillQueue(speed)
         self.load = RecentLoad()
 
 
@@ -108,6 +110,7 @@ class PrefixRoute(BasePolicy):
         self.rules = list(default_rules(params) if rules is None else rules)
         self.costs = CostModel(params)
         self._replicas: dict[int, ReplicaState] = {}
+        self._speeds: dict[tuple[float, bool], SpeedEstimate] = {}  # per kind of replica
         self._pending: dict[str, PendingRoute] = {}  # from route to on_routed
         self._predictions: dict[str, Prediction] = {}
         self._rho = 0.0          # fleet prefill utilisation at the last decision
@@ -143,14 +146,29 @@ class PrefixRoute(BasePolicy):
                            prediction.predicted_blocks)
 
     # -- state ----------------------------------------------------------------------------------
-    def _new_state(self, s_per_token: float) -> ReplicaState:
-        return ReplicaState(s_per_token, self.params.chunk_tokens)
+    def _new_state(self, replica: ReplicaView | None) -> ReplicaState:
+        """A replica's state, its speed estimate the one of its kind (:mod:`.speed`): the
+        stated speed, or the policy's default, as the anchor; a replica routed to without a
+        view first is taken to be of the fleet's first kind."""
+        if replica is None:
+            speed = next(iter(self._speeds.values()), None) or self._speed_for(
+                self.params.prefill_s_per_token, True)
+        else:
+            anchor = replica.prefill_s_per_token or self.params.prefill_s_per_token
+            speed = self._speed_for(anchor, self._learns_speed(replica))
+        return ReplicaState(speed)
+
+    def _speed_for(self, anchor: float, learns: bool) -> SpeedEstimate:
+        speed = self._speeds.get((anchor, learns))
+        if speed is None:
+            speed = self._speeds[(anchor, learns)] = SpeedEstimate(anchor, self.params.chunk_tokens,
+                                                                   learns)
+        return speed
 
     def _observe(self, replica: ReplicaView, now: float) -> ReplicaState:
         state = self._replicas.get(replica.index)
         if state is None:
-            prior = replica.prefill_s_per_token or self._fleet_speed()
-            state = self._replicas[replica.index] = self._new_state(prior)
+            state = self._replicas[replica.index] = self._new_state(replica)
         if replica.capacity_blocks:
             state.mirror.capacity = replica.capacity_blocks
         queue = state.queue
@@ -158,16 +176,9 @@ class PrefixRoute(BasePolicy):
         if pending > queue.units + 0.5 and not self._pending_counts_prompt and queue.entries:
             self._pending_counts_prompt = True
         p = self.params
-        queue.observe(pending, now, p.speed_memory, self._learns_speed(replica),
-                      p.load_horizon_s)
+        queue.observe(pending, now, p.speed_memory, p.load_horizon_s)
         state.load.occupancy.observe(replica.load > 0, now, p.balance_horizon_s)
         return state
-
-    def _fleet_speed(self) -> float:
-        if not self._replicas:
-            return self.params.prefill_s_per_token
-        speeds = sorted(s.queue.s_per_token for s in self._replicas.values())
-        return speeds[len(speeds) // 2]
 
     def _expected(self, state: ReplicaState, keys: Sequence[Hashable], limit: int,
                   view: CacheView) -> HitEstimate:
@@ -192,12 +203,16 @@ class PrefixRoute(BasePolicy):
         busy = [self._prefill_busy(state) for state in states]
         rho = self._rho = min(sum(busy) / len(states), 0.999)
         gamma = self.costs.delay_factor(rho)
+        for replica, state in zip(replicas, states):
+            hits[replica.index] = self._expected(state, keys, limit, replica.cache)
+        most = min(max(h.expected_blocks for h in hits.values()) * block, float(limit * block))
         for replica, state, prefill_busy in zip(replicas, states, busy):
-            hit = hits[replica.index] = self._expected(state, keys, limit, replica.cache)
+            hit = hits[replica.index]
             cached = min(hit.expected_blocks * block, float(limit * block))
             uncached = n - cached
             s = state.queue.s_per_token
             prefill = self.costs.prefill_work(uncached, cached) * s
+            copy = self.costs.copy_work(n, cached, most) * s
             # In whole milliseconds as sent, so the queue's order and the engine's agree.
             deadline = (to_ms(arrived + p.priority_slack * prefill) / 1000.0
                         if p.priority_slack and replica.scheduling_policy == "priority"
@@ -207,12 +222,13 @@ class PrefixRoute(BasePolicy):
             decode = self.costs.decode_work(replica, uncached, block) * s
             kv_wait = self.costs.kv_wait(replica, uncached, block, self._residence_s)
             delay = (gamma + behind) * prefill
-            cost = wait + kv_wait + prefill + decode + delay
+            cost = wait + kv_wait + prefill + decode + delay + copy
             score = scores[replica.index] = {
                 "expected_cached_tokens": round(cached, 1),
                 "mirror_blocks": float(len(hit.stamps)),
                 "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
                 "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
+                "copy_s": copy,
                 "cost_s": cost, "s_per_token": s, "prefill_busy": prefill_busy,
                 "load": float(replica.load),
                 "recent_requests": round(state.load.routed.read(now, p.load_horizon_s), 3),
@@ -229,7 +245,7 @@ class PrefixRoute(BasePolicy):
         chosen = scores[choice]
         reason += (f"; cost {chosen['cost_s']:.3f} s = wait {chosen['wait_s']:.3f} + prefill "
                    f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f} + delay to "
-                   f"others {chosen['delay_others_s']:.3f}")
+                   f"others {chosen['delay_others_s']:.3f} + copy {chosen['copy_s']:.3f}")
         hit = hits[choice]
         self._pending[request.request_id] = PendingRoute(choice, hit.stamps,
                                                          chosen["expected_cached_tokens"])
@@ -287,7 +303,7 @@ class PrefixRoute(BasePolicy):
         index = decision.replica
         state = self._replicas.get(index)
         if state is None:
-            state = self._replicas[index] = self._new_state(self._fleet_speed())
+            state = self._replicas[index] = self._new_state(None)
         keys = request.block_keys
         pending = self._pending.pop(request.request_id, None)
         if pending is not None and pending.replica == index:

@@ -19,11 +19,10 @@ Invariants:
   would stay the newest entry and the reconciliation would give it the pending tokens of the
   requests before it: a phantom queue of minutes.
 
-Speed. Seconds per token start at a prior (an engine profile, or the policy's
-``prefill_s_per_token``) counted as one chunk of work done, and are learned as busy seconds
-over work done between two observations while the replica stayed busy, both summed with
-exponential forgetting (``speed_memory`` per observation). Decode interference, attention and
-batching end up in the speed; no timing feedback from the engine is needed.
+Speed. The queue prices its work at a :class:`~.speed.SpeedEstimate` (shared by the replicas
+of one kind, bounded around its anchor) and feeds it the busy seconds and the work done
+between two observations while the replica stayed busy; no timing feedback from the engine
+is needed.
 
 Utilisation. Prefill seconds done per second, an exponential average over the load horizon.
 It starts at 0, so in its first horizon it shows only ``1 - exp(-t / horizon)`` of a steady
@@ -36,6 +35,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from typing import NamedTuple
+
+from .speed import SpeedEstimate
 
 
 class QueuedPrefill(NamedTuple):
@@ -52,9 +53,9 @@ class PrefillQueue:
     """Predicted prefill work queued on one replica, its learned speed and utilisation."""
 
     __slots__ = ("entries", "units", "work", "pending_work", "observed_at", "progress_at",
-                 "utilisation", "started_at", "busy", "elapsed_s", "done_work")
+                 "utilisation", "started_at", "busy", "speed")
 
-    def __init__(self, s_per_token: float, prior_work: float) -> None:
+    def __init__(self, speed: SpeedEstimate) -> None:
         self.entries: deque[QueuedPrefill] = deque()
         self.units = 0.0          # sum of the entries' units
         self.work = 0.0           # sum of the entries' work
@@ -64,13 +65,11 @@ class PrefillQueue:
         self.utilisation = 0.0    # prefill seconds per second, recently
         self.started_at: float | None = None  # the first observation
         self.busy = False         # pending prefill at the last observation
-        # The prior counts as ``prior_work`` token-equivalents done at ``s_per_token``.
-        self.elapsed_s = s_per_token * prior_work
-        self.done_work = prior_work
+        self.speed = speed
 
     @property
     def s_per_token(self) -> float:
-        return self.elapsed_s / self.done_work
+        return self.speed.value
 
     def prefill_busy(self, horizon_s: float) -> float:
         """The utilisation with its start-up bias removed (module docstring)."""
@@ -96,7 +95,7 @@ class PrefillQueue:
         return max(0.0, pending) * self.s_per_token, behind
 
     def observe(self, pending_prefill_tokens: int, now: float, forget: float,
-                learn: bool = True, horizon_s: float = 30.0) -> None:
+                horizon_s: float = 30.0) -> None:
         """Reconcile the queue with the replica's pending prefill; learn speed and
         utilisation from the work done since the last observation. (Under priority
         scheduling the reconciliation is approximate: requests behind the head that vLLM
@@ -131,9 +130,8 @@ class PrefillQueue:
             if done > 0:
                 done = min(done, 2.0 * (now - self.progress_at) / self.s_per_token)
                 self.progress_at = now
-            if learn and self.busy and pending_prefill_tokens > 0:
-                self.elapsed_s = self.elapsed_s * forget + elapsed
-                self.done_work = self.done_work * forget + done
+            if self.busy and pending_prefill_tokens > 0:
+                self.speed.learn(elapsed, done, forget)
             weight = math.exp(-elapsed / horizon_s)
             self.utilisation = self.utilisation * weight + min(
                 1.0, done * self.s_per_token / horizon_s)
