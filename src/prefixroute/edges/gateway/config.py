@@ -447,6 +447,17 @@ def _discovery(reader: _Reader, base: Path) -> DiscoveryConfig:
     return DiscoveryConfig(path, interval, dns)
 
 
+def _bucket(rl: _Reader, rate_field: str, burst_field: str, orphan_burst: str) -> tuple[float | None, int]:
+    """One token bucket of a tenant's ``rate_limit``: its rate and burst, (None, 0) when the
+    rate is not given. The burst defaults to one second's worth (at least 1)."""
+    if rl.has(rate_field):
+        rate = rl.number(rate_field, 0.0)
+        return rate, rl.integer(burst_field, max(1, int(rate)), minimum=1)
+    if rl.has(burst_field):
+        rl.fail(orphan_burst, burst_field)
+    return None, 0
+
+
 def _tenant(reader: _Reader) -> TenantConfig:
     name = reader.string("name", required=True)
     if not _NAME.match(name):
@@ -470,20 +481,10 @@ def _tenant(reader: _Reader) -> TenantConfig:
         rl = reader.section("rate_limit")
         if not rl.has("requests_per_second") and not rl.has("prompt_tokens_per_second"):
             rl.missing("requests_per_second", "is required (or prompt_tokens_per_second)")
-        rps = tps = None
-        burst = token_burst = 0
-        if rl.has("requests_per_second"):
-            rps = rl.number("requests_per_second", 0.0)
-            burst = rl.integer("burst", max(1, int(rps)), minimum=1)
-        elif rl.has("burst"):
-            rl.fail("burst is the requests' burst: give requests_per_second with it",
-                    "burst")
-        if rl.has("prompt_tokens_per_second"):
-            tps = rl.number("prompt_tokens_per_second", 0.0)
-            token_burst = rl.integer("prompt_tokens_burst", max(1, int(tps)), minimum=1)
-        elif rl.has("prompt_tokens_burst"):
-            rl.fail("give prompt_tokens_per_second with prompt_tokens_burst",
-                    "prompt_tokens_burst")
+        rps, burst = _bucket(rl, "requests_per_second", "burst",
+                             "burst is the requests' burst: give requests_per_second with it")
+        tps, token_burst = _bucket(rl, "prompt_tokens_per_second", "prompt_tokens_burst",
+                                   "give prompt_tokens_per_second with prompt_tokens_burst")
         rl.finish()
         rate_limit = RateLimit(rps, burst, tps, token_burst)
     else:
