@@ -43,7 +43,9 @@ def envoy_config(path: str, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(ENVOY is None, reason="no envoy binary")
-@pytest.mark.parametrize("flags", [[], ["--fail-open", "--admin", "127.0.0.1:18099"]])
+@pytest.mark.parametrize("flags", [[], ["--fail-open", "--admin", "127.0.0.1:18099"],
+                                   ["--request-body", "streamed",
+                                    "--epp", "unix:/tmp/prefixroute-epp.sock"]])
 def test_envoy_accepts_the_bootstrap(tmp_path, flags):
     done = envoy_config(write_config(tmp_path), *flags)
     assert done.returncode == 0, done.stderr

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
 
 from envoy.config.core.v3 import base_pb2  # noqa: E402
-from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode  # noqa: E402,E501
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext  # noqa: E402
 
 from prefixroute.core.clock import ManualClock  # noqa: E402
@@ -25,6 +25,7 @@ from prefixroute.edges.gateway.app import Gateway  # noqa: E402
 from prefixroute.edges.gateway.config import hash_api_key, parse_config  # noqa: E402
 
 SECRET = "5e" * 32  # 64 hex digits: a 32-byte key
+STREAMED_BODY = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 R0, R1, R2 = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 
 
@@ -298,7 +299,7 @@ def test_a_streamed_body_is_answered_once_whole_headers_answer_first(monkeypatch
     async def scenario():
         async with Harness(make_config(monkeypatch)) as h:
             head = request_headers()
-            head.protocol_config.request_body_mode = ProcessingMode.FULL_DUPLEX_STREAMED
+            head.protocol_config.request_body_mode = STREAMED_BODY
             raw = json.dumps(CHAT).encode()
             chunks = [ext.ProcessingRequest(request_body=ext.HttpBody(body=raw[:10])),
                       ext.ProcessingRequest(request_body=ext.HttpBody(body=raw[10:],
@@ -321,7 +322,7 @@ def test_a_streamed_body_past_the_limit_is_refused_before_its_end(monkeypatch):
     async def scenario():
         async with Harness(make_config(monkeypatch, limits={"max_body_bytes": 1024})) as h:
             head = request_headers()
-            head.protocol_config.request_body_mode = ProcessingMode.FULL_DUPLEX_STREAMED
+            head.protocol_config.request_body_mode = STREAMED_BODY
             chunk = ext.ProcessingRequest(request_body=ext.HttpBody(body=b"x" * 600))
             [refused] = await h.process(head, chunk, chunk)
             assert refused.immediate_response.status.code == 413

@@ -126,12 +126,29 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         "timeout": read_timeout,
         "retry_policy": {"retry_on": RETRY_ON, "num_retries": config.retries},
     }
-    # The fast route's answer to the body cannot change headers (Envoy has none to change
-    # then): the endpoint goes by metadata only, which override_host reads but an
-    # ORIGINAL_DST cluster does not, and per-replica headers could not be set.
-    fast = not streamed and not original_dst and not any(b.headers for b in config.backends)
+    # The fast route's answer to the body cannot change headers (Envoy applies none then):
+    # the endpoint goes by metadata only, which override_host reads but an ORIGINAL_DST
+    # cluster does not, and a replica's own API key could not be set.
+    fast = not streamed and not original_dst and not any(b.api_key_env for b in config.backends)
     routes = [_fast_route(path, action) for path in PATHS.values()] if fast else []
-    routes.append({"match": {"prefix": "/"}, "route": action})
+    full_route: dict[str, Any] = {"match": {"prefix": "/"}, "route": action}
+    if fast:
+        full_route["typed_per_filter_config"] = {"envoy.filters.http.buffer": {
+            "@type": _TYPE + "filters.http.buffer.v3.BufferPerRoute", "disabled": True}}
+    routes.append(full_route)
+    # Without a headers message the ext_proc filter lets the request's headers go on before
+    # the body has been to the EPP (the router would pick its host before the EPP's
+    # metadata is there, and the filters after it would see the headers early): this
+    # buffer holds them, with the body, until the EPP has answered. The full route does not
+    # need it (the ext_proc filter holds the headers itself there).
+    hold_until_picked = {"@type": _TYPE + "filters.http.buffer.v3.Buffer",
+                         "max_request_bytes": config.limits.max_body_bytes}
+    # The caller's API key is the EPP's to read, not the replicas': on the fast route the
+    # EPP's answer changes no header, so this filter, after the buffer, removes it.
+    strip_api_key = {
+        "@type": _TYPE + "filters.http.header_mutation.v3.HeaderMutation",
+        "mutations": {"request_mutations": [{"remove": "authorization"}]},
+    }
     hcm = {
         "@type": _TYPE + "filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "prefixroute",
@@ -146,6 +163,9 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         "http_filters": [
             {"name": "prefixroute.strip_destination", "typed_config": strip_destination},
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            *([{"name": "envoy.filters.http.buffer", "typed_config": hold_until_picked},
+               {"name": "prefixroute.strip_api_key", "typed_config": strip_api_key}]
+              if fast else []),
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": _TYPE + "filters.http.router.v3.Router"}},
         ],
@@ -205,8 +225,6 @@ def _fast_route(path: str, action: dict) -> dict[str, Any]:
             {"name": "content-length", "string_match": {"safe_regex": {"regex": "[1-9][0-9]*"}}},
         ]},
         "route": action,
-        # The caller's API key is the EPP's to read, not the replica's.
-        "request_headers_to_remove": ["authorization"],
         "typed_per_filter_config": {"envoy.filters.http.ext_proc": {
             "@type": _TYPE + "filters.http.ext_proc.v3.ExtProcPerRoute",
             "overrides": {"processing_mode": _processing_mode("SKIP", "BUFFERED")}}},

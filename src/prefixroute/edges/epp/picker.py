@@ -55,7 +55,7 @@ from prefixroute.edges.gateway.backends import Backend, candidates_for
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.proxy import PATHS, Job, SSERelay, _usage_of
 from prefixroute.edges.gateway.router import Attempt
-from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, encode_json
+from prefixroute.edges.gateway.sanitize import encode_json
 
 log = logging.getLogger("prefixroute.epp")
 
@@ -149,7 +149,8 @@ class Exchange:
 
     __slots__ = ("picker", "gateway", "request_id", "started", "endpoint", "tenant",
                  "headers", "body", "job", "attempt", "tried", "relay", "status",
-                 "answer", "answer_size", "open", "done", "subset", "head_seen", "via_headers", "held", "body_size")
+                 "answer", "answer_size", "open", "done", "subset", "head_seen",
+                 "via_headers", "held", "body_size")
 
     def __init__(self, picker: EndpointPicker):
         self.picker = picker
@@ -197,7 +198,7 @@ class Exchange:
             if self.held and not self.done:  # a streamed body ended by trailers
                 answer = await self._request_body(ext.HttpBody(end_of_stream=True))
                 trailers = ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
-                return (*answer, trailers) if type(answer) is tuple else (answer, trailers)
+                return (*answer, trailers) if type(answer) is tuple else answer  # or refused
             return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
         if kind == "response_trailers":
             return ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
