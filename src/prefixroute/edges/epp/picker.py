@@ -3,14 +3,19 @@ gateway's own request handling.
 
 Envoy carries the bytes; for each HTTP request it opens one ext_proc stream and sends what
 its processing mode asks for (``prefixroute envoy-config`` writes that mode: request headers,
-the request body buffered, no response headers, the response body streamed, or whole for a
-non-streamed answer). One :class:`Exchange` follows one such stream:
+except on the completions routes where they come as attributes of the body; the request
+body buffered, or streamed in chunks; no response headers; the response body streamed).
+One :class:`Exchange` follows one such stream:
 
 ====================  ================================================================
 Envoy sends           the EPP does
 ====================  ================================================================
 request headers       authenticate the tenant (API key, or the trusted tenant header), its
-                      rate limit; ``GET /v1/models`` is answered here
+                      rate limit; ``GET /v1/models`` is answered here. Without a headers
+                      message the same is read from the body message's attributes. With a
+                      streamed body the answer is held until the body is whole (the
+                      endpoint goes into the headers). The endpoint subset the data plane
+                      allows, if any, comes with the first message
 request body          :meth:`Gateway.admit` (the checks, salt and media identities, block
                       keys, admission slot: the code ``serve`` runs), then the lifecycle
                       runner's decision; the body is replaced by the salted one, and the
