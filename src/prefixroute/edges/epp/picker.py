@@ -499,7 +499,7 @@ class Exchange:
             return _CONTINUE_RESPONSE_BODY
         if not self.status:  # no headers message: the attributes on the first body message
             self._answer_started(*_response_attributes(message))
-        attempt, job = self.attempt, self.job
+        attempt = self.attempt
         body = message.response_body
         data = body.body
         response = _CONTINUE_RESPONSE_BODY
