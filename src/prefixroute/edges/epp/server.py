@@ -87,9 +87,10 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-        host = grpc_address.rsplit(":", 1)[0]
+        where = grpc_address if grpc_address.startswith("unix:") else \
+            f"{grpc_address.rsplit(':', 1)[0]}:{port}"
         log.info("listening", extra={"fields": {
-            "event": "listening", "grpc": f"{host}:{port}", "admin": listen_url(admin_sock)}})
+            "event": "listening", "grpc": where, "admin": listen_url(admin_sock)}})
         await stopping.wait()
         gateway.draining = True
         await server.stop(config.shutdown_grace_s)
@@ -111,7 +112,9 @@ def serve_epp(config: GatewayConfig, settings: EppSettings, grpc_address: str,
 
         tokenizer = load_tokenizer(config.tokenizer)
     log_config = setup_json_logging(log_level)
-    # The default asyncio loop: grpcio's asyncio server is built and tested on it (under
-    # uvloop it ran, no measurably faster on this machine).
-    return asyncio.run(run_epp(config, settings, grpc_address, admin_host, admin_port,
-                               tokenizer=tokenizer, log_config=log_config, log_level=log_level))
+    # uvloop, as serve: grpcio's asyncio server runs on it, and its per-message cost (the
+    # EPP's main cost) is lower there (benchmarks/results/epp.md).
+    import uvloop
+
+    return uvloop.run(run_epp(config, settings, grpc_address, admin_host, admin_port,
+                              tokenizer=tokenizer, log_config=log_config, log_level=log_level))
