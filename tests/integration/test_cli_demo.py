@@ -82,9 +82,12 @@ STOP_BOUND_S = 120.0
 
 
 def start_demo_with_children() -> tuple[subprocess.Popen, set[int]]:
+    # A shell starts background jobs with Ctrl-C ignored, and the demo would inherit that from
+    # a test run started so: give it the terminal's default, as a user's demo has.
     process = subprocess.Popen([sys.executable, "-m", "prefixroute", "demo", "--requests",
                                 "400", "--replicas", "2", "--policy", "round_robin"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     children: set[int] = set()
     deadline = time.monotonic() + START_BOUND_S
     while len(children) < 3 and time.monotonic() < deadline:  # 2 replicas + gateway
