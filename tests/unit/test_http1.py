@@ -136,13 +136,14 @@ def test_no_byte_for_longer_than_the_read_timeout_is_a_timeout():
 def test_a_slow_but_steady_body_is_not_a_timeout():
     steady = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"]
     for _ in range(6):
-        steady += [0.2, b"1\r\nx\r\n"]
+        steady += [0.5, b"1\r\nx\r\n"]
     steady.append(b"0\r\n\r\n")
 
     async def main():
         async with Server([steady]) as server:
-            # The whole body takes 1.2 s; each gap leaves 0.4 s for a stalled event loop.
-            client = Client(read_timeout=0.6)
+            # The whole body takes 3 s, more than the read timeout; each gap leaves 1.5 s for
+            # a stalled event loop on a loaded machine.
+            client = Client(read_timeout=2.0)
             body = await (await client.request("GET", server.url)).aread()
             await client.aclose()
             return body
