@@ -80,6 +80,32 @@ def test_instances_see_each_others_bookings_and_follow_the_same_prefix(tmp_path)
         assert fleet.decisions(1, late)[0]["replica"] in first_replicas
 
 
+async def hammer(urls: list[str], model: str, seconds: float, prompt_for,
+                 weight: int) -> tuple[int, int, list[httpx.Response]]:
+    """Tenant a's completions, six at a time over the instances in turn, for ``seconds``: what
+    was accepted and offered, each request counting ``weight`` (1 for requests, its prompt
+    tokens for a token limit), and the refusals."""
+    ok = offered = 0
+    refusals: list[httpx.Response] = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        deadline = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < deadline:
+            batch = [client.post(f"{urls[(i + k) % len(urls)]}/v1/completions",
+                                 headers={"authorization": f"Bearer {KEYS['a']}"},
+                                 json={"model": model, "prompt": prompt_for(i + k),
+                                       "max_tokens": 1}) for k in range(6)]
+            i += 6
+            for response in await asyncio.gather(*batch):
+                offered += weight
+                assert response.status_code in (200, 429), response.text
+                if response.status_code == 200:
+                    ok += weight
+                else:
+                    refusals.append(response)
+    return ok, offered, refusals
+
+
 def test_a_tenant_limit_holds_across_instances(tmp_path):
     rate, burst, seconds = 5.0, 1, 4.0
     limited = {"rate_limit": {"requests_per_second": rate, "burst": burst}}
@@ -89,25 +115,9 @@ def test_a_tenant_limit_holds_across_instances(tmp_path):
             fleet_with_redis(tmp_path, redis, tenants=tenants) as fleet:
         urls = [fleet.url, fleet.start_another_gateway(), fleet.start_another_gateway()]
 
-        async def hammer() -> tuple[int, int]:
-            ok = offered = 0
-            async with httpx.AsyncClient(timeout=30) as client:
-                deadline = time.monotonic() + seconds
-                i = 0
-                while time.monotonic() < deadline:
-                    batch = [client.post(f"{urls[(i + k) % 3]}/v1/completions",
-                                         headers={"authorization": f"Bearer {KEYS['a']}"},
-                                         json={"model": fleet.model, "prompt": f"hi {i + k}",
-                                               "max_tokens": 1}) for k in range(6)]
-                    i += 6
-                    for response in await asyncio.gather(*batch):
-                        offered += 1
-                        assert response.status_code in (200, 429), response.text
-                        ok += response.status_code == 200
-                return ok, offered
-
         started = time.monotonic()
-        ok, offered = asyncio.run(hammer())
+        ok, offered, _ = asyncio.run(hammer(urls, fleet.model, seconds,
+                                            lambda i: f"hi {i}", weight=1))
         elapsed = time.monotonic() - started
         allowed = burst + rate * elapsed
         # Each instance alone would let through its own `allowed`: three times as many.
@@ -130,30 +140,9 @@ def test_a_tenant_prompt_token_limit_holds_across_instances(tmp_path):
     with RedisServer(tmp_path) as redis, \
             fleet_with_redis(tmp_path, redis, tenants=tenants) as fleet:
         urls = [fleet.url, fleet.start_another_gateway(), fleet.start_another_gateway()]
-        refusals: list[httpx.Response] = []
-
-        async def hammer() -> tuple[int, int]:
-            ok = offered = 0
-            async with httpx.AsyncClient(timeout=30) as client:
-                deadline = time.monotonic() + seconds
-                i = 0
-                while time.monotonic() < deadline:
-                    batch = [client.post(f"{urls[(i + k) % 3]}/v1/completions",
-                                         headers={"authorization": f"Bearer {KEYS['a']}"},
-                                         json={"model": fleet.model, "prompt": prompt,
-                                               "max_tokens": 1}) for k in range(6)]
-                    i += 6
-                    for response in await asyncio.gather(*batch):
-                        offered += prompt_tokens
-                        assert response.status_code in (200, 429), response.text
-                        if response.status_code == 200:
-                            ok += prompt_tokens
-                        else:
-                            refusals.append(response)
-                return ok, offered
-
         started = time.monotonic()
-        ok, offered = asyncio.run(hammer())
+        ok, offered, refusals = asyncio.run(hammer(urls, fleet.model, seconds,
+                                                   lambda i: prompt, weight=prompt_tokens))
         elapsed = time.monotonic() - started
         allowed = burst + rate * elapsed
         assert offered > 2 * allowed, f"the load ({offered}) was too light to test the limit"

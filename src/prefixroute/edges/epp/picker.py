@@ -239,9 +239,11 @@ class Exchange:
                 if name is not None and value.WhichOneof("kind") == "string_value":
                     headers[name] = value.string_value
         self.headers = headers
+        # Envoy's id (which a caller can set) leads, for finding the request in the decision
+        # log; the random tail keeps ids unique, since routing state is keyed by them.
         request_id = headers.get("x-request-id", "")
         if 0 < len(request_id) <= 128 and request_id.isprintable():
-            self.request_id = request_id
+            self.request_id = f"{request_id}.{os.urandom(6).hex()}"
         return await self._check_head(end_of_stream=False)
 
     async def _check_head(self, end_of_stream: bool) -> ext.ProcessingResponse | None:
