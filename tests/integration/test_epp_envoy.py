@@ -238,8 +238,10 @@ def test_with_the_epp_stopped_envoy_fails_closed_or_open_as_configured(tmp_path,
 
 def test_a_replica_killed_mid_run_loses_nothing_envoy_retries_the_fallback(tmp_path):
     # Health checks far apart: the EPP keeps naming the dead replica for a while, so
-    # Envoy's retries on the fallback endpoints are what saves the requests.
+    # Envoy's retries on the fallback endpoints are what saves the requests. Round robin
+    # names every replica in turn (a cache-aware policy may leave one without a conversation).
     with EnvoyFleet(tmp_path, replicas=3, gateway={
+            "policy": "round_robin",
             "health": {"interval_s": 30, "metrics_interval_s": 30, "unhealthy_after": 5},
             "circuit_breaker": {"failure_threshold": 1000, "open_s": 60}}) as fleet:
         prompts = [f"conversation {i % 6} " * 20 for i in range(60)]

@@ -213,3 +213,16 @@ def test_a_write_error_is_counted_and_the_writer_goes_on(tmp_path):
     rec.close()
     assert dropped(rec, "write_error") == 1
     assert len(list(Recording(tmp_path / "rec"))) == 1
+
+
+def test_a_prompt_without_tokens_is_counted_not_recorded(tmp_path):
+    # An empty prompt in character blocks measures 0 tokens: a replay has nothing to
+    # prefill, and the reader refuses a line with input_length 0.
+    rec = recorder(tmp_path)
+    rec.start()
+    rec.record(FinishedJob(1.0, keys=()), 1.5)
+    rec.record(FinishedJob(2.0), 2.5)
+    rec.close()
+    assert dropped(rec, "empty_prompt") == 1
+    assert len(list(Recording(tmp_path / "rec"))) == 1
+

@@ -67,7 +67,7 @@ _MODEL_DOMAIN = b"prefixroute-trace/v1/model\x00"
 # entries: about 3M tokens of distinct prefixes at block 16, some 30 MB.
 ID_MEMO_BLOCKS = 200_000
 _STOP = object()
-DROP_REASONS = ("queue_full", "write_error", "stopped", "error")
+DROP_REASONS = ("queue_full", "write_error", "stopped", "error", "empty_prompt")
 
 
 def trust_group_id(secret: bytes, cache_salt: str | None) -> str:
@@ -217,7 +217,10 @@ class TrafficRecorder:
 
     def record_finished(self, item: Finished) -> None:
         """Queue ``item`` for writing, or count it dropped (the queue is full, or the
-        recorder stopped)."""
+        recorder stopped, or the prompt had no tokens: nothing to replay)."""
+        if item.input_tokens < 1:  # an empty prompt measured in character blocks
+            self.dropped.labels("empty_prompt").inc()
+            return
         if self._closed:
             self.dropped.labels("stopped").inc()
             return
@@ -256,7 +259,10 @@ class TrafficRecorder:
         self._closed = True
         if self._thread is None:
             return
-        self._queue.put(_STOP)
+        try:  # a writer that stopped writing leaves a full queue: never wait on it for ever
+            self._queue.put(_STOP, timeout=timeout_s)
+        except queue.Full:
+            return
         self._thread.join(timeout_s)
 
     # -- the writer thread ------------------------------------------------------------------
@@ -271,8 +277,9 @@ class TrafficRecorder:
                 self._flush()
         if self._handle is not None:
             self._flush()
-            self._handle.close()
-            self._handle = None
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
 
     def line(self, item: Finished) -> bytes:
         """One request as a line of the recording (the format's documentation lists the
@@ -302,20 +309,25 @@ class TrafficRecorder:
             self._size += len(data)
             self.written.inc()
         except Exception as exc:  # a full disk, a removed directory: drop, say so, go on
-            self.dropped.labels("write_error").inc()
-            log.error("could not write to the traffic recording", exc_info=exc,
-                      extra={"fields": {"event": "record_write_failed",
-                                        "path": str(self.directory)}})
-            if self._handle is not None:
-                try:
-                    self._handle.close()
-                except OSError:
-                    pass
-                self._handle = None
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """A write or flush failed: count the loss, log it, drop the file handle (the next
+        record starts a new file)."""
+        self.dropped.labels("write_error").inc()
+        log.error("could not write to the traffic recording", exc_info=exc,
+                  extra={"fields": {"event": "record_write_failed", "path": str(self.directory)}})
+        if self._handle is not None:
+            try:
+                self._handle.close()
+            except OSError:
+                pass
+            self._handle = None
 
     def _rotate(self) -> None:
         if self._handle is not None:
             self._flush()
+        if self._handle is not None:
             self._handle.close()
             self._handle = None
         path = self.directory / f"{self._stem}{self._file_number:05d}.jsonl"
@@ -342,7 +354,13 @@ class TrafficRecorder:
         return found
 
     def _flush(self) -> None:
-        self._handle.flush()
+        """Buffered lines go to the file; a full disk shows here as often as at a write, and
+        gets the same treatment (the buffered lines dropped and counted, the writer goes on
+        with a new file)."""
+        try:
+            self._handle.flush()
+        except OSError as exc:
+            self._failed(exc)
 
 
 def fleet_description(backends: Sequence[Any]) -> dict[str, Any]:

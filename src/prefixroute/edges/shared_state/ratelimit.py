@@ -181,35 +181,38 @@ class SharedRateLimiter:
         if wait > 0:
             self.counts["local"] += 1
             return wait
-        pending = self._fetching.get(key)
-        if pending is not None:  # a slice is on its way: wait for it, not for a second one
-            await asyncio.shield(pending)
-            if lease.spend(cost, self._now()):
-                self.counts["local"] += 1
+        # One script call per key at a time: a request that finds a slice on its way waits for
+        # it rather than taking a second slice; one that finds none starts the call the
+        # others then share. Its answer either covers the cost, or tells the bucket's level
+        # (a refusal with its wait), or went to another request: then ask again (bounded).
+        for _ in range(3):
+            task = self._fetching.get(key)
+            if task is None:
+                self.counts["path"] += 1
+                task = self._start_fetch(key, lease, cost, ahead=False)
+            if not await asyncio.shield(task):
+                return None
+            now = self._now()
+            if lease.spend(cost, now):
                 return 0.0
-            wait = lease.known_wait(cost, self._now())
-            if wait > 0:  # that answer was a refusal
-                self.counts["local"] += 1
+            wait = lease.known_wait(cost, now)
+            if wait > 0:
                 return wait
-        self.counts["path"] += 1
-        if not await self._fetch(key, lease, cost):
-            return None
-        now = self._now()
-        if lease.spend(cost, now):
-            return 0.0
         # Refused: the bucket's level is known now; a wait of at least a microsecond (a
         # level that rounding left a hair below the cost).
-        return max(lease.known_wait(cost, now), 1e-6)
+        return max(lease.known_wait(cost, self._now()), 1e-6)
 
     def _maybe_prefetch(self, key: str, lease: Lease, cost: float) -> None:
         if lease.wants_prefetch(cost) and key not in self._fetching and self.link.usable():
             self.counts["prefetch"] += 1
             self._start_fetch(key, lease, cost, ahead=True)
 
-    def _start_fetch(self, key: str, lease: Lease, cost: float, ahead: bool) -> None:
+    def _start_fetch(self, key: str, lease: Lease, cost: float, ahead: bool) -> asyncio.Task:
         task = asyncio.create_task(self._fetch(key, lease, cost, ahead=ahead))
         self._fetching[key] = task
-        task.add_done_callback(lambda _t: self._fetching.pop(key, None))
+        task.add_done_callback(lambda t: self._fetching.pop(key, None)
+                               if self._fetching.get(key) is t else None)
+        return task
 
     async def _fetch(self, key: str, lease: Lease, cost: float, ahead: bool = False) -> bool:
         """One script call: give back a lapsed slice's rest and ask for a slice covering
@@ -217,15 +220,20 @@ class SharedRateLimiter:
         now = self._now()
         # Unspent tokens of a lapsed slice go back; what was admitted on credit is charged
         # (even below zero).
-        give = lease.lapse(now) - lease.owed
+        owed = lease.owed
+        give = lease.lapse(now) - owed
         lease.owed = 0.0
         need, want = lease.request(cost, now, ahead)
         try:
             granted, level = await self._script(
                 keys=[key], args=[lease.rate, lease.burst, give, need, want, EXPIRY_MARGIN_MS])
         except REDIS_ERRORS as exc:
+            lease.owed += owed  # the credited requests are charged on the next call
             self.link.failed("ratelimit", exc)
             return False
+        except asyncio.CancelledError:
+            lease.owed += owed
+            raise
         self.link.metrics.operations.labels("ratelimit").inc()
         self.link.ok()
         lease.granted(float(granted), float(level), self._now())
