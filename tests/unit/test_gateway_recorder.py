@@ -11,9 +11,9 @@ import pytest
 from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.core.identity.identity import derive_trust_group_salt
 from prefixroute.edges.gateway.config import RecordConfig
-from prefixroute.edges.gateway.recorder import (RECORDING_KEY, TrafficRecorder, block_id,
-                                                output_tokens_of, trust_group_id)
-from prefixroute.edges.traces.recording import Recording
+from prefixroute.edges.gateway.recorder import (TrafficRecorder, block_id, output_tokens_of,
+                                                trust_group_id)
+from prefixroute.edges.traces.recording import RECORDING_KEY, Recording
 from tests.unit.test_gateway_app import BLOCK, SECRET, Harness, make_config, run
 
 # 13 distinct words, 90 characters: 23 estimated tokens (4 characters each, rounded up) and

@@ -54,11 +54,10 @@ from prometheus_client import CollectorRegistry, Counter
 from prefixroute.core.errors import ConfigError
 from prefixroute.edges.gateway.config import RecordConfig
 from prefixroute.edges.gateway.prompts import CHARS
+from prefixroute.edges.traces.recording import RECORDING_KEY, RECORDING_VERSION
 
 log = logging.getLogger("prefixroute.gateway")
 
-RECORDING_KEY = "prefixroute_recording"  # the header's key; its value is the format version
-RECORDING_VERSION = 1
 FILE_PREFIX = "prefixroute-trace-"
 _ID_DOMAIN = b"prefixroute-trace/v1/block\x00"
 _GROUP_DOMAIN = b"prefixroute-trace/v1/trust-group\x00"

@@ -31,8 +31,8 @@ from prefixroute.edges.traces.common import (check_block_ids, id_list, integer, 
                                              numbered_lines, require, unknown_field_checker,
                                              warn)
 
-RECORDING_KEY = "prefixroute_recording"  # as edges/gateway/recorder.py writes it
-SUPPORTED_VERSION = 1
+RECORDING_KEY = "prefixroute_recording"  # the header's key; its value is the format version
+RECORDING_VERSION = 1  # what the gateway's recorder writes and this reader reads
 HEADER_FIELDS = frozenset((RECORDING_KEY, "block_size", "policy", "replicas", "cache_blocks",
                            "started_unix_ms"))
 LINE_FIELDS = frozenset(("timestamp", "input_length", "output_length", "hash_ids",
@@ -146,9 +146,9 @@ class Recording:
             raise InputError("expected the recording header first", where=where,
                              field=RECORDING_KEY)
         version = record[RECORDING_KEY]
-        if version != SUPPORTED_VERSION:
+        if version != RECORDING_VERSION:
             raise InputError(f"unsupported recording version {version!r} (this reader knows "
-                             f"{SUPPORTED_VERSION})", where=where, field=RECORDING_KEY)
+                             f"{RECORDING_VERSION})", where=where, field=RECORDING_KEY)
         size = integer(record, "block_size", where, minimum=1)
         if block_size is not None and size != block_size:
             raise InputError(f"block-size mismatch: this file says {size}, expected "
