@@ -445,6 +445,19 @@ class EngineWakeups:
         self.wake[i] = None
         return t, i
 
+    def fire(self, clock, handle: Callable[[int, list], None]) -> None:
+        """Run the earliest queued engine event (nothing if superseded): advance the clock to
+        it, step that engine, hand its events to ``handle(i, events)``, queue it again."""
+        popped = self.pop()
+        if popped is None:
+            return
+        t, i = popped
+        clock.advance_to(t)
+        events = self.engines[i].advance(t)
+        if events:
+            handle(i, events)
+        self.schedule(i)
+
 
 def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *,
                     view: str = DEFAULT_VIEW, seed: int = 0,
@@ -506,15 +519,7 @@ def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *
         if (heap[0][0] if heap and heap[0][0] < arrival else arrival) > snap_at:
             snapshot()  # every event up to busy_until is done: read the engines now
         if heap and heap[0][0] <= arrival:
-            popped = wakeups.pop()
-            if popped is None:
-                continue  # superseded
-            t, i = popped
-            clock.advance_to(t)
-            events = engines[i].advance(t)
-            if events:
-                handle(i, events)
-            schedule(i)
+            wakeups.fire(clock, handle)
             continue
         _, k = heapq.heappop(arrivals)
         clock.advance_to(arrival)

@@ -166,15 +166,7 @@ def simulate_stream(requests: Iterable[Request], fleet: FleetConfig, spec: str, 
     while pending is not None or heap:
         arrival = pending.arrival_s if pending is not None else inf
         if heap and heap[0][0] <= arrival:  # engine events first at the same instant
-            popped = wakeups.pop()
-            if popped is None:
-                continue  # superseded
-            t, i = popped
-            clock.advance_to(t)
-            events = engines[i].advance(t)
-            if events:
-                body.engine_events(i, events)
-            schedule(i)
+            wakeups.fire(clock, body.engine_events)
             continue
         clock.advance_to(arrival)
         target = body.admit(seen, pending, arrival).replica
