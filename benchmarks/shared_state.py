@@ -356,6 +356,36 @@ def print_table(results: dict) -> None:
               f"(load {r['load_average_1m']:.1f})")
     print(f"plain Redis round trip from the benchmark process: p50 "
           f"{results['redis_round_trip_us_p50']} us")
+    for line in headline(results):
+        print(line)
+
+
+def headline(results: dict) -> list[str]:
+    """The targets, each against one instance (the baseline) on its own line: hit rate and
+    TTFT p99 of 4 shared instances, rate-limit accuracy, added latency."""
+    runs = {(r["gateways"], r["shared_state"]): r for r in results["runs"]}
+    one, four = runs.get((1, False)), runs.get((4, True))
+    if one is None or four is None:
+        return []
+    hit4, hit1 = 100 * (four["token_hit_rate"] or 0), 100 * (one["token_hit_rate"] or 0)
+    lines = [f"4 shared instances vs 1 instance: token hit {hit4:.1f}% vs {hit1:.1f}% "
+             f"({hit4 - hit1:+.1f} points, target within 2); TTFT p99 "
+             f"{four['ttft_p99_s']:.3f} s vs {one['ttft_p99_s']:.3f} s "
+             f"(x{four['ttft_p99_s'] / one['ttft_p99_s']:.2f}, target <= x1.10)"]
+    ratios = [r["ttft_p99_s"] for r in results.get("repeats", [])]
+    pairs = list(zip(ratios[0::2], ratios[1::2]))  # (1 instance, 4 shared) per seed
+    if pairs:
+        lines.append("TTFT p99, 4 shared over 1 instance, per repeat seed: "
+                     + ", ".join(f"x{b / a:.2f}" for a, b in pairs) + " (target <= x1.10)")
+    lines.append(f"rate limits across 4 instances: requests "
+                 f"{four['rate_limit']['accepted_over_allowed']:.2f}, prompt tokens "
+                 f"{four['token_limit']['accepted_over_allowed']:.2f} of allowed (target <= 1.05)")
+    path = four.get("shared_state_path")
+    if path:
+        lines.append(f"added latency per request, 4 shared instances: limit checks waited for "
+                     f"p50 {path['limits_wait']['p50_us']} us, booking p50 "
+                     f"{path['booking']['p50_us']} us (target p50 <= 500 us)")
+    return lines
 
 
 def main() -> None:
