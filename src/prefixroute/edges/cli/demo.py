@@ -160,13 +160,14 @@ def _run_fleet(workdir: str, args: argparse.Namespace, specs: list[str], request
         for replica in fleet.replicas:
             replica.start()
             progress.advance(start)
+        recording_dirs = _slugs(specs)
         for spec in specs:
             task = progress.add_task(spec, total=len(requests), status="starting gateway")
             fleet.reset_replicas()
             before = fleet.counters()
             extra: dict[str, Any] = {}
             if args.record is not None:
-                recording = os.path.abspath(os.path.join(args.record, _slug(spec)))
+                recording = os.path.abspath(os.path.join(args.record, recording_dirs[spec]))
                 extra["record"] = {"path": recording}
             if args.shared_state is not None:
                 # A namespace of its own per run: the next policy must not start from this
@@ -212,9 +213,23 @@ def _run_fleet(workdir: str, args: argparse.Namespace, specs: list[str], request
     return results
 
 
-def _slug(spec: str) -> str:
-    """A policy spec as a directory name (``prefixroute:alpha=2`` -> ``prefixroute_alpha_2``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_") or "policy"
+def _slugs(specs: list[str]) -> dict[str, str]:
+    """Each policy spec's directory name (``prefixroute:alpha=2`` -> ``prefixroute_alpha_2``).
+
+    Two specs that differ only in punctuation (``a:b=1`` and ``a_b_1``) would share a name and
+    one recording would overwrite the other, so a repeated name gets ``-2``, ``-3``, ...
+    """
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for spec in specs:
+        base = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_") or "policy"
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}"
+        taken.add(name)
+        names[spec] = name
+    return names
 
 
 def print_table(result: dict, console) -> None:
