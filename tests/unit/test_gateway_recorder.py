@@ -226,3 +226,21 @@ def test_a_prompt_without_tokens_is_counted_not_recorded(tmp_path):
     assert dropped(rec, "empty_prompt") == 1
     assert len(list(Recording(tmp_path / "rec"))) == 1
 
+
+
+def test_a_reload_changing_the_policy_leaves_queued_records_in_the_old_policys_file(tmp_path):
+    # Two requests end under prefixroute and wait in the queue (no writer yet); a reload
+    # switches to round_robin; a third ends. The first file must name prefixroute and hold
+    # the two, the second name round_robin and hold the third.
+    rec = recorder(tmp_path)
+    rec.record(FinishedJob(1.0), 1.5)
+    rec.record(FinishedJob(2.0), 2.5)
+    rec.set_policy("round_robin")
+    rec.record(FinishedJob(3.0), 3.5)
+    rec.start()
+    rec.close()
+    files = sorted((tmp_path / "rec").glob("*.jsonl"))
+    contents = [f.read_text().splitlines() for f in files]
+    assert [json.loads(lines[0])["policy"] for lines in contents] == ["prefixroute",
+                                                                      "round_robin"]
+    assert [len(lines) - 1 for lines in contents] == [2, 1]

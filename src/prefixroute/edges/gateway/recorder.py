@@ -129,6 +129,7 @@ class Finished:
     latency_s: float
     status: str
     attempts: int
+    policy: str | None = None  # the gateway's policy when the request ended (set on queueing)
 
 
 def _count(value: Any) -> int | None:
@@ -163,8 +164,9 @@ class TrafficRecorder:
         self._secret = secret
         self._ids = BlockIds(secret)
         self._models: dict[str, str] = {}  # the writer thread's
-        self._header = {RECORDING_KEY: RECORDING_VERSION, "block_size": block_size,
-                        "policy": policy}
+        self._header = {RECORDING_KEY: RECORDING_VERSION, "block_size": block_size}
+        self._policy = policy  # the request path's; each record carries its own copy
+        self._file_policy: str | None = None  # the writer thread's: the open file's header
         self._fleet = fleet
         self._offset = wall() - now()  # gateway clock -> Unix time
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue)
@@ -176,7 +178,6 @@ class TrafficRecorder:
         self._file_number = 0
         self._handle: Any = None
         self._size = 0
-        self._new_file = False
         self._limit = int(config.rotate_mb * 1_000_000)
         p = "prefixroute_gateway_trace_"
         self.written = Counter(p + "records_total", "Requests written to the traffic "
@@ -190,11 +191,10 @@ class TrafficRecorder:
     # -- the request path -------------------------------------------------------------------
 
     def set_policy(self, policy: str) -> None:
-        """A reload changed the policy: the next record starts a new file whose header names
-        it, so each file holds one policy's decisions."""
-        if policy != self._header["policy"]:
-            self._header = {**self._header, "policy": policy}
-            self._new_file = True
+        """A reload changed the policy: records queued from now on carry the new name, and the
+        writer starts a new file at the first of them, so each file holds one policy's
+        decisions even when records of the old policy are still queued."""
+        self._policy = policy
 
     def record(self, job: Any, now: float) -> None:
         """Queue ``job`` (a finished :class:`~prefixroute.edges.gateway.proxy.Job`) for
@@ -223,6 +223,8 @@ class TrafficRecorder:
         if self._closed:
             self.dropped.labels("stopped").inc()
             return
+        if item.policy is None:
+            item.policy = self._policy
         try:
             self._queue.put_nowait(item)
         except queue.Full:
@@ -301,9 +303,9 @@ class TrafficRecorder:
     def _write(self, item: Finished) -> None:
         try:
             data = self.line(item)
-            if self._handle is None or self._size >= self._limit or self._new_file:
-                self._new_file = False
-                self._rotate()
+            if self._handle is None or self._size >= self._limit \
+                    or item.policy != self._file_policy:
+                self._rotate(item.policy)
             self._handle.write(data)
             self._size += len(data)
             self.written.inc()
@@ -323,7 +325,7 @@ class TrafficRecorder:
                 pass
             self._handle = None
 
-    def _rotate(self) -> None:
+    def _rotate(self, policy: str | None) -> None:
         if self._handle is not None:
             self._flush()
         if self._handle is not None:
@@ -333,11 +335,11 @@ class TrafficRecorder:
         self._file_number += 1
         self.directory.mkdir(parents=True, exist_ok=True)
         handle = open(path, "xb")
-        header = {**self._header, **self._fleet(),
+        header = {**self._header, "policy": policy, **self._fleet(),
                   "started_unix_ms": round(time.time() * 1000.0, 3)}
         data = json.dumps(header, separators=(",", ":")).encode() + b"\n"
         handle.write(data)
-        self._handle, self._size = handle, len(data)
+        self._handle, self._size, self._file_policy = handle, len(data), policy
         self._files.append(path)
         while len(self._files) > self.config.keep:
             oldest = self._files.pop(0)
