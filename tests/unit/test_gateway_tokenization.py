@@ -459,7 +459,9 @@ def test_a_text_tokenized_for_one_trust_group_is_not_cached_for_another(tiny_tok
     preparer = PromptPreparer(HASHING, tokenizer)
     text = "one text two tenants send, word for word"
     preparer.prepare(request_for(text, "a" * 64))
-    before = tokenizer._encode_cached.cache_info()
+    encoded = tokenizer.segments.encoded
+    assert encoded.get("b" * 64, 0) == 0
     preparer.prepare(request_for(text, "b" * 64))
-    after = tokenizer._encode_cached.cache_info()
-    assert (after.hits, after.misses) == (before.hits, before.misses + 1)  # tokenized anew
+    assert encoded["b" * 64] == encoded["a" * 64] >= 1  # every piece tokenized anew
+    preparer.prepare(request_for(text + " and more", "a" * 64))
+    assert encoded["a" * 64] == encoded["b" * 64] + 1  # within one group, only the new piece
