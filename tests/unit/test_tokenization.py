@@ -71,11 +71,11 @@ def test_a_chat_prompt_with_a_known_system_prompt_encodes_only_its_new_turn(toke
     system = {"role": "system", "content": "A long handbook. " * 40}
     first = tokenizer.apply_chat_template([system, {"role": "user", "content": "one?"}])
     second = tokenizer.apply_chat_template([system, {"role": "user", "content": "two?"}])
-    encoded = tokenizer.segments.encoded
+    segments = tokenizer.segments
     tokenizer.encode(first, False, partition="group-1")
-    before = encoded["group-1"]
+    before = segments.encoded
     ids = tokenizer.encode(second, False, partition="group-1")
-    assert encoded["group-1"] == before + 1  # "two?\n" only; the handbook was known
+    assert segments.encoded == before + 1  # "two?\n" only; the handbook was known
     assert ids == tokenizer.tokenizer.encode(second, add_special_tokens=False).ids
 
 

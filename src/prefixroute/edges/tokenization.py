@@ -122,8 +122,10 @@ class SegmentCache:
     batch work outside any tenant), least recently used first out, bounded in entries and in
     characters. Thread-safe: the gateway prepares large prompts on worker threads.
 
-    ``encoded`` counts the pieces each partition had to encode (tests read it to show that
-    one trust group never reuses another's pieces)."""
+    ``encoded`` counts the pieces stored so far, each one the library had to encode (tests
+    read it to show that one trust group never reuses another's pieces). No state is kept
+    per partition beyond the entries themselves: partitions are salts, which callers may be
+    allowed to choose."""
 
     def __init__(self, max_entries: int, max_chars: int):
         self.max_entries = max_entries
@@ -131,7 +133,7 @@ class SegmentCache:
         self.chars = 0
         self._entries: OrderedDict[tuple[str | None, str], array] = OrderedDict()
         self._lock = threading.Lock()
-        self.encoded: dict[str | None, int] = {}
+        self.encoded = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -147,7 +149,7 @@ class SegmentCache:
     def put(self, partition: str | None, piece: str, ids: array) -> None:
         key = (partition, piece)
         with self._lock:
-            self.encoded[partition] = self.encoded.get(partition, 0) + 1
+            self.encoded += 1
             if len(piece) > self.max_chars:
                 return  # larger than the whole cache: not kept
             old = self._entries.pop(key, None)
