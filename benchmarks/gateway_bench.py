@@ -101,6 +101,27 @@ our gateway then routes on character blocks), and through ours once more as toke
 exact mode). Reported: token hit rate (``cached_tokens`` / prompt tokens, as the replicas
 report them), TTFT p50/p99 in engine seconds.
 
+Part 3, the request shape of ``real_engines.py`` (``--chat-shape``, alone; results in
+``results/gateway_chat_shape.md``)::
+
+    python benchmarks/gateway_bench.py --chat-shape --baseline 51da113
+
+On real vLLM replicas our gateway's TTFT trailed the peers' by milliseconds in every row, and
+its CPU per request was about twice theirs; on a 2-core machine the gateway's CPU competes with
+the engines. This part measures the gateway's own cost on that traffic: real_engines.py's
+``tenants`` workload (8 tenants with ~590-token system documents, Zipf-drawn, ~30 fresh user
+tokens, streamed chat through the official ``openai`` client, ``max_tokens`` 8, usage in the
+last chunk, 4 closed-loop lanes) against two emulator replicas (block size 32, 160 blocks, the
+test helpers' tiny tokenizer), through no gateway, through ``prefixroute serve`` configured as
+real_engines.py configures it (tokenizer, one trust group and salt per tenant, decision log
+kept) and, with ``--baseline GIT_REF``, through the gateway of that commit too, side by side:
+each of ``--chat-rounds`` rounds sends one new draw of ``--chat-requests`` requests through
+every target in turn (order rotated per round; the replicas' caches emptied before each
+block). Reported per target: the gateway's CPU per request (from /proc), the time from a
+request's last byte arriving to its last byte leaving for the replica and from the first event
+arriving to it leaving for the client (loopback packets, as part 1), TTFT and added TTFT over
+no gateway. Each request's tag leads its user message (the packets' join key).
+
 Load generators run in their own process (this file with ``_loadgen``), bounded by a request
 count and a deadline; every process is stopped by its id at the end.
 """
@@ -1059,12 +1080,11 @@ def main(argv: list[str] | None = None) -> int:
                              "results/gateway_chat_shape.md")
     parser.add_argument("--baseline", metavar="GIT_REF",
                         help="part 3: also run the gateway of this git commit, side by side")
-    parser.add_argument("--chat-rounds", type=int, default=3,
+    parser.add_argument("--chat-rounds", type=int, default=6,
                         help="part 3: rounds (one workload draw through every target each; "
-                             "default 3)")
-    parser.add_argument("--chat-requests", type=int, default=250,
-                        help="part 3: requests per round and target (default 250, as "
-                             "real_engines.py)")
+                             "default 6: short blocks follow the machine's load closely)")
+    parser.add_argument("--chat-requests", type=int, default=150,
+                        help="part 3: requests per round and target (default 150)")
     parser.add_argument("--out", default=None,
                         help="the Markdown report (default results/gateway.md, with "
                              "--chat-shape results/gateway_chat_shape.md)")
