@@ -79,6 +79,18 @@ def test_a_chat_prompt_with_a_known_system_prompt_encodes_only_its_new_turn(toke
     assert ids == tokenizer.tokenizer.encode(second, add_special_tokens=False).ids
 
 
+def test_a_tokenizer_that_truncates_encodes_whole_texts(tiny_tokenizer_dir):
+    # Truncation applies to a whole text: pieces encoded one by one would not be cut.
+    loaded = load_tokenizer(tiny_tokenizer_dir)
+    loaded.tokenizer.enable_truncation(8)
+    truncating = type(loaded)(loaded.tokenizer, loaded.chat_template_source,
+                              loaded.special_tokens, loaded.path)
+    text = "<|user|>" + "many words here " * 10 + "<|assistant|>"
+    assert truncating.encode(text, False) == truncating.tokenizer.encode(
+        text, add_special_tokens=False).ids
+    assert len(truncating.encode(text, False)) == 8
+
+
 def test_the_segment_cache_keeps_to_its_character_budget():
     cache = SegmentCache(max_entries=10, max_chars=10)
     cache.put("g", "abcd", array("I", [1]))

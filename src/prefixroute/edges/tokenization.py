@@ -333,6 +333,8 @@ class LoadedTokenizer:
             return None
         if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in tokens):
             return None  # the library would not cut at the raw text; encode whole texts
+        if self.tokenizer.truncation is not None or self.tokenizer.padding is not None:
+            return None  # they apply to a whole text, not to its pieces
         # Longest first: at one position the longest added token wins, as in the library.
         contents = sorted({t.content for t in tokens}, key=len, reverse=True)
         splitter = re.compile("(" + "|".join(re.escape(c) for c in contents) + ")")
