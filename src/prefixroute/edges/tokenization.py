@@ -14,8 +14,8 @@ Texts go through a segment cache. The ``tokenizers`` library cuts a text at its 
 (``<|user|>``...) before normalising and splitting what lies between, so the ids of a text are the
 ids of its pieces, joined. Pieces repeat across requests (system prompts, tools, earlier turns):
 each distinct piece is encoded once, and a gateway request with a known system prompt encodes only
-its new turn (a 590-token system document: about 0.6 ms of the library's time per request
-saved). The ids are the library's own for every piece, so the joined ids equal the whole text's:
+its new turn (the library's encoding was the largest part of the gateway's CPU per request:
+benchmarks/results/gateway_chat_shape.md). The ids are the library's own for every piece, so the joined ids equal the whole text's:
 nothing is guessed or approximated. The cut is used only for tokenizers whose added tokens match
 raw text exactly (no strip, single-word or normalised flags) and that pass a self-check at load;
 any other tokenizer encodes whole texts.
