@@ -101,6 +101,27 @@ our gateway then routes on character blocks), and through ours once more as toke
 exact mode). Reported: token hit rate (``cached_tokens`` / prompt tokens, as the replicas
 report them), TTFT p50/p99 in engine seconds.
 
+Part 3, the request shape of ``real_engines.py`` (``--chat-shape``, alone; results in
+``results/gateway_chat_shape.md``)::
+
+    python benchmarks/gateway_bench.py --chat-shape --baseline 51da113
+
+On real vLLM replicas our gateway's TTFT trailed the peers' by milliseconds in every row, and
+its CPU per request was about twice theirs; on a 2-core machine the gateway's CPU competes with
+the engines. This part measures the gateway's own cost on that traffic: real_engines.py's
+``tenants`` workload (8 tenants with ~590-token system documents, Zipf-drawn, ~30 fresh user
+tokens, streamed chat through the official ``openai`` client, ``max_tokens`` 8, usage in the
+last chunk, 4 closed-loop lanes) against two emulator replicas (block size 32, 160 blocks, the
+test helpers' tiny tokenizer), through no gateway, through ``prefixroute serve`` configured as
+real_engines.py configures it (tokenizer, one trust group and salt per tenant, decision log
+kept) and, with ``--baseline GIT_REF``, through the gateway of that commit too, side by side:
+each of ``--chat-rounds`` rounds sends one new draw of ``--chat-requests`` requests through
+every target in turn (order rotated per round; the replicas' caches emptied before each
+block). Reported per target: the gateway's CPU per request (from /proc), the time from a
+request's last byte arriving to its last byte leaving for the replica and from the first event
+arriving to it leaving for the client (loopback packets, as part 1), TTFT and added TTFT over
+no gateway. Each request's tag leads its user message (the packets' join key).
+
 Load generators run in their own process (this file with ``_loadgen``), bounded by a request
 count and a deadline; every process is stopped by its id at the end.
 """
@@ -622,6 +643,242 @@ def run_part2(workdir: Path, peers: dict[str, Path], requests: int, time_scale: 
     return results
 
 
+# -- part 3: the real-engines request shape, two versions of our gateway side by side -------
+
+CHAT_SHAPE_OUT = Path(__file__).parent / "results" / "gateway_chat_shape.md"
+CHAT_REPLICAS = 2
+CHAT_LANES = 4  # real_engines.py: 4 closed-loop lanes, so 4 requests in flight
+CHAT_KV_BLOCKS = 160  # real_engines.py's larger KV size
+CHAT_BLOCK_SIZE = 32  # real_engines.py (the vLLM CPU backend needs multiples of 32)
+CHAT_SNAPLEN = 8192  # a ~2 KB chat body whole: its tag sits in the user message, at the end
+CHAT_TIMEOUT_S = 120.0
+
+
+def baseline_source(ref: str, workdir: Path) -> Path:
+    """The ``src`` tree of git ``ref`` of this repository, unpacked under ``workdir``."""
+    out = workdir / "baseline"
+    out.mkdir(parents=True, exist_ok=True)
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref, "src"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out / "src"
+
+
+def chat_gateway(name: str, src: Path, fleet: LocalFleet, tokenizer_dir: Path,
+                 decisions_kept: int) -> ServiceProcess:
+    """``prefixroute serve`` from the package tree ``src``, configured as real_engines.py
+    configures it: the engines' tokenizer, 32-token sha256 blocks, one tenant and trust group
+    (its own salt) per workload tenant, the decision log kept for the whole run."""
+    import yaml
+
+    config = fleet.gateway_config("prefixroute", tokenizer=str(tokenizer_dir),
+                                  hashing={"block_size": CHAT_BLOCK_SIZE, "algo": "sha256"},
+                                  timeouts={"read_s": CHAT_TIMEOUT_S},
+                                  decisions_kept=decisions_kept)
+    for tenant in config["tenants"]:
+        tenant["trust_group"] = tenant["name"]
+    path = fleet.workdir / f"gateway-{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "prefixroute", "serve", "--config", str(path),
+                "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+
+    return ServiceProcess(f"gateway ({name})", command,
+                          env={**os.environ, "PYTHONPATH": str(src)},
+                          log_path=fleet.workdir / f"gateway-{name}.log").start()
+
+
+async def _chat_lanes(urls: list[str], lanes: list[list], api_keys: dict[str, str],
+                      tag: str, model: str) -> list[dict]:
+    """real_engines.py's client: each lane sends its chat requests one after another with
+    the official ``openai`` client (streamed, usage in the last chunk, ``max_tokens`` 8),
+    the k-th request of the block to ``urls[k % len(urls)]``. The request's tag leads its
+    user message (the packets' join key; the user message is fresh text anyway)."""
+    import openai
+
+    from real_engines import MAX_TOKENS  # noqa: PLC0415 - benchmarks/, beside this file
+
+    clients = {(url, tenant): openai.AsyncOpenAI(base_url=url + "/v1", api_key=key,
+                                                 max_retries=0, timeout=CHAT_TIMEOUT_S)
+               for url in urls for tenant, key in api_keys.items()}
+    counter = iter(range(1 << 30))
+
+    async def one(job) -> dict:
+        k = next(counter)
+        name = f"{tag}-{k}"
+        messages = [dict(m) for m in job.messages]
+        messages[-1]["content"] = f"{name} {messages[-1]['content']}"
+        out: dict[str, Any] = {"tag": name, "ok": False, "ttft_s": None}
+        started = time.perf_counter()
+        try:
+            stream = await clients[(urls[k % len(urls)], job.tenant)].chat.completions.create(
+                model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0.0,
+                stream=True, stream_options={"include_usage": True})
+            async for chunk in stream:
+                if out["ttft_s"] is None:
+                    out["ttft_s"] = time.perf_counter() - started
+                if chunk.usage is not None:
+                    out["ok"] = chunk.usage.prompt_tokens > 0
+        except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
+            out["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        return out
+
+    async def lane(jobs: list) -> list[dict]:
+        return [await one(job) for job in jobs]
+
+    try:
+        async with asyncio.timeout(600):
+            results = await asyncio.gather(*(lane(jobs) for jobs in lanes))
+    finally:
+        for client in clients.values():
+            await client.close()
+    return [o for outcomes in results for o in outcomes]
+
+
+def run_chat_shape(workdir: Path, baseline: str | None, rounds: int, requests: int,
+                   time_scale: float, wire: bool, log: Callable[[str], None]) -> dict:
+    """real_engines.py's ``tenants`` workload (8 tenants with ~590-token system documents,
+    Zipf-drawn, ~30 fresh user tokens, 4 lanes) against two emulator replicas: no gateway
+    (the client takes turns between the replicas), our gateway from git ``baseline`` (if
+    given) and from this tree, block by block: each round sends one new draw of the workload
+    through every target in turn (the order rotated by round), the replicas' caches emptied
+    before each block."""
+    from prefixroute.edges.tiny_tokenizer import make_tiny_tokenizer
+    from prefixroute.edges.tokenization import load_tokenizer
+
+    import real_engines  # benchmarks/, beside this file: the workload, as it is there
+
+    tokenizer_dir = make_tiny_tokenizer(workdir / "tokenizer")
+    maker = real_engines.TextMaker(load_tokenizer(tokenizer_dir))
+    draws = [real_engines.tenant_workload(maker, seed, requests, CHAT_LANES)
+             for seed in range(rounds)]
+    here = Path(__file__).resolve().parent.parent / "src"
+    sources = {"after": here}
+    if baseline is not None:
+        sources = {"before": baseline_source(baseline, workdir), **sources}
+    targets = ["direct", *sources]
+    replica_args = ["--block-size", str(CHAT_BLOCK_SIZE), "--num-blocks", str(CHAT_KV_BLOCKS),
+                    "--tokenizer", str(tokenizer_dir), "--time-scale", str(time_scale)]
+    samples: dict[str, dict[str, list]] = {
+        t: {"ttft": [], "tags": [], "cpu_ms": [], "failed": [], "load": []} for t in targets}
+    with LocalFleet(workdir / "chat", CHAT_REPLICAS, replica_args, tenants=draws[0].tenants,
+                    model=MODEL) as fleet:
+        fleet.start_replicas()
+        gateways = {name: chat_gateway(name, src, fleet, tokenizer_dir, requests * rounds + 100)
+                    for name, src in sources.items()}
+        capture = None
+        if wire:
+            ports = [_port(g.url) for g in gateways.values()]
+            ports += [_port(u) for u in fleet.replica_urls]
+            capture = wire_timing.Capture(workdir / "chat.pcap", ports,
+                                          snaplen=CHAT_SNAPLEN).start()
+        try:
+            for r, draw in enumerate(draws):
+                order = targets[r % len(targets):] + targets[:r % len(targets)]
+                for target in order:
+                    fleet.reset_replicas()
+                    gateway = gateways.get(target)
+                    urls = fleet.replica_urls if gateway is None else [gateway.url]
+                    pid = gateway.process.pid if gateway is not None else None
+                    load = round(os.getloadavg()[0], 2)
+                    before = cpu_seconds(pid) if pid else 0.0
+                    outcomes = asyncio.run(_chat_lanes(
+                        urls, draw.lanes, fleet.api_keys,
+                        f"hop-{r:03x}{targets.index(target):03x}", MODEL))
+                    s = samples[target]
+                    if pid:
+                        s["cpu_ms"].append(1000 * (cpu_seconds(pid) - before) / len(outcomes))
+                    ok = [o for o in outcomes if o["ok"]]
+                    s["ttft"] += [o["ttft_s"] for o in ok]
+                    s["tags"] += [o["tag"] for o in ok]
+                    s["failed"].append(len(outcomes) - len(ok))
+                    s["load"].append(load)
+                    log(f"chat shape round {r + 1}/{rounds} {target}: {len(ok)} ok, TTFT p50 "
+                        f"{1000 * (percentile(s['ttft'][-len(ok):], 50) or 0):.1f} ms"
+                        + (f", CPU {s['cpu_ms'][-1]:.2f} ms/request" if pid else "")
+                        + f", load {load}")
+        finally:
+            dropped = capture.stop() if capture is not None else -1
+        inside = {}
+        if capture is not None:
+            replica_ports = {_port(u) for u in fleet.replica_urls}
+            for name, gateway in gateways.items():
+                times = wire_timing.router_times(workdir / "chat.pcap", _port(gateway.url),
+                                                 replica_ports)
+                inside[name] = wire_timing.summarize(times, [samples[name]["tags"]], dropped)
+            os.unlink(workdir / "chat.pcap")
+    out: dict[str, Any] = {}
+    direct_p50 = percentile(samples["direct"]["ttft"], 50)
+    for target in targets:
+        s = samples[target]
+        row = {"requests_ok": len(s["ttft"]), "failed": sum(s["failed"]),
+               "ttft_p50_s": percentile(s["ttft"], 50), "ttft_p99_s": percentile(s["ttft"], 99),
+               "load": [min(s["load"]), max(s["load"])]}
+        if target != "direct":
+            row["added_ttft_p50_s"] = row["ttft_p50_s"] - direct_p50
+            row["cpu_ms_per_request"] = s["cpu_ms"]
+            row["inside"] = inside.get(target)
+        out[target] = row
+    return {"targets": out, "baseline": baseline, "rounds": rounds, "requests": requests,
+            "time_scale": time_scale}
+
+
+def chat_shape_markdown(result: dict, meta: dict) -> str:
+    targets = result["targets"]
+    lines = [
+        "# Our gateway's own cost on the real-engines request shape",
+        "",
+        f"`{meta['command']}` on {meta['machine']}, {meta['date']}.",
+        "",
+        "real_engines.py's `tenants` workload (8 tenants, each with a ~590-token system "
+        "document, Zipf-drawn; ~30 fresh user tokens; streamed chat with the official `openai` "
+        "client, `max_tokens` 8, usage in the last chunk; 4 closed-loop lanes) against 2 "
+        f"emulator replicas (block size {CHAT_BLOCK_SIZE}, {CHAT_KV_BLOCKS} blocks, the "
+        "test helpers' tiny tokenizer and chat template, `llama-3-8b-h100` at time scale "
+        f"{result['time_scale']:g}). Our gateway as real_engines.py configures it: policy "
+        "`prefixroute`, the tokenizer, one tenant and trust group (salt) per workload tenant, "
+        "decision log kept. "
+        + (f"`before` is git `{result['baseline']}`, `after` this tree; " if result["baseline"]
+           else "") +
+        f"{result['rounds']} rounds of {result['requests']} requests: each round one new draw "
+        "of the workload through every target in turn (order rotated per round), the "
+        "replicas' caches emptied before each block, so all targets see the same requests and "
+        "the same machine, minute by minute.",
+        "",
+        "CPU = the gateway process's user + system time over its blocks / requests (each round "
+        "one figure); pre-send = from the request's last byte arriving from the client to its "
+        "last byte leaving for the replica, from loopback packets (tcpdump, kernel clock); "
+        "first event = from the replica's first event arriving to it leaving for the client; "
+        "inside = the two together, request by request: what the gateway adds to a TTFT, "
+        "measured where nothing else is in it; added TTFT = the target's client TTFT p50 "
+        "minus the direct one's (the direct client takes turns between the replicas and "
+        "sends no salts, so its cache hits differ too). Load = 1-minute load average at the "
+        "blocks' starts (the machine is shared).",
+        "",
+        "| target | ok | failed | CPU ms/request (rounds) | pre-send p50 / p99 ms | "
+        "first event p50 / p99 ms | inside p50 / p99 ms | TTFT p50 / p99 ms | "
+        "added TTFT p50 ms | load |",
+        "|---|---:|---:|---|---|---|---|---|---:|---|",
+    ]
+    for name, row in targets.items():
+        inside = row.get("inside") or {}
+        cpu = row.get("cpu_ms_per_request")
+        cpu_text = "-" if not cpu else (f"{statistics.mean(cpu):.2f} ("
+                                        + ", ".join(f"{c:.2f}" for c in cpu) + ")")
+        added = row.get("added_ttft_p50_s")
+        lines.append(
+            f"| {name} | {row['requests_ok']} | {row['failed']} | {cpu_text} | "
+            f"{_ms(inside.get('request_p50_s'), 2)} / {_ms(inside.get('request_p99_s'), 2)} | "
+            f"{_ms(inside.get('event_p50_s'), 2)} / {_ms(inside.get('event_p99_s'), 2)} | "
+            f"{_ms(inside.get('p50_s'), 2)} / {_ms(inside.get('p99_s'), 2)} | "
+            f"{_ms(row['ttft_p50_s'])} / {_ms(row['ttft_p99_s'])} | "
+            f"{'-' if added is None else f'{1000 * added:+.1f}'} | "
+            f"{row['load'][0]:g}-{row['load'][1]:g} |")
+    return "\n".join(lines) + "\n"
+
+
 def haproxy_version(command: str) -> str:
     out = subprocess.run([command, "-v"], capture_output=True, text=True, timeout=10).stdout
     return " ".join(out.split()[:3])  # "HAProxy version 2.6.12-1+deb12u3"
@@ -822,12 +1079,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-capture", action="store_true",
                         help="do not time the routers from loopback packets (skipped anyway "
                              "without tcpdump, dpkt or the right to capture)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "gateway.md"))
+    parser.add_argument("--chat-shape", action="store_true",
+                        help="run part 3 only: real_engines.py's request shape through our "
+                             "gateway (and --baseline's), report in "
+                             "results/gateway_chat_shape.md")
+    parser.add_argument("--baseline", metavar="GIT_REF",
+                        help="part 3: also run the gateway of this git commit, side by side")
+    parser.add_argument("--chat-rounds", type=int, default=6,
+                        help="part 3: rounds (one workload draw through every target each; "
+                             "default 6: short blocks follow the machine's load closely)")
+    parser.add_argument("--chat-requests", type=int, default=150,
+                        help="part 3: requests per round and target (default 150)")
+    parser.add_argument("--out", default=None,
+                        help="the Markdown report (default results/gateway.md, with "
+                             "--chat-shape results/gateway_chat_shape.md)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    if args.chat_shape:
+        return chat_shape_main(args, argv, log)
+    if args.out is None:
+        args.out = str(Path(__file__).parent / "results" / "gateway.md")
 
     pin = not args.no_pin and (os.cpu_count() or 1) >= 2
     load_before = round(os.getloadavg()[0], 2)  # other work on the machine moves latencies
@@ -866,6 +1141,29 @@ def main(argv: list[str] | None = None) -> int:
     log(f"overhead target met by: {', '.join(met)}" if met
         else "overhead target met by neither of our configurations")
     return 0 if met else 1
+
+
+def chat_shape_main(args: argparse.Namespace, argv: list[str],
+                    log: Callable[[str], None]) -> int:
+    """Part 3 alone (``--chat-shape``): run, write the report, print it (or the JSON)."""
+    with tempfile.TemporaryDirectory(prefix="prefixroute-bench-") as tmp:
+        workdir = Path(tmp)
+        wire = None if args.no_capture else wire_timing.unavailable(workdir)
+        if wire is not None and not args.no_capture:
+            log(f"no packet timing of the gateways: {wire}")
+        result = run_chat_shape(workdir, args.baseline, args.chat_rounds, args.chat_requests,
+                                args.time_scale, wire is None and not args.no_capture, log)
+    meta = {"command": " ".join(["python benchmarks/gateway_bench.py", *argv]),
+            "machine": f"{os.cpu_count()} cores, Python {sys.version.split()[0]}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    result["meta"] = meta
+    report = chat_shape_markdown(result, meta)
+    out = Path(args.out) if args.out else CHAT_SHAPE_OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    log(f"wrote {out}")
+    print(json.dumps(result, indent=2) if args.json else report)
+    return 0
 
 
 def configurations_meeting_target(hop: dict) -> list[str]:

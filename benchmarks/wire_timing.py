@@ -71,10 +71,11 @@ class Capture:
     """``tcpdump`` on ``lo`` for the given TCP ports, segments with payload only, pinned to
     ``cpu``; :meth:`stop` ends it and returns how many packets the kernel dropped."""
 
-    def __init__(self, path: Path, ports: list[int], cpu: int | None = None) -> None:
+    def __init__(self, path: Path, ports: list[int], cpu: int | None = None,
+                 snaplen: int = SNAPLEN) -> None:
         self.path = path
         ports_filter = " or ".join(f"port {p}" for p in ports)
-        self.command = ["tcpdump", "-i", "lo", "-n", "-s", str(SNAPLEN), "-B", "65536",
+        self.command = ["tcpdump", "-i", "lo", "-n", "-s", str(snaplen), "-B", "65536",
                         "--time-stamp-precision=nano", "-w", str(path),
                         f"tcp and ({ports_filter}) and {PAYLOAD_FILTER}"]
         if cpu is not None:

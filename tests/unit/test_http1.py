@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
-from prefixroute.edges.http1 import Client, ConnectError, ProtocolError, RequestTimeout
+from prefixroute.edges.http1 import (Client, ConnectError, ProbeClient, ProtocolError,
+                                      RequestTimeout)
 from tests.helpers.scripted_http import read_request
 
 
@@ -268,3 +270,45 @@ def test_a_spliced_body_cut_short_is_an_error_for_the_sink():
 
     pieces, error = run(main())
     assert pieces == [b"hello"] and isinstance(error, ProtocolError)
+
+
+# -- ProbeClient: httpx's ``get`` for health checks and scrapes --------------------------------
+
+
+def test_a_probe_get_reads_the_whole_answer_as_httpx_would_and_reuses_the_connection():
+    async def main():
+        async with Server([[ok(b'{"data": [1]}')], [ok(b"vllm:num_requests_waiting 0\n")]]) \
+                as server:
+            probes = ProbeClient(Client())
+            first = await probes.get(server.url, headers={"authorization": "x"}, timeout=2.0)
+            second = await probes.get(server.url, timeout=2.0)
+            await probes.aclose()
+            return first.status_code, first.json(), second.text, server.connections
+
+    assert run(main()) == (200, {"data": [1]}, "vllm:num_requests_waiting 0\n", 1)
+
+
+def test_a_probe_failure_is_httpx_s_exception_type():
+    # Backends catch httpx.HTTPError for both clients: a stall past the timeout, a refused
+    # connection and a cut body must all be one of its kinds.
+    stalled = [b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello", 1.0, b"world"]
+    cut = [b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello", "close"]
+
+    async def main():
+        kinds = []
+        async with Server([stalled, cut]) as server:
+            probes = ProbeClient(Client())
+            for _ in range(2):
+                with pytest.raises(httpx.HTTPError) as caught:
+                    await probes.get(server.url, timeout=0.2)
+                kinds.append(type(caught.value))
+            await probes.aclose()
+        listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        listener.close()
+        await listener.wait_closed()
+        with pytest.raises(httpx.ConnectError):
+            await ProbeClient(Client()).get(f"http://127.0.0.1:{port}/", timeout=1.0)
+        return kinds
+
+    assert run(main()) == [httpx.TimeoutException, httpx.TransportError]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixroute.core.errors import InputError
-from prefixroute.edges.tokenization import load_tokenizer
+from prefixroute.edges.tokenization import SegmentCache, load_tokenizer
 from tests.helpers.tiny_tokenizer import CHAT_TEMPLATE, copy_with_template
 
 
@@ -38,15 +41,65 @@ def test_content_parts_render_as_their_text(tokenizer):
     assert tokenizer.apply_chat_template(parts) == "<|user|>a\nb\n<|assistant|>"
 
 
+WORDS = ["<|user|>", "<|assistant|>", " ", "\n", "\n\n", "  x", "def", "Zoë", "12:30", "€",
+         "<|bos|>", "\t", "return", "(a, b)", "Word", "ÿ"]
+
+
 def test_batches_through_the_segment_cache_equal_one_by_one_encoding(tokenizer):
     rng = random.Random(0)
-    words = ["<|user|>", "<|assistant|>", " ", "\n", "\n\n", "  x", "def", "Zoë", "12:30", "€",
-             "<|bos|>", "\t", "return", "(a, b)"]
+    words = WORDS
     texts = ["".join(rng.choice(words) for _ in range(rng.randint(0, 30))) for _ in range(300)]
     for special in (True, False):
         expected = [tokenizer.tokenizer.encode(t, add_special_tokens=special).ids for t in texts]
         assert tokenizer.encode_batch(texts, add_special_tokens=special) == expected
         assert tokenizer.encode_batch(texts, add_special_tokens=special) == expected  # cached
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(WORDS), max_size=30), st.booleans(), st.sampled_from(["a", "b"]))
+def test_single_texts_through_the_segment_cache_equal_the_library(tokenizer, words, special,
+                                                                  partition):
+    # The gateway's path: each piece between added tokens is encoded once per trust group
+    # and joined; the ids are exactly the library's for the whole text, cached or not.
+    text = "".join(words)
+    expected = tokenizer.tokenizer.encode(text, add_special_tokens=special).ids
+    assert tokenizer.encode(text, special, partition=partition) == expected
+    assert tokenizer.encode(text, special, partition=partition) == expected  # cached
+
+
+def test_a_chat_prompt_with_a_known_system_prompt_encodes_only_its_new_turn(tokenizer):
+    system = {"role": "system", "content": "A long handbook. " * 40}
+    first = tokenizer.apply_chat_template([system, {"role": "user", "content": "one?"}])
+    second = tokenizer.apply_chat_template([system, {"role": "user", "content": "two?"}])
+    segments = tokenizer.segments
+    tokenizer.encode(first, False, partition="group-1")
+    before = segments.encoded
+    ids = tokenizer.encode(second, False, partition="group-1")
+    assert segments.encoded == before + 1  # "two?\n" only; the handbook was known
+    assert ids == tokenizer.tokenizer.encode(second, add_special_tokens=False).ids
+
+
+def test_a_tokenizer_that_truncates_encodes_whole_texts(tiny_tokenizer_dir):
+    # Truncation applies to a whole text: pieces encoded one by one would not be cut.
+    loaded = load_tokenizer(tiny_tokenizer_dir)
+    loaded.tokenizer.enable_truncation(8)
+    truncating = type(loaded)(loaded.tokenizer, loaded.chat_template_source,
+                              loaded.special_tokens, loaded.path)
+    text = "<|user|>" + "many words here " * 10 + "<|assistant|>"
+    assert truncating.encode(text, False) == truncating.tokenizer.encode(
+        text, add_special_tokens=False).ids
+    assert len(truncating.encode(text, False)) == 8
+
+
+def test_the_segment_cache_keeps_to_its_character_budget():
+    cache = SegmentCache(max_entries=10, max_chars=10)
+    cache.put("g", "abcd", array("I", [1]))
+    cache.put("g", "efgh", array("I", [2]))
+    cache.put("g", "ijkl", array("I", [3]))  # 12 characters: the oldest piece goes
+    assert (cache.get("g", "abcd"), list(cache.get("g", "ijkl")), cache.chars) == (None, [3], 8)
+    cache.put("g", "x" * 11, array("I", [4]))  # larger than the whole budget: not kept
+    assert (cache.get("g", "x" * 11), len(cache)) == (None, 2)
+    assert cache.get("h", "efgh") is None  # another partition sees nothing of "g"
 
 
 def test_template_helpers_of_transformers_are_available(tiny_tokenizer_dir, tmp_path):

@@ -10,17 +10,27 @@ immutable Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the ``lo
 extension, ``tojson`` that keeps key order and non-ASCII text, ``raise_exception`` and
 ``strftime_now``.
 
-Batches go through a segment cache. The ``tokenizers`` library cuts a text at its added tokens
+Texts go through a segment cache. The ``tokenizers`` library cuts a text at its added tokens
 (``<|user|>``...) before normalising and splitting what lies between, so the ids of a text are the
 ids of its pieces, joined. Pieces repeat across requests (system prompts, tools, earlier turns):
-each distinct piece is encoded once. The cut is used only for tokenizers whose added tokens match
-raw text exactly (no strip, single-word or normalised flags) and that pass a self-check at load.
+each distinct piece is encoded once, and a gateway request with a known system prompt encodes only
+its new turn (the library's encoding was the largest part of the gateway's CPU per request:
+benchmarks/results/gateway_chat_shape.md). The ids are the library's own for every piece, so the joined ids equal the whole text's:
+nothing is guessed or approximated. The cut is used only for tokenizers whose added tokens match
+raw text exactly (no strip, single-word or normalised flags) and that pass a self-check at load;
+any other tokenizer encodes whole texts.
+
+Single texts (:meth:`LoadedTokenizer.encode`, the gateway's and the emulator's path) look pieces
+up in the cache partition of their trust group only: a cache shared across trust groups would
+answer one tenant faster because another sent the same text, a timing side channel the cache
+salt is meant to close.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from array import array
 from collections import OrderedDict
 from datetime import datetime
@@ -35,9 +45,18 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from prefixroute.core.diagnostics.prompts import CHAT, Prompt, PromptRequest, flatten_content
 from prefixroute.core.errors import InputError
 
-TEXT_CACHE_SIZE = 1024  # whole texts: the gateway re-tokenizes the same prompt on retries
-SEGMENT_CACHE_SIZE = 65_536  # pieces between added tokens: system prompts, tools, turns
-_PROBE = "x<|a|> y\n\n z {x}\t<|b|>  ÿ€ 12 345"
+# Whole texts, for tokenizers that cannot be cut at their added tokens: the gateway
+# re-tokenizes the same prompt on retries.
+TEXT_CACHE_SIZE = 1024
+# Pieces between added tokens (system prompts, tools, turns), at most this many and this many
+# characters in all: 16M characters are about 4M tokens of distinct pieces, some 50 MB with
+# their ids (4 bytes a token) and the strings' own memory, and the count bounds the per-entry
+# overhead of many short pieces.
+SEGMENT_CACHE_SIZE = 65_536
+SEGMENT_CACHE_CHARS = 16_000_000
+# The self-check text: pieces with and without leading spaces after an added token (some
+# pre-tokenizers treat a piece's start differently), whitespace runs, non-ASCII, digits.
+_PROBE = "x<|a|> y\n\n z {x}\t<|b|>  ÿ€ 12 345<|a|>Word\n<|b|><|a|>"
 
 
 class _GenerationTag(Extension):
@@ -98,6 +117,52 @@ def _read_json(path: Path) -> Any:
                          where=str(path)) from None
 
 
+class SegmentCache:
+    """Token ids of text pieces, per partition (a trust group's cache salt; ``None`` for
+    batch work outside any tenant), least recently used first out, bounded in entries and in
+    characters. Thread-safe: the gateway prepares large prompts on worker threads.
+
+    ``encoded`` counts the pieces stored so far, each one the library had to encode (tests
+    read it to show that one trust group never reuses another's pieces). No state is kept
+    per partition beyond the entries themselves: partitions are salts, which callers may be
+    allowed to choose."""
+
+    def __init__(self, max_entries: int, max_chars: int):
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+        self.chars = 0
+        self._entries: OrderedDict[tuple[str | None, str], array] = OrderedDict()
+        self._lock = threading.Lock()
+        self.encoded = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, partition: str | None, piece: str) -> array | None:
+        key = (partition, piece)
+        with self._lock:
+            ids = self._entries.get(key)
+            if ids is not None:
+                self._entries.move_to_end(key)
+            return ids
+
+    def put(self, partition: str | None, piece: str, ids: array) -> None:
+        key = (partition, piece)
+        with self._lock:
+            self.encoded += 1
+            if len(piece) > self.max_chars:
+                return  # larger than the whole cache: not kept
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.chars -= len(piece)
+            self._entries[key] = ids
+            self.chars += len(piece)
+            entries = self._entries
+            while len(entries) > self.max_entries or self.chars > self.max_chars:
+                (_, evicted), _ids = entries.popitem(last=False)
+                self.chars -= len(evicted)
+
+
 class LoadedTokenizer:
     """A tokenizer and chat template loaded from one directory; implements
     :class:`prefixroute.core.diagnostics.prompts.PromptEncoder`."""
@@ -119,7 +184,7 @@ class LoadedTokenizer:
         self._added_ids = {token.content: token_id for token_id, token in added.items()}
         self._special_prefix, self._special_suffix = self._special_ids()
         self._splitter = self._added_token_splitter(added.values())
-        self._segments: OrderedDict[str, array] = OrderedDict()
+        self.segments = SegmentCache(SEGMENT_CACHE_SIZE, SEGMENT_CACHE_CHARS)
         self._encode_cached = lru_cache(maxsize=TEXT_CACHE_SIZE)(self._encode_uncached)
 
     # -- encoding ---------------------------------------------------------------------------
@@ -128,10 +193,35 @@ class LoadedTokenizer:
                partition: str | None = None) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` the post-processor's (BOS...).
 
-        ``partition`` names the trust group (a cache salt) whose cached texts this call may
-        reuse: a text cache shared across trust groups would answer one tenant faster because
+        ``partition`` names the trust group (a cache salt) whose cached pieces this call may
+        reuse: a cache shared across trust groups would answer one tenant faster because
         another sent the same text, a timing side channel the salt is meant to close."""
-        return list(self._encode_cached(text, add_special_tokens, partition))
+        return list(self.encode_array(text, add_special_tokens, partition=partition))
+
+    def encode_array(self, text: str, add_special_tokens: bool = True, *,
+                     partition: str | None = None) -> Sequence[int]:
+        """:meth:`encode` as compact ``array('I')`` (or a tuple for a tokenizer that cannot
+        be cut at its added tokens): no Python int per token."""
+        splitter = self._splitter
+        if splitter is None:
+            return self._encode_cached(text, add_special_tokens, partition)
+        pieces = splitter.split(text)
+        ids = array("I", self._special_prefix if add_special_tokens else ())
+        segments = self.segments
+        added_ids = self._added_ids
+        for i, piece in enumerate(pieces):
+            if i % 2:  # odd: an added token; even: the text between them
+                ids.append(added_ids[piece])
+            elif piece:
+                segment = segments.get(partition, piece)
+                if segment is None:
+                    segment = array("I", self.tokenizer.encode(
+                        piece, add_special_tokens=False).ids)
+                    segments.put(partition, piece, segment)
+                ids.extend(segment)
+        if add_special_tokens:
+            ids.extend(self._special_suffix)
+        return ids
 
     def _encode_uncached(self, text: str, add_special_tokens: bool,
                          partition: str | None) -> tuple[int, ...]:
@@ -148,17 +238,18 @@ class LoadedTokenizer:
             encodings = self.tokenizer.encode_batch_fast(list(texts),
                                                          add_special_tokens=add_special_tokens)
             return [array("I", e.ids) for e in encodings]
+        segments = self.segments
         pieces_per_text = [self._splitter.split(text) for text in texts]
         missing: dict[str, None] = {}
         for pieces in pieces_per_text:
             for piece in pieces[0::2]:  # even: text between added tokens; odd: added tokens
-                if piece and piece not in self._segments and piece not in missing:
+                if piece and piece not in missing and segments.get(None, piece) is None:
                     missing[piece] = None
         if missing:
             fresh = list(missing)
             encodings = self.tokenizer.encode_batch_fast(fresh, add_special_tokens=False)
             for piece, encoding in zip(fresh, encodings):
-                self._remember(piece, array("I", encoding.ids))
+                segments.put(None, piece, array("I", encoding.ids))
         out = []
         for pieces in pieces_per_text:
             ids = array("I", self._special_prefix if add_special_tokens else ())
@@ -166,7 +257,7 @@ class LoadedTokenizer:
                 if i % 2:
                     ids.append(self._added_ids[piece])
                 elif piece:
-                    segment = self._segments.get(piece)
+                    segment = segments.get(None, piece)
                     if segment is None:  # evicted by this very batch: encode alone
                         segment = array("I", self.tokenizer.encode(
                             piece, add_special_tokens=False).ids)
@@ -175,11 +266,6 @@ class LoadedTokenizer:
                 ids.extend(self._special_suffix)
             out.append(ids)
         return out
-
-    def _remember(self, piece: str, ids: array) -> None:
-        self._segments[piece] = ids
-        if len(self._segments) > SEGMENT_CACHE_SIZE:
-            self._segments.popitem(last=False)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -247,6 +333,8 @@ class LoadedTokenizer:
             return None
         if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in tokens):
             return None  # the library would not cut at the raw text; encode whole texts
+        if self.tokenizer.truncation is not None or self.tokenizer.padding is not None:
+            return None  # they apply to a whole text, not to its pieces
         # Longest first: at one position the longest added token wins, as in the library.
         contents = sorted({t.content for t in tokens}, key=len, reverse=True)
         splitter = re.compile("(" + "|".join(re.escape(c) for c in contents) + ")")

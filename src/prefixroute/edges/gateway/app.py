@@ -61,7 +61,7 @@ from prefixroute.edges.gateway.sanitize import (CHAT, COMPLETIONS, CheckedReques
                                                 parse_json_body)
 from prefixroute.edges.gateway.tenants import Tenant, TenantRegistry
 from prefixroute.edges.gateway.tracing import GatewayTracing, provider_from_config
-from prefixroute.edges.http1 import Client, HTTP1Transport, HttpxClient
+from prefixroute.edges.http1 import Client, HTTP1Transport, HttpxClient, ProbeClient
 
 log = logging.getLogger("prefixroute.gateway")
 
@@ -148,6 +148,7 @@ class Gateway:
         self._transport = transport
         self.client: httpx.AsyncClient | None = None
         self.upstream: Client | HttpxClient | None = None
+        self.probes: ProbeClient | None = None  # health checks and scrapes, from start()
         self.proxy: Proxy | None = None
         self.open_requests = 0
         self.draining = False
@@ -195,6 +196,11 @@ class Gateway:
                               write_timeout=t.write_s, max_idle_per_origin=256)
             transport: httpx.AsyncBaseTransport = HTTP1Transport(Client(
                 connect_timeout=t.connect_s, read_timeout=t.read_s, write_timeout=t.write_s))
+            # Health checks and metric scrapes (a few a second) skip httpx's client layer
+            # too, on connections of their own.
+            self.probes = ProbeClient(Client(connect_timeout=t.connect_s,
+                                             read_timeout=t.health_s,
+                                             write_timeout=t.write_s))
         else:
             transport = self._transport
         self.client = httpx.AsyncClient(
@@ -205,8 +211,9 @@ class Gateway:
         self.renderer.client = self.upstream  # render calls share the requests' connections
         self.proxy = Proxy(self.upstream, self.router, self.metrics, self.clock,
                            retries=self.config.retries, block_size=self.config.hashing.block_size)
-        await self.pool.start(self.client)
-        await self.fleet.start(self.client)
+        probes = self.probes or self.client  # an injected transport (tests) serves both
+        await self.pool.start(probes)
+        await self.fleet.start(probes)
         self._watch_sighup()
         if self.shared is not None:
             await self.shared.start()
@@ -239,6 +246,8 @@ class Gateway:
             await asyncio.to_thread(self.recorder.close)
         if self.upstream is not None:
             await self.upstream.aclose()
+        if self.probes is not None:
+            await self.probes.aclose()
         if self.client is not None:
             await self.client.aclose()
         log.info("gateway stopped", extra={"fields": {

@@ -203,11 +203,11 @@ class PromptPreparer:
                 text = self.tokenizer.apply_chat_template(
                     _text_only(part[1]), add_generation_prompt=bool(part[3]),
                     tools=part[2] if isinstance(part[2], list) else None)
-                token_ids = self.tokenizer.encode(text, add_special_tokens=bool(part[4]),
-                                                  partition=identity.cache_salt)
+                token_ids = self.tokenizer.encode_array(
+                    text, add_special_tokens=bool(part[4]), partition=identity.cache_salt)
             else:
-                token_ids = self.tokenizer.encode(part[1], add_special_tokens=bool(part[2]),
-                                                  partition=identity.cache_salt)
+                token_ids = self.tokenizer.encode_array(
+                    part[1], add_special_tokens=bool(part[2]), partition=identity.cache_salt)
         except PrefixRouteError as exc:
             # The engine may still accept what our template cannot render; route on characters
             # rather than refuse a request the engine would serve.
@@ -243,13 +243,18 @@ class PromptPreparer:
 
     def _from_tokens(self, token_ids: Sequence[int], identity: CacheIdentity,
                      mode: str, media: Sequence[MediaItem] = ()) -> PreparedPrompt:
-        digests = self._hasher.block_hashes(list(token_ids), identity, media)
+        compact: Sequence[int]
+        if isinstance(token_ids, array):  # the tokenizer's own, not shared with anyone
+            compact = token_ids
+        else:
+            try:
+                compact = array("I", token_ids)
+            except (OverflowError, TypeError):  # ids outside uint32: the engine refuses them
+                compact = tuple(token_ids)
+        digests = self._hasher.block_hashes(
+            compact if isinstance(compact, array) else list(token_ids), identity, media)
         event_id = self._hasher.event_block_hash
-        try:
-            compact: Sequence[int] = array("I", token_ids)
-        except (OverflowError, TypeError):  # ids outside uint32: the engine will refuse them
-            compact = tuple(token_ids)
-        return PreparedPrompt(len(token_ids), tuple(event_id(d) for d in digests), compact, mode)
+        return PreparedPrompt(len(compact), tuple(map(event_id, digests)), compact, mode)
 
     def _from_chars(self, text: str, identity: CacheIdentity) -> PreparedPrompt:
         codes = array("I")  # code points, straight from UTF-32 in C
