@@ -79,16 +79,36 @@ def test_a_chat_prompt_with_a_known_system_prompt_encodes_only_its_new_turn(toke
     assert ids == tokenizer.tokenizer.encode(second, add_special_tokens=False).ids
 
 
-def test_a_tokenizer_that_truncates_encodes_whole_texts(tiny_tokenizer_dir):
-    # Truncation applies to a whole text: pieces encoded one by one would not be cut.
+def test_truncation_and_padding_in_tokenizer_json_are_ignored_as_vllm_does(tiny_tokenizer_dir):
+    # transformers turns a tokenizer.json's truncation and padding off for every encode that
+    # does not ask for them, so vLLM tokenizes the whole prompt, unpadded.
     loaded = load_tokenizer(tiny_tokenizer_dir)
-    loaded.tokenizer.enable_truncation(8)
-    truncating = type(loaded)(loaded.tokenizer, loaded.chat_template_source,
-                              loaded.special_tokens, loaded.path)
     text = "<|user|>" + "many words here " * 10 + "<|assistant|>"
-    assert truncating.encode(text, False) == truncating.tokenizer.encode(
-        text, add_special_tokens=False).ids
-    assert len(truncating.encode(text, False)) == 8
+    full = loaded.encode(text, False)
+    loaded.tokenizer.enable_truncation(8)
+    loaded.tokenizer.enable_padding(length=400)
+    configured = type(loaded)(loaded.tokenizer, loaded.chat_template_source,
+                              loaded.special_tokens, loaded.path)
+    assert len(full) > 8
+    assert configured.encode(text, False) == full
+    assert [list(ids) for ids in configured.encode_arrays(["hi", text], False)] == [
+        configured.encode("hi", False), full]
+
+
+def test_added_tokens_are_found_longest_first_with_thousands_of_them():
+    # The splitter is a trie: "<unused12>" wins over "<unused1>" at one position, and a
+    # text of 50,000 "<" costs a length of one token per position, not one try per token.
+    import re
+    import time
+
+    from prefixroute.edges.tokenization import _trie_pattern
+    tokens = [f"<unused{i}>" for i in range(6000)] + ["<", "<|user|>"]
+    splitter = re.compile("(" + _trie_pattern(sorted(tokens, key=len, reverse=True)) + ")")
+    assert splitter.split("a<unused12>b<unused1>c<|user|><x") == [
+        "a", "<unused12>", "b", "<unused1>", "c", "<|user|>", "", "<", "x"]
+    started = time.process_time()
+    assert len(splitter.split("<" * 50_000)) == 100_001
+    assert time.process_time() - started < 2.0  # about 0.02 s; a plain alternation takes > 1 s
 
 
 def test_the_segment_cache_keeps_to_its_character_budget():

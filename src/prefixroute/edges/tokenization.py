@@ -49,11 +49,12 @@ from prefixroute.core.errors import InputError
 # re-tokenizes the same prompt on retries.
 TEXT_CACHE_SIZE = 1024
 # Pieces between added tokens (system prompts, tools, turns), at most this many and this many
-# characters in all: 16M characters are about 4M tokens of distinct pieces, some 50 MB with
-# their ids (4 bytes a token) and the strings' own memory, and the count bounds the per-entry
-# overhead of many short pieces.
+# characters in all. A cached character costs about 2.5 bytes for English text (the string
+# and its ids) and up to 20 for CJK or emoji (4-byte characters, a token for nearly each), so
+# 4M characters are 10-80 MB: some thousand tenants' system prompts. The count bounds the
+# per-entry overhead of many short pieces.
 SEGMENT_CACHE_SIZE = 65_536
-SEGMENT_CACHE_CHARS = 16_000_000
+SEGMENT_CACHE_CHARS = 4_000_000
 # The self-check text: pieces with and without leading spaces after an added token (some
 # pre-tokenizers treat a piece's start differently), whitespace runs, non-ASCII, digits.
 _PROBE = "x<|a|> y\n\n z {x}\t<|b|>  ÿ€ 12 345<|a|>Word\n<|b|><|a|>"
@@ -170,6 +171,11 @@ class LoadedTokenizer:
     def __init__(self, tokenizer: Any, chat_template: str | None,
                  special_tokens: dict[str, str], path: Path):
         self.path = path
+        # A tokenizer.json may carry truncation or padding settings; transformers turns both
+        # off for every encode that does not ask for them, so vLLM neither truncates nor pads
+        # a prompt: nor do we.
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
         self.tokenizer = tokenizer
         self.chat_template_source = chat_template
         self.special_tokens = special_tokens
@@ -319,9 +325,15 @@ class LoadedTokenizer:
     # -- set-up -----------------------------------------------------------------------------
 
     def _special_ids(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The ids the post-processor puts before and after a text (BOS, EOS...)."""
-        bare = self.tokenizer.encode("x", add_special_tokens=False).ids
-        full = self.tokenizer.encode("x", add_special_tokens=True).ids
+        """The ids the post-processor puts before and after a text (BOS, EOS...), found by
+        encoding a short text with and without them. A text that encodes to no ids at all
+        cannot show where the text sits between them, so the first of a few that encodes to
+        some is used; the self-check at load compares the result with the library anyway."""
+        for text in ("x", "a", "0", "hello", " "):
+            bare = self.tokenizer.encode(text, add_special_tokens=False).ids
+            if bare:
+                break
+        full = self.tokenizer.encode(text, add_special_tokens=True).ids
         for start in range(len(full) - len(bare) + 1):
             if full[start:start + len(bare)] == bare:
                 return tuple(full[:start]), tuple(full[start + len(bare):])
@@ -333,20 +345,50 @@ class LoadedTokenizer:
             return None
         if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in tokens):
             return None  # the library would not cut at the raw text; encode whole texts
-        if self.tokenizer.truncation is not None or self.tokenizer.padding is not None:
-            return None  # they apply to a whole text, not to its pieces
-        # Longest first: at one position the longest added token wins, as in the library.
         contents = sorted({t.content for t in tokens}, key=len, reverse=True)
-        splitter = re.compile("(" + "|".join(re.escape(c) for c in contents) + ")")
+        splitter = re.compile("(" + _trie_pattern(contents) + ")")
         probe = _PROBE.replace("<|a|>", contents[0]).replace("<|b|>", contents[-1])
-        whole = self.tokenizer.encode(probe, add_special_tokens=False).ids
-        joined: list[int] = []
-        for i, piece in enumerate(splitter.split(probe)):
-            if i % 2:
-                joined.append(self._added_ids[piece])
-            elif piece:
-                joined.extend(self.tokenizer.encode(piece, add_special_tokens=False).ids)
-        return splitter if joined == whole else None
+        for special in (False, True):  # with special tokens: BOS before, EOS after, once
+            whole = self.tokenizer.encode(probe, add_special_tokens=special).ids
+            joined: list[int] = list(self._special_prefix) if special else []
+            for i, piece in enumerate(splitter.split(probe)):
+                if i % 2:
+                    joined.append(self._added_ids[piece])
+                elif piece:
+                    joined.extend(self.tokenizer.encode(piece, add_special_tokens=False).ids)
+            if special:
+                joined.extend(self._special_suffix)
+            if joined != whole:
+                return None
+        return splitter
+
+
+def _trie_pattern(literals: Sequence[str]) -> str:
+    """A regular expression matching any of ``literals``, the longest where several match at
+    one position (the library's rule for added tokens), built as a trie so that a position
+    costs the length of one token however many there are: a plain alternation tries every
+    token at every position, and tokenizers with thousands of reserved tokens made that
+    seconds of CPU per large request. Within a node the branches that go on come before the
+    one that ends, so the search prefers the longer match."""
+    trie: dict = {}
+    for literal in literals:
+        node = trie
+        for char in literal:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def pattern(node: dict) -> str:
+        branches = [re.escape(char) + pattern(child) for char, child in sorted(node.items())
+                    if char]
+        if not branches:
+            return ""
+        if "" in node:
+            branches.append("")
+        if len(branches) == 1:
+            return branches[0]
+        return "(?:" + "|".join(branches) + ")"
+
+    return pattern(trie)
 
 
 def load_tokenizer(directory: str | Path) -> LoadedTokenizer:
