@@ -107,7 +107,7 @@ import tempfile
 import threading
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -157,6 +157,7 @@ STARTUP_TIMEOUT_S = 900.0
 # Probes per prompt size in the calibration (the command's default is 3): on a loaded machine
 # three medians once fitted a prefill speed of 0 (every probe's time within the noise).
 CALIBRATE_REPEATS = 7
+SIM_DRAWS = 8  # jittered simulations per seed (the module doc); their mean is the prediction
 ZIPF_EXPONENT = 1.1  # 8 tenants: the top one draws 1 / sum(k^-1.1) = 39.8% of requests
 WORDS = ("cache prefix router replica token block engine request tenant policy queue latency "
          "memory prompt system document section answer model server stream batch decode "
@@ -720,8 +721,36 @@ def simulated_requests(workload: Workload, tokenizer) -> tuple[list[Request], ar
     return requests, after
 
 
+def jittered(prepared: PreparedWorkload, jitter_s: float, rng: random.Random) -> PreparedWorkload:
+    """The closed loop with every request delayed by its own exponential draw of mean
+    ``jitter_s``: a lane's first request arrives that long after the start, each later one
+    that long after the lane's previous request ended (the ``gap_s`` of the closed loop).
+    The request list keeps its order; only the first requests' ``arrival_s`` are read."""
+    delays = [rng.expovariate(1.0 / jitter_s) if jitter_s > 0 else 0.0
+              for _ in prepared.requests]
+    requests = [request if prepared.after[k] >= 0 else replace(request, arrival_s=delays[k])
+                for k, request in enumerate(prepared.requests)]
+    return PreparedWorkload(requests, prepared.block_size, prepared.ideal_cached,
+                            prepared.info, prepared.prompt_keys, prepared.after,
+                            array("d", delays))
+
+
+def _sim_summary(runs: list) -> dict[str, Any]:
+    """Mean hit rate and median TTFT percentiles over the draws of one policy."""
+    return {"token_hit_rate": statistics.fmean(r.summary["token_hit_rate"] for r in runs),
+            "token_hit_rate_draws": [r.summary["token_hit_rate"] for r in runs],
+            "ttft_p50_s": statistics.median(r.summary.get("ttft_p50_s") or 0.0 for r in runs),
+            "ttft_p99_s": statistics.median(r.summary.get("ttft_p99_s") or 0.0 for r in runs),
+            "assignments": runs[0].summary.get("assignments")}
+
+
 def simulate(workload: Workload, tokenizer, blocks: int, replicas: int, profile_path: Path,
-             limits: dict[str, int], seed: int) -> dict[str, dict[str, Any]]:
+             limits: dict[str, int], seed: int,
+             real_ttft_p50_s: float | None = None) -> dict[str, Any]:
+    """The simulator's prediction for one seed's workload: first the deterministic closed
+    loop (``lockstep``), then, with ``real_ttft_p50_s`` (the median TTFT the real runs of
+    this seed showed), :data:`SIM_DRAWS` runs with per-request delays of mean
+    ``max(0, real - simulated median TTFT)``; the policies' figures are the draws' mean."""
     requests, after = simulated_requests(workload, tokenizer)
     prepared = prepare_workload(requests, block_size=BLOCK_SIZE, keep_token_ids=True)
     prepared = PreparedWorkload(prepared.requests, prepared.block_size, prepared.ideal_cached,
@@ -729,15 +758,31 @@ def simulate(workload: Workload, tokenizer, blocks: int, replicas: int, profile_
                                 array("d", [0.0]) * len(requests))
     fleet = FleetConfig(replicas=replicas, cache_blocks=blocks - 1, block_size=BLOCK_SIZE,
                         service=load_profile(str(profile_path)), **limits)
-    out = {"ideal_token_hit_rate": prepared.ideal_token_hit_rate}
-    for spec in sorted(set(SIMULATED.values()) | {SIM_LEARNING}):
-        run = simulate_policy(prepared, fleet, spec, seed=seed)
-        summary = run.summary
-        out[spec] = {"token_hit_rate": summary.get("token_hit_rate"),
-                     "ttft_p50_s": summary.get("ttft_p50_s"),
-                     "ttft_p99_s": summary.get("ttft_p99_s"),
-                     "assignments": summary.get("assignments")}
+    specs = sorted(set(SIMULATED.values()) | {SIM_LEARNING})
+    lockstep = {spec: _sim_summary([simulate_policy(prepared, fleet, spec, seed=seed)])
+                for spec in specs}
+    out: dict[str, Any] = {"ideal_token_hit_rate": prepared.ideal_token_hit_rate,
+                           "lockstep": lockstep}
+    if real_ttft_p50_s is None:
+        out.update(lockstep)
+        out["jitter_s"] = 0.0
+        return out
+    simulated_ttft = statistics.median(v["ttft_p50_s"] for v in lockstep.values())
+    jitter_s = max(0.0, real_ttft_p50_s - simulated_ttft)
+    draws = [jittered(prepared, jitter_s, random.Random(f"jitter-{seed}-{d}"))
+             for d in range(SIM_DRAWS)]
+    for spec in specs:
+        out[spec] = _sim_summary([simulate_policy(w, fleet, spec, seed=seed) for w in draws])
+    out["jitter_s"] = jitter_s
+    out["real_ttft_p50_s"] = real_ttft_p50_s
     return out
+
+
+def real_ttft_median(runs: dict[str, list], seed: int) -> float | None:
+    """The median over the routers of their TTFT p50 in this seed's real runs."""
+    values = [r["ttft_p50_s"] for per in runs.values() for r in per
+              if r.get("seed") == seed and r.get("ttft_p50_s")]
+    return statistics.median(values) if values else None
 
 
 # -- the whole benchmark -----------------------------------------------------------------------
@@ -827,14 +872,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rewrite", type=Path, default=None, metavar="JSON",
                         help="only rewrite the report from an earlier run's JSON (its "
                              "decision summaries recomputed from its workdir, if still there)")
+    parser.add_argument("--resimulate", action="store_true",
+                        help="with --rewrite: compute the simulator's predictions again (the "
+                             "workloads rebuilt from the JSON's settings; the engine profile "
+                             "of --profile, else the one the JSON recorded)")
     parser.add_argument("--exclusive", action="store_true",
                         help="hold the project's one-vLLM lock while the replicas run "
                              "(another real-vLLM suite then waits)")
     args = parser.parse_args(argv)
     # SIGTERM (kill PID) unwinds like Ctrl-C, so every process started here is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.resimulate and not args.rewrite:
+        parser.error("--resimulate goes with --rewrite JSON")
     if args.rewrite:
-        return rewrite(args.rewrite, args.out_dir)
+        return rewrite(args.rewrite, args.out_dir, args.resimulate, args.profile)
     if args.quick:
         args.seeds, args.requests, args.conversations, args.turns = 1, 40, 4, 3
         args.kv_blocks = args.kv_blocks.split(",")[0]
@@ -925,7 +976,8 @@ def main(argv: list[str] | None = None) -> int:
                                 f"cpu {result['router_cpu_ms_per_request']} ms/req load "
                                 f"{result['load_average']} ({result['elapsed_s']} s)")
                     sims.append(simulate(workload, tokenizer, blocks, args.replicas,
-                                         profile_path, limits, seed))
+                                         profile_path, limits, seed,
+                                         real_ttft_median(runs, seed)))
                 per_kv[name] = {"runs": runs,
                                 "real": {r: aggregate(v) for r, v in runs.items()},
                                 "simulated": sims}
@@ -942,23 +994,42 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def rewrite(path: Path, out_dir: Path) -> int:
+def rewrite(path: Path, out_dir: Path, resimulate: bool = False,
+            profile: Path | None = None) -> int:
     """Write the report again from a results JSON, with the decision summaries recomputed
-    from the decisions kept in its workdir (when the workdir still exists)."""
+    from the decisions kept in its workdir (when the workdir still exists), and with
+    ``resimulate`` the simulator's predictions too."""
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         print(f"real_engines.py: cannot read {path}: {exc}", file=sys.stderr)
         return 2
+    if resimulate:
+        problem = install_problem()
+        if problem:  # the engines' tokenizer comes from the install
+            print(f"real_engines.py: {problem}", file=sys.stderr)
+            return 2
+        if profile is not None:
+            try:
+                report["calibration"] = json.loads(profile.read_text())
+            except (OSError, ValueError) as exc:
+                print(f"real_engines.py: cannot read {profile}: {exc}", file=sys.stderr)
+                return 2
     partial = report.pop("partial", None)
     if partial is not None:  # a run stopped early: its workdir's partial.json
         pending = [b for b in report["settings"]["kv_blocks"] if str(b) not in report["kv"]]
         if pending and len(partial) > 1:
             report["kv"][str(pending[0])] = partial
         report["stopped_early"] = True
-    profile = path.parent / "calibrated-profile.json"
-    if report.get("calibration") is None and profile.exists():
-        report["calibration"] = json.loads(profile.read_text())
+    kept_profile = path.parent / "calibrated-profile.json"
+    if report.get("calibration") is None and kept_profile.exists():
+        report["calibration"] = json.loads(kept_profile.read_text())
+    if resimulate:
+        if report.get("calibration") is None:
+            print(f"real_engines.py: {path} records no engine profile: give --profile",
+                  file=sys.stderr)
+            return 2
+        resimulated(report)
     report.setdefault("workdir", str(path.parent))
     report.setdefault("elapsed_s", 0.0)
     workdir = Path(report.get("workdir", ""))
@@ -975,6 +1046,34 @@ def rewrite(path: Path, out_dir: Path) -> int:
                             json.loads(kept.read_text())["decisions"], run.get("elapsed_s"))
     write_report(report, out_dir, "real_engines" if partial is not None else path.stem)
     return 0
+
+
+def resimulated(report: dict) -> None:
+    """Replace every ``simulated`` list of ``report`` by a new prediction: the workloads
+    rebuilt from its settings and seeds, the profile its ``calibration``."""
+    settings = report["settings"]
+    tokenizer = load_tokenizer(vllm_install_dir() / "model")
+    maker = TextMaker(tokenizer)
+    with tempfile.TemporaryDirectory(prefix="prefixroute-resim-") as tmp:
+        profile_path = Path(tmp) / "profile.json"
+        profile_path.write_text(json.dumps(report["calibration"]))
+        for blocks, per_kv in report["kv"].items():
+            for name, data in per_kv.items():
+                if name == "engine_limits":
+                    continue
+                info = settings["workloads"][name]
+                sims = []
+                for seed in range(settings["seeds"]):
+                    if name == "tenants":
+                        workload = tenant_workload(maker, seed, info["requests"],
+                                                   settings["lanes"])
+                    else:
+                        workload = session_workload(maker, seed, info["conversations"],
+                                                    info["turns"], settings["lanes"])
+                    sims.append(simulate(workload, tokenizer, int(blocks), settings["replicas"],
+                                         profile_path, per_kv["engine_limits"], seed,
+                                         real_ttft_median(data["runs"], seed)))
+                data["simulated"] = sims
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -1087,6 +1186,16 @@ def write_report(report: dict, out_dir: Path, stem: str) -> None:
                       "where ours is higher): " + "; ".join(
                           f"{r} {p['mean_points']:+.2f} ({p['ours_better_seeds']}/{p['seeds']})"
                           for r, p in paired.items() if p["mean_points"] is not None) + "."]
+        sims = data["simulated"]
+        jitters = [s_.get("jitter_s") for s_ in sims if s_.get("jitter_s") is not None]
+        if jitters and any(s_.get("lockstep") for s_ in sims):
+            lockstep = {spec: mean([s_["lockstep"][spec]["token_hit_rate"] for s_ in sims])
+                        for spec in sorted(set(SIMULATED[r] for r in data["real"]))}
+            lines += ["", f"Simulated with per-request client delays of mean "
+                      f"{', '.join(f'{1000 * j:.0f}' for j in jitters)} ms per seed (real "
+                      f"TTFT p50 minus simulated), mean of {SIM_DRAWS} draws; without them "
+                      f"(deterministic lockstep): "
+                      + ", ".join(f"{spec} {_pct(v)}" for spec, v in lockstep.items()) + "."]
         lines += ["", "Order real: "
                   f"{' > '.join(comp['real_order'])}; simulated: "
                   f"{' > '.join(comp['simulated_order'])}; every router within 2 points: "
