@@ -15,9 +15,10 @@ engine:
   tokens of fast steps in bursts, which makes chunk gaps meaningless.
 
 The repeats of a size are spread over rounds through all sizes, and the median of each size
-is fitted. Then it fits ``ttft = a + b*u + c*u^2`` (``c`` only where the probes show it) and ``itl = a' + d1*B + d2*C`` with non-negative least
-squares (``prefixroute.core.replica.calibration``); the step overhead is ``a'`` and the rest of
-the TTFT intercept, ``a - a'``, is the per-request ``request_overhead_s`` (HTTP, tokenizing:
+is fitted. Then it fits ``ttft = a + b*u + c*u^2`` (``c`` only where the probes show it) and
+``itl = a' + d1*B + d2*C`` with non-negative least squares
+(``prefixroute.core.replica.calibration``); the step overhead is ``a'`` and the rest of the
+TTFT intercept, ``a - a'``, is the per-request ``request_overhead_s`` (HTTP, tokenizing:
 outside the engine's steps). It writes the profile as the JSON mapping
 ``profile_from_dict`` reads, so ``prefixroute simulate --profile FILE`` and ``prefixroute
 replica --profile FILE`` load it. Without ``--out`` the profile is printed; ``--json``
