@@ -1143,6 +1143,17 @@ def compare(report: dict) -> dict[str, Any]:
     return out
 
 
+def draw_error(sims: list[dict], spec: str) -> float | None:
+    """Standard error, in points, of a mean over ``len(sims)`` seeds of single runs drawn as
+    the simulator's jittered draws are: the pooled within-seed standard deviation of the
+    draws over the square root of the seeds."""
+    variances = [statistics.variance(s[spec]["token_hit_rate_draws"]) for s in sims
+                 if len(s.get(spec, {}).get("token_hit_rate_draws", [])) > 1]
+    if not variances:
+        return None
+    return 100 * math.sqrt(statistics.fmean(variances) / len(sims))
+
+
 def write_report(report: dict, out_dir: Path, stem: str) -> None:
     report["comparison"] = compare(report)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1205,7 +1216,12 @@ def write_report(report: dict, out_dir: Path, stem: str) -> None:
                       f"{', '.join(f'{1000 * j:.0f}' for j in jitters)} ms per seed "
                       f"({JITTER_FRACTION:g} x the simulated median TTFT); without them "
                       f"(deterministic lockstep): "
-                      + ", ".join(f"{spec} {_pct(v)}" for spec, v in lockstep.items()) + "."]
+                      + ", ".join(f"{spec} {_pct(v)}" for spec, v in lockstep.items()) + ". "
+                      f"The draws' spread, as the standard error of a mean over "
+                      f"{len(sims)} seed(s) (what seed-to-seed noise alone leaves between a "
+                      f"real mean and the prediction): "
+                      + ", ".join(f"{spec} {_num(draw_error(sims, spec), '.1f')} points"
+                                  for spec in lockstep) + "."]
         lines += ["", "Order real: "
                   f"{' > '.join(comp['real_order'])}; simulated: "
                   f"{' > '.join(comp['simulated_order'])}; every router within 2 points: "
