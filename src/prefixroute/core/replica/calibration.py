@@ -15,13 +15,12 @@ The attention term is kept only where the probes show it. On a small model, or p
 shorter than the model's width, ``c*u*u`` is lost in the noise of the measured times, and
 three free coefficients then fit the noise: one probe slowed by a busy machine bends the
 curve, the unconstrained optimum wants ``b < 0``, and the non-negative fit answers ``b = 0``
-with all of the growth in ``c`` (a real case on a loaded two-core machine: 0 s/token and
-7.3e-9 s/token^2 where the engine took about 10 us per token). That profile prices short
-prompts as free and long ones as too dear, and tells a router that uncached tokens cost
-nothing. A per-token cost always exists (every token passes every layer's weights), so
-:func:`fit_prefill` keeps ``c`` only when the full fit keeps ``b > 0`` too and predicts
-each probe left out of it better (leave-one-out error) than the straight line ``a + b*u``;
-otherwise it returns the straight line.
+with all of the growth in ``c``. Such a profile prices short prompts as free and long ones
+as too dear, tells a router that uncached tokens cost nothing, and gives every request of a
+simulated run nearly the same duration. A per-token cost always exists (every token passes
+every layer's weights), so :func:`fit_prefill` keeps ``c`` only when the full fit keeps
+``b > 0`` too and predicts each probe left out of it better (leave-one-out error) than the
+straight line ``a + b*u``; otherwise it returns the straight line.
 
 Decode probes: ``B`` requests decoding together, ``C`` context tokens in total; the time
 between their tokens is one decode step,
