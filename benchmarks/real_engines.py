@@ -85,6 +85,30 @@ the SGLang router's algorithm; both peers match text characters where ours match
 Reported per router: simulated against real token hit rate (mean over seeds), and whether the
 routers come out in the same order.
 
+*Timing noise.* The simulator is deterministic; the real run is not (two engines, the
+router, the client and other users share two cores). Without noise, four closed-loop lanes
+over two replicas can fall into lockstep: every round the lanes end in the same order, so
+round robin sends each lane, and so each conversation, to the same replica, a session
+affinity the real runs never had (their logged decisions show each lane's requests spread
+over both replicas). With an engine profile whose prefill cost no longer grows with the
+prompt (a broken calibration fitted 0 s/token), every request took the same time and the
+lockstep was exact: round robin was predicted at 65% of the sessions workload's tokens
+where the real runs measured 49%. Replaying the real runs' own arrival order instead
+(the gateway's decision log) gives round robin's real hit rate to within 1 point per seed,
+so the caches are modelled right and the order was what differed; but that replay needs the
+real run, and the other policies' decisions depend on its timing too, so the prediction
+models the noise instead: every request is delayed by an exponential draw (a lane's first
+request from the start, each later one from the end of the lane's previous request), of
+mean :data:`JITTER_FRACTION` times the deterministic run's median TTFT, and the prediction
+is the mean of :data:`SIM_DRAWS` seeded draws. Only the ratio of the delays to the service
+times matters (the policies are told the profile's speed, so scaling both changes no
+decision). Round robin's prediction is flat once the delays reach half a TTFT; the
+cache-aware policies' moves by 1 to 7 points between half and twice a TTFT, and the factor 1
+is the best of 0.5, 1 and 2 over two real runs (5 and 3 seeds, load average 5 to 8 and 12 to
+21). Delays as large as the whole gap between real and simulated TTFT (the loaded machine's
+slowdown, 3 to 10 TTFTs) empty the simulated engines and overpredict at 96 blocks (by 6 to 11
+points), since on the real machine that time is spent inside the slowed engines.
+
 Bounded: every request has a timeout, every run a deadline; every process this script
 started is stopped by its own id, on success, error and Ctrl-C alike.
 """
@@ -107,7 +131,7 @@ import tempfile
 import threading
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -154,9 +178,13 @@ RUN_DEADLINE_S = 600.0
 # vLLM starts in 25-50 s on an idle machine; two at once beside other developers' test runs
 # (load average 13 on 2 cores) took over 240 s, the launcher's default, in a first try.
 STARTUP_TIMEOUT_S = 900.0
-# Probes per prompt size in the calibration (the command's default is 3): on a loaded machine
-# three medians once fitted a prefill speed of 0 (every probe's time within the noise).
+# Probes per prompt size in the calibration (the command's default is 3): medians of more
+# probes resist a loaded machine's noise (which once made the fit answer 0 s/token).
 CALIBRATE_REPEATS = 7
+SIM_DRAWS = 8  # jittered simulations per seed (the module doc); their mean is the prediction
+# Mean per-request delay of the simulated closed loop, in simulated median TTFTs (the module
+# doc says how it was chosen).
+JITTER_FRACTION = 1.0
 ZIPF_EXPONENT = 1.1  # 8 tenants: the top one draws 1 / sum(k^-1.1) = 39.8% of requests
 WORDS = ("cache prefix router replica token block engine request tenant policy queue latency "
          "memory prompt system document section answer model server stream batch decode "
@@ -720,8 +748,35 @@ def simulated_requests(workload: Workload, tokenizer) -> tuple[list[Request], ar
     return requests, after
 
 
+def jittered(prepared: PreparedWorkload, jitter_s: float, rng: random.Random) -> PreparedWorkload:
+    """The closed loop with every request delayed by its own exponential draw of mean
+    ``jitter_s``: a lane's first request arrives that long after the start, each later one
+    that long after the lane's previous request ended (the ``gap_s`` of the closed loop).
+    The request list keeps its order; only the first requests' ``arrival_s`` are read."""
+    delays = [rng.expovariate(1.0 / jitter_s) if jitter_s > 0 else 0.0
+              for _ in prepared.requests]
+    requests = [request if prepared.after[k] >= 0 else replace(request, arrival_s=delays[k])
+                for k, request in enumerate(prepared.requests)]
+    return PreparedWorkload(requests, prepared.block_size, prepared.ideal_cached,
+                            prepared.info, prepared.prompt_keys, prepared.after,
+                            array("d", delays))
+
+
+def _sim_summary(runs: list) -> dict[str, Any]:
+    """Mean hit rate and median TTFT percentiles over the draws of one policy."""
+    return {"token_hit_rate": statistics.fmean(r.summary["token_hit_rate"] for r in runs),
+            "token_hit_rate_draws": [r.summary["token_hit_rate"] for r in runs],
+            "ttft_p50_s": statistics.median(r.summary.get("ttft_p50_s") or 0.0 for r in runs),
+            "ttft_p99_s": statistics.median(r.summary.get("ttft_p99_s") or 0.0 for r in runs),
+            "assignments": runs[0].summary.get("assignments")}
+
+
 def simulate(workload: Workload, tokenizer, blocks: int, replicas: int, profile_path: Path,
-             limits: dict[str, int], seed: int) -> dict[str, dict[str, Any]]:
+             limits: dict[str, int], seed: int) -> dict[str, Any]:
+    """The simulator's prediction for one seed's workload (the module doc): the deterministic
+    closed loop first (kept as ``lockstep``), whose median TTFT sets the mean of the
+    per-request delays; then :data:`SIM_DRAWS` runs with delays, whose mean is the
+    prediction."""
     requests, after = simulated_requests(workload, tokenizer)
     prepared = prepare_workload(requests, block_size=BLOCK_SIZE, keep_token_ids=True)
     prepared = PreparedWorkload(prepared.requests, prepared.block_size, prepared.ideal_cached,
@@ -729,14 +784,16 @@ def simulate(workload: Workload, tokenizer, blocks: int, replicas: int, profile_
                                 array("d", [0.0]) * len(requests))
     fleet = FleetConfig(replicas=replicas, cache_blocks=blocks - 1, block_size=BLOCK_SIZE,
                         service=load_profile(str(profile_path)), **limits)
-    out = {"ideal_token_hit_rate": prepared.ideal_token_hit_rate}
-    for spec in sorted(set(SIMULATED.values()) | {SIM_LEARNING}):
-        run = simulate_policy(prepared, fleet, spec, seed=seed)
-        summary = run.summary
-        out[spec] = {"token_hit_rate": summary.get("token_hit_rate"),
-                     "ttft_p50_s": summary.get("ttft_p50_s"),
-                     "ttft_p99_s": summary.get("ttft_p99_s"),
-                     "assignments": summary.get("assignments")}
+    specs = sorted(set(SIMULATED.values()) | {SIM_LEARNING})
+    lockstep = {spec: _sim_summary([simulate_policy(prepared, fleet, spec, seed=seed)])
+                for spec in specs}
+    jitter_s = JITTER_FRACTION * statistics.median(v["ttft_p50_s"] for v in lockstep.values())
+    draws = [jittered(prepared, jitter_s, random.Random(f"jitter-{seed}-{d}"))
+             for d in range(SIM_DRAWS)]
+    out: dict[str, Any] = {"ideal_token_hit_rate": prepared.ideal_token_hit_rate,
+                           "jitter_s": jitter_s, "lockstep": lockstep}
+    for spec in specs:
+        out[spec] = _sim_summary([simulate_policy(w, fleet, spec, seed=seed) for w in draws])
     return out
 
 
@@ -827,14 +884,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rewrite", type=Path, default=None, metavar="JSON",
                         help="only rewrite the report from an earlier run's JSON (its "
                              "decision summaries recomputed from its workdir, if still there)")
+    parser.add_argument("--resimulate", action="store_true",
+                        help="with --rewrite: compute the simulator's predictions again (the "
+                             "workloads rebuilt from the JSON's settings; the engine profile "
+                             "of --profile, else the one the JSON recorded)")
     parser.add_argument("--exclusive", action="store_true",
                         help="hold the project's one-vLLM lock while the replicas run "
                              "(another real-vLLM suite then waits)")
     args = parser.parse_args(argv)
     # SIGTERM (kill PID) unwinds like Ctrl-C, so every process started here is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.resimulate and not args.rewrite:
+        parser.error("--resimulate goes with --rewrite JSON")
     if args.rewrite:
-        return rewrite(args.rewrite, args.out_dir)
+        return rewrite(args.rewrite, args.out_dir, args.resimulate, args.profile)
     if args.quick:
         args.seeds, args.requests, args.conversations, args.turns = 1, 40, 4, 3
         args.kv_blocks = args.kv_blocks.split(",")[0]
@@ -942,23 +1005,42 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def rewrite(path: Path, out_dir: Path) -> int:
+def rewrite(path: Path, out_dir: Path, resimulate: bool = False,
+            profile: Path | None = None) -> int:
     """Write the report again from a results JSON, with the decision summaries recomputed
-    from the decisions kept in its workdir (when the workdir still exists)."""
+    from the decisions kept in its workdir (when the workdir still exists), and with
+    ``resimulate`` the simulator's predictions too."""
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         print(f"real_engines.py: cannot read {path}: {exc}", file=sys.stderr)
         return 2
+    if resimulate:
+        problem = install_problem()
+        if problem:  # the engines' tokenizer comes from the install
+            print(f"real_engines.py: {problem}", file=sys.stderr)
+            return 2
+        if profile is not None:
+            try:
+                report["calibration"] = json.loads(profile.read_text())
+            except (OSError, ValueError) as exc:
+                print(f"real_engines.py: cannot read {profile}: {exc}", file=sys.stderr)
+                return 2
     partial = report.pop("partial", None)
     if partial is not None:  # a run stopped early: its workdir's partial.json
         pending = [b for b in report["settings"]["kv_blocks"] if str(b) not in report["kv"]]
         if pending and len(partial) > 1:
             report["kv"][str(pending[0])] = partial
         report["stopped_early"] = True
-    profile = path.parent / "calibrated-profile.json"
-    if report.get("calibration") is None and profile.exists():
-        report["calibration"] = json.loads(profile.read_text())
+    kept_profile = path.parent / "calibrated-profile.json"
+    if report.get("calibration") is None and kept_profile.exists():
+        report["calibration"] = json.loads(kept_profile.read_text())
+    if resimulate:
+        if report.get("calibration") is None:
+            print(f"real_engines.py: {path} records no engine profile: give --profile",
+                  file=sys.stderr)
+            return 2
+        resimulated(report)
     report.setdefault("workdir", str(path.parent))
     report.setdefault("elapsed_s", 0.0)
     workdir = Path(report.get("workdir", ""))
@@ -975,6 +1057,33 @@ def rewrite(path: Path, out_dir: Path) -> int:
                             json.loads(kept.read_text())["decisions"], run.get("elapsed_s"))
     write_report(report, out_dir, "real_engines" if partial is not None else path.stem)
     return 0
+
+
+def resimulated(report: dict) -> None:
+    """Replace every ``simulated`` list of ``report`` by a new prediction: the workloads
+    rebuilt from its settings and seeds, the profile its ``calibration``."""
+    settings = report["settings"]
+    tokenizer = load_tokenizer(vllm_install_dir() / "model")
+    maker = TextMaker(tokenizer)
+    with tempfile.TemporaryDirectory(prefix="prefixroute-resim-") as tmp:
+        profile_path = Path(tmp) / "profile.json"
+        profile_path.write_text(json.dumps(report["calibration"]))
+        for blocks, per_kv in report["kv"].items():
+            for name, data in per_kv.items():
+                if name == "engine_limits":
+                    continue
+                info = settings["workloads"][name]
+                sims = []
+                for seed in range(settings["seeds"]):
+                    if name == "tenants":
+                        workload = tenant_workload(maker, seed, info["requests"],
+                                                   settings["lanes"])
+                    else:
+                        workload = session_workload(maker, seed, info["conversations"],
+                                                    info["turns"], settings["lanes"])
+                    sims.append(simulate(workload, tokenizer, int(blocks), settings["replicas"],
+                                         profile_path, per_kv["engine_limits"], seed))
+                data["simulated"] = sims
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -1034,6 +1143,17 @@ def compare(report: dict) -> dict[str, Any]:
     return out
 
 
+def draw_error(sims: list[dict], spec: str) -> float | None:
+    """Standard error, in points, of a mean over ``len(sims)`` seeds of single runs drawn as
+    the simulator's jittered draws are: the pooled within-seed standard deviation of the
+    draws over the square root of the seeds."""
+    variances = [statistics.variance(s[spec]["token_hit_rate_draws"]) for s in sims
+                 if len(s.get(spec, {}).get("token_hit_rate_draws", [])) > 1]
+    if not variances:
+        return None
+    return 100 * math.sqrt(statistics.fmean(variances) / len(sims))
+
+
 def write_report(report: dict, out_dir: Path, stem: str) -> None:
     report["comparison"] = compare(report)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1087,6 +1207,21 @@ def write_report(report: dict, out_dir: Path, stem: str) -> None:
                       "where ours is higher): " + "; ".join(
                           f"{r} {p['mean_points']:+.2f} ({p['ours_better_seeds']}/{p['seeds']})"
                           for r, p in paired.items() if p["mean_points"] is not None) + "."]
+        sims = data["simulated"]
+        jitters = [s_.get("jitter_s") for s_ in sims if s_.get("jitter_s") is not None]
+        if jitters and any(s_.get("lockstep") for s_ in sims):
+            lockstep = {spec: mean([s_["lockstep"][spec]["token_hit_rate"] for s_ in sims])
+                        for spec in sorted(set(SIMULATED[r] for r in data["real"]))}
+            lines += ["", f"Simulated: mean of {SIM_DRAWS} draws of per-request delays, mean "
+                      f"{', '.join(f'{1000 * j:.0f}' for j in jitters)} ms per seed "
+                      f"({JITTER_FRACTION:g} x the simulated median TTFT); without them "
+                      f"(deterministic lockstep): "
+                      + ", ".join(f"{spec} {_pct(v)}" for spec, v in lockstep.items()) + ". "
+                      f"The draws' spread, as the standard error of a mean over "
+                      f"{len(sims)} seed(s) (what seed-to-seed noise alone leaves between a "
+                      f"real mean and the prediction): "
+                      + ", ".join(f"{spec} {_num(draw_error(sims, spec), '.1f')} points"
+                                  for spec in lockstep) + "."]
         lines += ["", "Order real: "
                   f"{' > '.join(comp['real_order'])}; simulated: "
                   f"{' > '.join(comp['simulated_order'])}; every router within 2 points: "

@@ -94,3 +94,63 @@ def test_the_profile_round_trips_through_profile_from_dict():
 def test_without_decode_probes_the_decode_terms_come_from_the_base():
     profile, summary = calibrated_profile("fitted", prefill_samples(), base="llama-3-8b-h100")
     assert profile.decode_s_per_seq == 5.0e-5 and "decode" not in summary
+
+
+# A small model on a CPU: 22 ms outside the steps plus 10 us per token, no visible attention
+# term up to 1,843 tokens (the probe sizes of a 2,048-token context).
+SMALL_A, SMALL_B = 0.022, 1e-5
+SMALL_SIZES = (16, 64, 128, 256, 512, 1024, 1843)
+
+
+def noisy_line_samples(seed: int, noise_s: float = 0.002, slow_probe: int | None = None):
+    rng = np.random.default_rng(seed)
+    samples = []
+    for u in SMALL_SIZES:
+        ttft = SMALL_A + SMALL_B * u + rng.normal(0.0, noise_s)
+        if u == slow_probe:
+            ttft += 0.015  # a spell of load on a shared machine
+        samples.append(PrefillSample(u, ttft))
+    return samples
+
+
+def test_a_noisy_straight_line_keeps_its_per_token_cost():
+    # 2 ms of noise per median: now and then the noise looks curved enough to keep a small
+    # c, but the per-token cost never vanishes and the curve stays on the line.
+    straight = 0
+    for seed in range(40):
+        a, b, c = fit_prefill(noisy_line_samples(seed)).coefficients
+        assert b > 0
+        straight += c == 0.0
+        for u in SMALL_SIZES:
+            assert a + b * u + c * u * u == pytest.approx(SMALL_A + SMALL_B * u, abs=0.005)
+        if c == 0.0:
+            assert b == pytest.approx(SMALL_B, rel=0.4)
+    assert straight >= 36
+
+
+@pytest.mark.parametrize("slow_probe", [64, 128, 256])
+def test_one_slow_short_probe_does_not_turn_the_per_token_cost_into_attention(slow_probe):
+    a, b, c = fit_prefill(noisy_line_samples(1, noise_s=0.001,
+                                             slow_probe=slow_probe)).coefficients
+    assert (b, c) == (pytest.approx(SMALL_B, rel=0.4), 0.0)
+
+
+def test_the_medians_of_a_loaded_two_core_machine_give_a_per_token_cost():
+    # Measured on real vLLM CPU (tiny model, load average ~6): the three-coefficient fit
+    # answered b = 0, c = 7.3e-9 s/token^2; the straight line through them is 12.4 us/token.
+    measured = [(16, 0.02132), (64, 0.04058), (128, 0.02764), (256, 0.02849), (512, 0.02688),
+                (1024, 0.03196), (1843, 0.05423)]
+    a, b, c = fit_prefill([PrefillSample(u, t) for u, t in measured]).coefficients
+    assert c == 0.0
+    assert b == pytest.approx(1.24e-5, rel=0.01)
+    assert a == pytest.approx(0.0262, rel=0.01)
+
+
+def test_a_real_attention_term_is_kept_through_noise():
+    # A larger model to 8k tokens: c*u^2 is 1.3 s at the top, far above 5 ms of noise.
+    rng = np.random.default_rng(3)
+    sizes = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    samples = [PrefillSample(u, A + B * u + C * u * u + rng.normal(0.0, 0.005)) for u in sizes]
+    a, b, c = fit_prefill(samples).coefficients
+    assert b == pytest.approx(B, rel=0.2)
+    assert c == pytest.approx(C, rel=0.05)

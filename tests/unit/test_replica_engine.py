@@ -317,3 +317,20 @@ def test_make_replica_sizes_kv_from_blocks_or_from_memory_and_model():
     assert by_memory.pool.capacity_blocks == 512
     with pytest.raises(ConfigError, match="one way"):
         make_replica(SIMPLE, 16)
+
+
+def test_a_request_in_its_overhead_counts_as_pending_prefill():
+    # A router counts a prefill pending from dispatch to the first token; the overhead before
+    # the engine admits the request is part of that time, so the readout counts it too.
+    from dataclasses import replace
+
+    engine = ReplicaEngine(PagedBlockPool(101, 16), replace(SIMPLE, request_overhead_s=0.05))
+    engine.submit("a", 100, 3, [], now=0.0)
+    engine.submit("b", 60, 3, [], now=0.01)
+    assert engine.entering == 2 and engine.pending_prefill_tokens == 160
+    assert engine.abort("b", now=0.02)
+    assert engine.pending_prefill_tokens == 100
+    engine.advance(0.05)  # a entered: waiting or in its step, still uncomputed
+    assert engine.entering == 0 and engine.pending_prefill_tokens == 100
+    drain(engine)
+    assert engine.pending_prefill_tokens == 0

@@ -11,6 +11,17 @@ so least squares over several sizes gives the step overhead ``a`` (which absorbs
 round trip: the emulator's own overhead is far smaller), the per-token cost ``b`` and the
 attention term ``c``.
 
+The attention term is kept only where the probes show it. On a small model, or prompts far
+shorter than the model's width, ``c*u*u`` is lost in the noise of the measured times, and
+three free coefficients then fit the noise: one probe slowed by a busy machine bends the
+curve, the unconstrained optimum wants ``b < 0``, and the non-negative fit answers ``b = 0``
+with all of the growth in ``c``. Such a profile prices short prompts as free and long ones
+as too dear, tells a router that uncached tokens cost nothing, and gives every request of a
+simulated run nearly the same duration. A per-token cost always exists (every token passes
+every layer's weights), so :func:`fit_prefill` keeps ``c`` only when the full fit keeps
+``b > 0`` too and predicts each probe left out of it better (leave-one-out error) than the
+straight line ``a + b*u``; otherwise it returns the straight line.
+
 Decode probes: ``B`` requests decoding together, ``C`` context tokens in total; the time
 between their tokens is one decode step,
 
@@ -101,14 +112,31 @@ def _quality(design: np.ndarray, target: np.ndarray, x: np.ndarray) -> tuple[flo
     return r_squared, math.sqrt(ss_res / len(target))
 
 
+def leave_one_out_error(design: np.ndarray, target: np.ndarray) -> float:
+    """Sum of squared errors of predicting each row from a non-negative fit to the others."""
+    total = 0.0
+    for i in range(len(target)):
+        rest = np.arange(len(target)) != i
+        x = nonnegative_least_squares(design[rest], target[rest])
+        total += float((design[i] @ x - target[i]) ** 2)
+    return total
+
+
 def fit_prefill(samples: Sequence[PrefillSample]) -> Fit:
-    """(a, b, c) of ``ttft = a + b*u + c*u^2``; needs at least three distinct sizes."""
+    """(a, b, c) of ``ttft = a + b*u + c*u^2``, with ``c`` 0 unless the probes show it (the
+    module doc); needs at least three distinct sizes."""
     if len({s.uncached_tokens for s in samples}) < 3:
         raise ConfigError("a prefill fit needs probes at three or more prompt sizes")
     u = np.array([s.uncached_tokens for s in samples], dtype=float)
     design = np.column_stack([np.ones_like(u), u, u * u])
     target = np.array([s.ttft_s for s in samples], dtype=float)
-    x = nonnegative_least_squares(design, target)
+    line = np.concatenate([nonnegative_least_squares(design[:, :2], target), [0.0]])
+    x = line
+    full = nonnegative_least_squares(design, target)
+    # Leave-one-out needs three sizes left after dropping any one probe.
+    if full[1] > 0 and full[2] > 0 and len(set(u.tolist())) >= 4 and \
+            leave_one_out_error(design, target) < leave_one_out_error(design[:, :2], target):
+        x = full
     r_squared, rms = _quality(design, target, x)
     return Fit(tuple(float(v) for v in x), r_squared, rms)
 

@@ -244,6 +244,7 @@ class ReplicaEngine:
         # Submitted, entering at (time, order, seq) once the request overhead has passed.
         self._arriving: list[tuple[float, int, _Seq]] = []
         self._arrival_order = itertools.count()
+        self._entering_prompt = 0  # prompt tokens of the requests in ``_arriving``
         self._seqs: dict[Hashable, _Seq] = {}
         self._step: _Step | None = None
         self._run: _DecodeRun | None = None
@@ -275,8 +276,12 @@ class ReplicaEngine:
     @property
     def pending_prefill_tokens(self) -> int:
         """Prompt tokens (and tokens to recompute after preemption) not computed yet; a
-        waiting request counts its whole prompt, since its hit is known only at admission."""
-        return self._pending_prefill
+        waiting request counts its whole prompt, since its hit is known only at admission,
+        and so does one still in its request overhead: a router counts a prefill pending
+        from dispatch to the first token, and the overhead (HTTP, tokenizing) is part of that
+        time, as it is of a real engine's (a gateway's pending prefill is its dispatched
+        requests without a first token)."""
+        return self._pending_prefill + self._entering_prompt
 
     def busy_seconds_until(self, t: float) -> float:
         """Seconds spent in steps up to time ``t``, given that every event at or before ``t``
@@ -335,6 +340,7 @@ class ReplicaEngine:
         overhead = self.service.request_overhead_s
         if overhead > 0:
             heapq.heappush(self._arriving, (now + overhead, next(self._arrival_order), seq))
+            self._entering_prompt += seq.prompt
         else:
             self._enter(seq, now)
 
@@ -361,6 +367,7 @@ class ReplicaEngine:
                 self._arriving[index] = self._arriving[-1]
                 self._arriving.pop()
                 heapq.heapify(self._arriving)
+                self._entering_prompt -= seq.prompt
                 del self._seqs[request_id]
                 return True
         if seq in self._waiting:
@@ -402,6 +409,7 @@ class ReplicaEngine:
         arriving = self._arriving
         while arriving and arriving[0][0] <= now:
             enters, _, seq = heapq.heappop(arriving)
+            self._entering_prompt -= seq.prompt
             self._steps_until(enters)
             self._enter(seq, enters)
         self._steps_until(now)

@@ -14,9 +14,11 @@ engine:
   step time. End-to-end times, not gaps between streamed chunks: vLLM's API server delivers
   tokens of fast steps in bursts, which makes chunk gaps meaningless.
 
-Then it fits ``ttft = a + b*u + c*u^2`` and ``itl = a' + d1*B + d2*C`` with non-negative least
-squares (``prefixroute.core.replica.calibration``); the step overhead is ``a'`` and the rest of
-the TTFT intercept, ``a - a'``, is the per-request ``request_overhead_s`` (HTTP, tokenizing:
+The repeats of a size are spread over rounds through all sizes, and the median of each size
+is fitted. Then it fits ``ttft = a + b*u + c*u^2`` (``c`` only where the probes show it) and
+``itl = a' + d1*B + d2*C`` with non-negative least squares
+(``prefixroute.core.replica.calibration``); the step overhead is ``a'`` and the rest of the
+TTFT intercept, ``a - a'``, is the per-request ``request_overhead_s`` (HTTP, tokenizing:
 outside the engine's steps). It writes the profile as the JSON mapping
 ``profile_from_dict`` reads, so ``prefixroute simulate --profile FILE`` and ``prefixroute
 replica --profile FILE`` load it. Without ``--out`` the profile is printed; ``--json``
@@ -185,19 +187,22 @@ async def _measure(url: str, args, batches: list[int]) -> dict:
         total = len(sizes) * args.repeats + len(batches) * len(contexts)
         with Progress(transient=True, disable=not sys.stderr.isatty()) as progress:
             task = progress.add_task("probing", total=total)
-            for size in sizes:
-                measured = []
-                for _ in range(args.repeats):
+            # Rounds over every size, not all repeats of one size in a row: a spell of load
+            # on a shared machine then slows one probe of several sizes, which the medians
+            # drop, instead of every probe of one size, which bends the fitted curve.
+            measured: dict[int, list[float]] = {size: [] for size in sizes}
+            for _ in range(args.repeats):
+                for size in sizes:
                     for _attempt in range(3):
                         if reset:
                             await client.post("/reset_prefix_cache")
                         times, cached = await stream(prompt(size), 1)
                         if cached == 0 and times:
-                            measured.append(times[0])
+                            measured[size].append(times[0])
                             break
                     progress.advance(task)
-                if measured:
-                    prefill.append(PrefillSample(size, statistics.median(measured)))
+            prefill.extend(PrefillSample(size, statistics.median(times))
+                           for size, times in measured.items() if times)
             for batch in batches:
                 for context in contexts:
                     elapsed = {}
