@@ -9,6 +9,7 @@ import asyncio
 import time
 
 from prometheus_client import CollectorRegistry
+from redis.asyncio.connection import Connection
 
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
 from prefixroute.core.routing.lifecycle import LifecycleRunner
@@ -254,3 +255,35 @@ def test_a_slice_a_credit_or_a_known_refusal_decides_without_asking_redis(tmp_pa
     assert ops == 2  # a's charge with its slice, b's token
     assert 74 <= level < 76  # 100 - 1 (the credit) - 24 (the slice), plus a little refill
     assert counts["credit"] == 1
+
+
+def test_lapsed_slices_of_many_tenants_go_back_in_one_round_trip(tmp_path, monkeypatch):
+    sends = []
+    real_send = Connection.send_packed_command
+
+    async def counted(self, command, check_health=True):  # the real send, counted
+        sends.append(1)
+        return await real_send(self, command, check_health)
+
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t10")
+            shared.limiter.ttl_s = 0.05
+            bucket = [("requests", 100.0, 100.0, 1.0)]  # slices of 25
+            tenants = [f"tenant-{i}" for i in range(20)]
+            for tenant in tenants:
+                await shared.take(tenant, bucket)  # 24 unspent in each slice
+            await asyncio.sleep(0.06)  # the slices lapse
+            monkeypatch.setattr(Connection, "send_packed_command", counted)
+            returned = await shared.limiter.sweep()
+            monkeypatch.undo()
+            levels = [float(await shared.link.client.hget(shared.limiter.key(t), "tokens"))
+                      for t in tenants]
+            await shared.stop()
+            return returned, levels
+
+    returned, levels = asyncio.run(scenario())
+    assert returned == 20
+    # One pipeline (and the check that Redis holds the script), not 20 round trips.
+    assert len(sends) <= 2
+    assert all(level >= 99 for level in levels)  # 75 + 24 back, plus the refill
