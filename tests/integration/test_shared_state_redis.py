@@ -257,6 +257,32 @@ def test_a_slice_a_credit_or_a_known_refusal_decides_without_asking_redis(tmp_pa
     assert counts["credit"] == 1
 
 
+def test_a_first_prompt_does_not_wait_for_the_slice_fetched_before_it_was_tokenized(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t11")
+            limit = ("prompt_tokens", 5000.0, 5000.0)
+            shared.warm("a", *limit)  # at arrival: a slice of 1250 asked for
+            await asyncio.sleep(0)  # sent while the body is read
+            # Tokenized before Redis answered: the bucket, never asked, is taken as full.
+            wait = shared.take_local("a", [(*limit, 1000.0)])
+            await until(lambda: not shared.limiter._fetching)
+            lease = shared.limiter.leases[shared.limiter.key("a", "prompt_tokens")]
+            held, owed = lease.tokens, lease.owed
+            level = float(await shared.link.client.hget(
+                shared.limiter.key("a", "prompt_tokens"), "tokens"))
+            ops = shared.registry.get_sample_value(
+                "prefixroute_shared_state_redis_operations_total", {"op": "ratelimit"})
+            await shared.stop()
+            return wait, held, owed, level, ops
+
+    wait, held, owed, level, ops = asyncio.run(scenario())
+    assert wait == 0.0  # decided at once, on credit
+    assert (held, owed) == (250, 0)  # paid from the slice: 1250 - 1000
+    assert ops == 1  # the warm fetch only
+    assert 3750 <= level < 3760  # 5000 - 1250, plus a little refill
+
+
 def test_lapsed_slices_of_many_tenants_go_back_in_one_round_trip(tmp_path, monkeypatch):
     sends = []
     real_send = Connection.send_packed_command

@@ -154,11 +154,13 @@ class SharedRateLimiter:
                 self._maybe_prefetch(key, lease, float(cost))
                 continue
             wait = lease.known_wait(cost, now)
-            if (wait == 0 and key not in self._fetching
-                    and lease.may_admit_on_credit(cost, now)):
-                lease.credit(cost)  # charged by this fetch, off the path
+            if wait == 0 and lease.may_admit_on_credit(cost, now):
+                # Charged by a fetch off the path: the one on its way pays it from its slice
+                # (Lease.granted), else one started now.
+                lease.credit(cost)
                 self.counts["credit"] += 1
-                self._start_fetch(key, lease, cost, ahead=True)
+                if key not in self._fetching:
+                    self._start_fetch(key, lease, cost, ahead=True)
                 taken.append((lease, 0.0))
                 continue
             for held, spent in taken:
