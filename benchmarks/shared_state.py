@@ -305,7 +305,8 @@ def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instan
         probe.stop()
     summary = summarize(outcomes, time_scale=args.time_scale)
     ttfts = [o.ttft_s for o in outcomes if o.ok and o.ttft_s is not None]
-    summary["ttft_mean_s"] = round(statistics.fmean(ttfts) / args.time_scale, 4) if ttfts else None
+    summary["ttft_mean_s"] = (round(statistics.fmean(ttfts) / args.time_scale, 4)
+                              if ttfts else None)
     summary["ttfts_s"] = ttfts  # wall seconds
     return urls, summary
 
@@ -359,6 +360,10 @@ def experiment_row(fleet: LocalFleet, more: list, headers: dict, args, name: str
     if shared_url is not None:
         path = path_figures(urls, len(more))
         row["remote_lag_ms"] = [path["remote_lag_p50_ms"], path["remote_lag_p99_ms"]]
+        _, waits, waited = histogram(urls, "prefixroute_shared_state_path_seconds",
+                                     'op="limits_wait"')
+        row["limits_wait_mean_ms"] = round(waited / max(1.0, waits) * 1e3, 2)
+        row["limits_wait_us"] = [path["limits_wait"]["p50_us"], path["limits_wait"]["p99_us"]]
         blind: dict[str, int] = {}
         for u in urls:
             for head, value in metric_lines(u):
@@ -566,8 +571,9 @@ def print_experiments(rows: list[dict]) -> None:
               f"before send {r['gateway_time_before_sending_mean_ms']:.1f} ms; "
               f"replica /health p50 {health.get('p50')} p99 {health.get('p99')} ms; "
               + "; ".join(parts)
-              + (f"; remote lag {r['remote_lag_ms']} ms, blind decisions "
-                 f"{r['blind_decisions_by_branch']}" if "remote_lag_ms" in r else "")
+              + (f"; limit checks waited for mean {r['limits_wait_mean_ms']} ms; remote lag "
+                 f"{r['remote_lag_ms']} ms, blind decisions {r['blind_decisions_by_branch']}"
+                 if "remote_lag_ms" in r else "")
               + f"; load {r['load_average_1m']}")
     by_config: dict[str, list[float]] = {}
     for r in rows:

@@ -36,8 +36,8 @@ request at once and charges it with the next fetch, started in the background, o
 from the slice of a fetch already on its way (:meth:`Lease.may_admit_on_credit`,
 :meth:`Lease.granted`): a tenant's first request at an instance finds its prompt-token
 slice being fetched (it was asked for before the prompt was tokenized) and would otherwise
-wait for that round trip, which on a busy host is the slowest part of its path. One request at a time per instance: until that charge is
-answered, the next request waits for it. The charge is taken even from an emptied bucket (it
+wait for that round trip, which on a busy host is the slowest part of its path. One
+request at a time per instance: until that charge is paid, the next request waits for it. The charge is taken even from an emptied bucket (it
 goes below zero and refills from there), so the fleet's long-run rate is unchanged; what
 credit adds to the bound is at most one request per instance, and only while the bucket was
 estimated half full: a request limit with a burst of 1, or a tenant at its limit, never gets
