@@ -325,16 +325,22 @@ def experiment_row(fleet: LocalFleet, more: list, headers: dict, args, name: str
     """One configuration of the controlled comparison, with where the time went."""
     load_before = os.getloadavg()[0]
     engine_before = engine_ttft(fleet.replica_urls)
+    counters_before = fleet.counters()
 
     def groups() -> dict[str, list[int]]:
         gateways = [g.process.pid for g in [fleet.gateway, *fleet.more_gateways]]
         return {"replicas": [r.process.pid for r in fleet.replicas],
-                "active gateways": gateways[:active], "idle gateways": gateways[active:]}
+                "active gateways": gateways[:active], "idle gateways": gateways[active:],
+                "redis": [args.redis_pid]}
 
     probe = ProcessProbe(groups, fleet.replica_urls)
     urls, summary = replay_config(fleet, more, headers, args, instances, shared_url,
                                   tenant_entries, duration, active=active, probe=probe)
     engine_after = engine_ttft(fleet.replica_urls)
+    # Tokens each replica had to compute (prompt less cached): the placement's balance.
+    prefill = [round((a["prompt_tokens"] - a["cached_tokens"])
+                     - (b["prompt_tokens"] - b["cached_tokens"]))
+               for a, b in zip(fleet.counters(), counters_before)]
     engine_count = engine_after[1] - engine_before[1]
     row = {"seed": seed, "config": name, "gateways": instances, "active": active,
            "shared_state": shared_url is not None,
@@ -351,6 +357,7 @@ def experiment_row(fleet: LocalFleet, more: list, headers: dict, args, name: str
            "client_ttft_above_s": {
                f"{bound / args.time_scale:g}": sum(1 for t in summary["ttfts_s"] if t > bound)
                for bound in ENGINE_TAIL_BOUNDS},
+           "prefill_tokens_per_replica": prefill,
            "requests_failed": summary["requests_failed"],
            "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
            "processes": probe.result}
@@ -411,6 +418,7 @@ def run(args: argparse.Namespace) -> dict:
                               "", "--appendonly", "no"], stdout=redis_log,
                              stderr=subprocess.STDOUT, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
+    args.redis_pid = redis.pid
     results: dict = {"scenario": {"requests": len(requests), "replicas": args.replicas,
                                   "time_scale": args.time_scale, "policy": POLICY,
                                   "seed": args.seed, "scenario_limit": SCENARIO_LIMIT,
