@@ -1,6 +1,7 @@
 """Several gateway instances, with and without shared state on Redis (one command, bounded).
 
     PYTHONPATH=src python benchmarks/shared_state.py [--requests 150] [--repeats 3] [--json F]
+    PYTHONPATH=src python benchmarks/shared_state.py --experiments 0,1,2,3 [--json F]
 
 Starts a redis-server (a plain process on a free loopback port; ``scripts/setup_test_services.sh``
 installs it), emulator replicas, and for each of 1, 2 and 4 gateway instances, with and
@@ -25,8 +26,19 @@ only by where the buckets live. Per configuration it reports:
   shared state each instance lets its own share through: N x).
 
 ``--repeats K`` then runs one instance and four shared instances back to back on K more seeds
-of the scenario, to tell a TTFT difference from run-to-run noise. Every process is stopped by
-its id at the end. Figures and their reading: benchmarks/results/shared_state.md.
+of the scenario, to tell a TTFT difference from run-to-run noise.
+
+``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
+several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
+three idle, without and with shared state; four shared), back to back per seed, and reports
+per run where the time went: the replicas' own TTFT (placement) beside the clients'
+(everything outside the engines), CPU and run-queue wait per process group from ``/proc``
+(contention), the replicas' ``/health`` round trip (their loops' lag), the gateways' time
+before sending and limit-check waits, the remote lag, the decisions made blind to a
+concurrent remote booking (herding) and the prefill tokens per replica.
+
+Every process is stopped by its id at the end. Figures and their reading:
+benchmarks/results/shared_state.md.
 """
 
 from __future__ import annotations
