@@ -645,9 +645,10 @@ def main() -> None:
     parser.add_argument("--experiments", metavar="SEEDS", default="",
                         type=lambda text: [int(x) for x in text.split(",") if x],
                         help="instead of the table: the controlled comparison (1 instance; 1 "
-                             "with shared state; 1 active and 3 idle shared ones; 4 shared) on "
-                             "these seeds, e.g. 0,1,2,3, with per-process CPU, run-queue wait "
-                             "and the replicas' loop lag")
+                             "with shared state; 1 active and 3 idle, without and with shared "
+                             "state; 4 shared) on these seeds, e.g. 0,1,2,3, with the engines' "
+                             "own TTFT, per-process CPU and run-queue wait, the replicas' loop "
+                             "lag and blind decisions")
     args = parser.parse_args()
     # A SIGTERM ends the run through its clean-up (Redis, replicas, gateways stopped).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
