@@ -54,3 +54,16 @@ def test_decisions_older_than_the_window_are_forgotten():
     shared.decided(2000.0, "r1", "spill")
     shared.decided(2000.0 + BLIND_WINDOW_S + 0.5, "r1", "spill")
     assert [wall for wall, _, _ in shared.recent] == [2000.0 + BLIND_WINDOW_S + 0.5]
+
+
+def test_own_entries_are_skipped_without_decoding_and_others_applied(caplog):
+    shared, registry = bookings_b()
+    shared._apply([
+        (b"1-0", {b"m": b"not msgpack", b"i": b"B"}),  # B's own: never decoded
+        (b"2-0", {b"m": encode(routed("a1", replica="r1", wall=2000.15)), b"i": b"A"}),
+    ])
+    assert "unreadable" not in caplog.text  # B's own entry was not decoded
+    assert shared.last_id == b"2-0"
+    assert shared.remote.applied["routed"] == 1
+    assert registry.get_sample_value("prefixroute_shared_state_remote_events_total",
+                                     {"kind": "routed"}) == 1

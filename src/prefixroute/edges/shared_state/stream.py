@@ -45,7 +45,11 @@ APPLY_CHUNK = 4  # remote events applied between two turns of the loop
 # This instance's recent decisions kept to tell which were made blind to a concurrent remote
 # booking (far above the remote lag's p99 on a loaded host, ~0.1-0.9 s).
 BLIND_WINDOW_S = 5.0
-FIELD = b"m"
+FIELD = b"m"  # the encoded event
+# The writing instance's id beside it: a reader skips its own events (every instance reads
+# the whole stream, its own writes included) without decoding them; an entry without it is
+# decoded and told apart by the event's own instance field.
+INSTANCE_FIELD = b"i"
 
 
 class SharedBookings:
@@ -61,6 +65,7 @@ class SharedBookings:
         self.bootstrap_entries = bootstrap
         self._now = now
         self.outbox: deque[bytes] = deque()
+        self._entry_instance = remote.instance.encode()
         self.outbox_max = outbox
         self.last_id: bytes | None = None  # the last stream entry applied
         self.bootstrapped = False
@@ -178,7 +183,8 @@ class SharedBookings:
             batch = [self.outbox[i] for i in range(min(BATCH, len(self.outbox)))]
             pipe = self.link.client.pipeline(transaction=False)
             for data in batch:
-                pipe.xadd(self.key, {FIELD: data}, maxlen=self.history, approximate=True)
+                pipe.xadd(self.key, {FIELD: data, INSTANCE_FIELD: self._entry_instance},
+                          maxlen=self.history, approximate=True)
             await pipe.execute()
             self.link.metrics.operations.labels("xadd").inc(len(batch))
             self.link.metrics.published.inc(len(batch))
@@ -228,10 +234,11 @@ class SharedBookings:
     def _apply(self, entries: list) -> None:
         metrics = self.link.metrics.remote_events
         wall = time.time
+        own = self._entry_instance
         for entry_id, fields in entries:
             self.last_id = entry_id
             data = fields.get(FIELD)
-            if data is None:
+            if data is None or fields.get(INSTANCE_FIELD) == own:
                 continue
             try:
                 event = decode(data)
