@@ -69,7 +69,8 @@ class SharedStateMetrics:
             "prefixroute_shared_state_blind_decisions",
             "This instance's routing decisions made after another instance had booked a "
             "request on the same replica but before that booking arrived here (the policy "
-            "decided without it), by the local decision's branch", ["branch"],
+            "decided without it), once per such booking, by the local decision's branch",
+            ["branch"],
             registry=registry)
         self.local_limits = Counter("prefixroute_shared_state_local_rate_checks",
                                     "Rate-limit checks made on the local bucket because "
