@@ -1,6 +1,7 @@
 """Several gateway instances, with and without shared state on Redis (one command, bounded).
 
     PYTHONPATH=src python benchmarks/shared_state.py [--requests 150] [--repeats 3] [--json F]
+    PYTHONPATH=src python benchmarks/shared_state.py --experiments 0,1,2,3 [--json F]
 
 Starts a redis-server (a plain process on a free loopback port; ``scripts/setup_test_services.sh``
 installs it), emulator replicas, and for each of 1, 2 and 4 gateway instances, with and
@@ -25,8 +26,19 @@ only by where the buckets live. Per configuration it reports:
   shared state each instance lets its own share through: N x).
 
 ``--repeats K`` then runs one instance and four shared instances back to back on K more seeds
-of the scenario, to tell a TTFT difference from run-to-run noise. Every process is stopped by
-its id at the end. Figures and their reading: benchmarks/results/shared_state.md.
+of the scenario, to tell a TTFT difference from run-to-run noise.
+
+``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
+several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
+three idle, without and with shared state; four shared), back to back per seed, and reports
+per run where the time went: the replicas' own TTFT (placement) beside the clients'
+(everything outside the engines), CPU and run-queue wait per process group from ``/proc``
+(contention), the replicas' ``/health`` round trip (their loops' lag), the gateways' time
+before sending and limit-check waits, the remote lag, the decisions made blind to a
+concurrent remote booking (herding) and the prefill tokens per replica.
+
+Every process is stopped by its id at the end. Figures and their reading:
+benchmarks/results/shared_state.md.
 """
 
 from __future__ import annotations
@@ -41,8 +53,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -183,8 +197,108 @@ async def round_trip_us(url: str, samples: int = 500) -> float:
     return statistics.median(times)
 
 
+def process_times(pid: int) -> tuple[float, float, int]:
+    """(CPU seconds, seconds spent runnable but waiting for a core, times scheduled) of a
+    process, summed over its threads (Linux ``/proc/PID/task/*/schedstat``): the wait is the
+    CPU contention the process met."""
+    cpu = wait = slices = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except OSError:
+            continue
+        cpu, wait, slices = cpu + int(fields[0]), wait + int(fields[1]), slices + int(fields[2])
+    return cpu / 1e9, wait / 1e9, slices
+
+
+class ProcessProbe:
+    """During a replay: per group of processes (replicas, active gateways, idle gateways),
+    CPU seconds and run-queue wait from ``/proc``, and each emulator replica's loop lag: a
+    ``GET /health`` round trip every PROBE_EVERY_S from a thread (what any request to the
+    replica waits for its loop, plus the probe's own scheduling)."""
+
+    PROBE_EVERY_S = 0.05
+
+    def __init__(self, groups: Callable[[], dict[str, list[int]]], replica_urls: list[str]):
+        self.groups_of = groups  # called at start: the gateways' pids are known by then
+        self.groups: dict[str, list[int]] = {}
+        self.replica_urls = replica_urls
+        self.before: dict[int, tuple] = {}
+        self.result: dict = {}
+        self.health_ms: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.groups = self.groups_of()
+        self.before = {pid: process_times(pid) for pids in self.groups.values() for pid in pids}
+        self.started = time.monotonic()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._probe, daemon=True)
+        self._thread.start()
+
+    def _probe(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.is_set():
+                for url in self.replica_urls:
+                    t0 = time.perf_counter()
+                    client.get(url + "/health")
+                    self.health_ms.append((time.perf_counter() - t0) * 1e3)
+                self._stop.wait(self.PROBE_EVERY_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        seconds = time.monotonic() - self.started
+        for name, pids in self.groups.items():
+            cpu = wait = slices = 0.0
+            for pid in pids:
+                after = process_times(pid)
+                cpu += after[0] - self.before[pid][0]
+                wait += after[1] - self.before[pid][1]
+                slices += after[2] - self.before[pid][2]
+            self.result[name] = {
+                "processes": len(pids),
+                "cpu_share_per_process": round(cpu / seconds / max(1, len(pids)), 3),
+                "runqueue_wait_ms_per_schedule": round(wait / max(1.0, slices) * 1e3, 3)}
+        ordered = sorted(self.health_ms)
+        if ordered:
+            self.result["replica_health_round_trip_ms"] = {
+                "p50": round(ordered[len(ordered) // 2], 2),
+                "p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2)}
+        self.result["seconds"] = round(seconds, 2)
+
+
+# Engine TTFT bounds (wall seconds, vLLM's histogram buckets) above which requests are
+# counted: 1 and 2 engine seconds at time scale 0.5, the tail the TTFT p99 comes from.
+ENGINE_TAIL_BOUNDS = (0.5, 1.0)
+
+
+def engine_ttft(replica_urls: list[str]) -> tuple[float, float, dict[float, float]]:
+    """The replicas' own time to first token (``vllm:time_to_first_token_seconds``, from
+    arrival in the engine to the first token) so far, over the replicas: (sum, count, count
+    at most each of ENGINE_TAIL_BOUNDS)."""
+    total = count = 0.0
+    below = dict.fromkeys(ENGINE_TAIL_BOUNDS, 0.0)
+    for url in replica_urls:
+        for head, value in metric_lines(url):
+            if head.startswith("vllm:time_to_first_token_seconds_sum"):
+                total += value
+            elif head.startswith("vllm:time_to_first_token_seconds_count"):
+                count += value
+            elif head.startswith("vllm:time_to_first_token_seconds_bucket"):
+                le = head.split('le="', 1)[1].split('"', 1)[0]
+                if le != "+Inf" and float(le) in below:
+                    below[float(le)] += value
+    return total, count, below
+
+
 def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instances: int,
-                  shared_url: str | None, tenant_entries: list, duration: float) -> tuple:
+                  shared_url: str | None, tenant_entries: list, duration: float,
+                  active: int | None = None, probe: "ProcessProbe | None" = None) -> tuple:
+    """Start ``instances`` gateways and replay ``requests`` over the first ``active`` of them
+    (all by default; the others run idle, subscribed to the shared state like the rest)."""
     fleet.reset_replicas()
     extra: dict = {"tenants": tenant_entries}
     if shared_url:
@@ -193,11 +307,105 @@ def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instan
     fleet.start_gateway(POLICY, instances=instances, backend_fields={
         "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
     urls = fleet.gateway_urls
+    if probe is not None:
+        probe.start()
     outcomes = asyncio.run(replay(
-        [u + "/v1/completions" for u in urls], requests,
+        [u + "/v1/completions" for u in urls[:active or instances]], requests,
         headers_for=lambda r: headers[r.tenant], time_scale=args.time_scale,
         deadline_s=duration + 60.0))
-    return urls, summarize(outcomes, time_scale=args.time_scale)
+    if probe is not None:
+        probe.stop()
+    summary = summarize(outcomes, time_scale=args.time_scale)
+    ttfts = [o.ttft_s for o in outcomes if o.ok and o.ttft_s is not None]
+    summary["ttft_mean_s"] = (round(statistics.fmean(ttfts) / args.time_scale, 4)
+                              if ttfts else None)
+    summary["ttfts_s"] = ttfts  # wall seconds
+    return urls, summary
+
+
+# The controlled comparison (--experiments): (name, instances, shared state, active instances).
+# "1 active + 3 idle" runs four shared instances but sends every request to the first: the
+# others only follow the shared state (bookings, heartbeats) and their own background work.
+EXPERIMENTS = [("1", 1, False, 1), ("1 shared", 1, True, 1),
+               ("1 active + 3 idle", 4, False, 1), ("1 active + 3 idle shared", 4, True, 1),
+               ("4 shared", 4, True, 4)]
+
+
+def experiment_row(fleet: LocalFleet, more: list, headers: dict, args, name: str,
+                   instances: int, shared_url: str | None, active: int, tenant_entries: list,
+                   duration: float, seed: int) -> dict:
+    """One configuration of the controlled comparison, with where the time went."""
+    load_before = os.getloadavg()[0]
+    engine_before = engine_ttft(fleet.replica_urls)
+    counters_before = fleet.counters()
+
+    def groups() -> dict[str, list[int]]:
+        gateways = [g.process.pid for g in [fleet.gateway, *fleet.more_gateways]]
+        return {"replicas": [r.process.pid for r in fleet.replicas],
+                "active gateways": gateways[:active], "idle gateways": gateways[active:],
+                "redis": [args.redis_pid]}
+
+    probe = ProcessProbe(groups, fleet.replica_urls)
+    urls, summary = replay_config(fleet, more, headers, args, instances, shared_url,
+                                  tenant_entries, duration, active=active, probe=probe)
+    engine_after = engine_ttft(fleet.replica_urls)
+    # Tokens each replica had to compute (prompt less cached): the placement's balance.
+    prefill = [round((a["prompt_tokens"] - a["cached_tokens"])
+                     - (b["prompt_tokens"] - b["cached_tokens"]))
+               for a, b in zip(fleet.counters(), counters_before)]
+    engine_count = engine_after[1] - engine_before[1]
+    row = {"seed": seed, "config": name, "gateways": instances, "active": active,
+           "shared_state": shared_url is not None,
+           "token_hit_rate": summary["token_hit_rate"], "ttft_p50_s": summary["ttft_p50_s"],
+           "ttft_p99_s": summary["ttft_p99_s"], "ttft_mean_s": summary["ttft_mean_s"],
+           "engine_ttft_mean_s": round((engine_after[0] - engine_before[0])
+                                       / max(1.0, engine_count) / args.time_scale, 4),
+           # Requests whose engine TTFT (engine seconds) was above 1 s and above 2 s: the
+           # placement's share of the tail (queueing in the engines), beside the clients'.
+           "engine_ttft_above_s": {
+               f"{bound / args.time_scale:g}": int(engine_count - (engine_after[2][bound]
+                                                                   - engine_before[2][bound]))
+               for bound in ENGINE_TAIL_BOUNDS},
+           "client_ttft_above_s": {
+               f"{bound / args.time_scale:g}": sum(1 for t in summary["ttfts_s"] if t > bound)
+               for bound in ENGINE_TAIL_BOUNDS},
+           "prefill_tokens_per_replica": prefill,
+           "requests_failed": summary["requests_failed"],
+           "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+           "processes": probe.result}
+    routing = histogram(urls, "prefixroute_gateway_routing_seconds")
+    row["gateway_time_before_sending_mean_ms"] = round(
+        routing[2] / max(1.0, routing[1]) * 1e3, 3)
+    if shared_url is not None:
+        path = path_figures(urls, len(more))
+        row["remote_lag_ms"] = [path["remote_lag_p50_ms"], path["remote_lag_p99_ms"]]
+        _, waits, waited = histogram(urls, "prefixroute_shared_state_path_seconds",
+                                     'op="limits_wait"')
+        row["limits_wait_mean_ms"] = round(waited / max(1.0, waits) * 1e3, 2)
+        row["limits_wait_us"] = [path["limits_wait"]["p50_us"], path["limits_wait"]["p99_us"]]
+        blind: dict[str, int] = {}
+        for u in urls:
+            for head, value in metric_lines(u):
+                if head.startswith("prefixroute_shared_state_blind_decisions_total{"):
+                    branch = head.split('branch="', 1)[1].split('"', 1)[0]
+                    blind[branch] = blind.get(branch, 0) + int(value)
+        row["blind_decisions_by_branch"] = blind
+    fleet.stop_gateway()
+    return row
+
+
+def run_experiments(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
+                    tenant_entries: list, url: str, scenario) -> list[dict]:
+    rows = []
+    for seed in args.experiments:
+        more, duration = scenario(seed)
+        for name, instances, shared, active in EXPERIMENTS:
+            row = experiment_row(fleet, more, headers, args, name, instances,
+                                 url if shared else None, active, tenant_entries, duration,
+                                 seed)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -213,7 +421,7 @@ def run(args: argparse.Namespace) -> dict:
 
     requests, duration = scenario(args.seed)
     repeat_seeds = [args.seed + 1 + i for i in range(args.repeats)]
-    tenants = sorted({r.tenant for seed in [args.seed, *repeat_seeds]
+    tenants = sorted({r.tenant for seed in [args.seed, *repeat_seeds, *args.experiments]
                       for r in scenario(seed)[0]})
     workdir = Path(tempfile.mkdtemp(prefix="prefixroute-shared-bench-"))
     port = free_port()
@@ -222,6 +430,7 @@ def run(args: argparse.Namespace) -> dict:
                               "", "--appendonly", "no"], stdout=redis_log,
                              stderr=subprocess.STDOUT, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
+    args.redis_pid = redis.pid
     results: dict = {"scenario": {"requests": len(requests), "replicas": args.replicas,
                                   "time_scale": args.time_scale, "policy": POLICY,
                                   "seed": args.seed, "scenario_limit": SCENARIO_LIMIT,
@@ -252,6 +461,10 @@ def run(args: argparse.Namespace) -> dict:
             headers = {t: {"content-type": "application/json", "authorization": f"Bearer {k}"}
                        for t, k in fleet.api_keys.items()}
             token_prompt = list(range(1000, 1000 + TOKEN_PROMPT))
+            if args.experiments:
+                results["experiments"] = run_experiments(args, fleet, headers, tenant_entries,
+                                                         url, scenario)
+                return results
             for instances, shared in CONFIGS:
                 urls, summary = replay_config(fleet, requests, headers, args, instances,
                                               url if shared else None, tenant_entries,
@@ -360,6 +573,38 @@ def print_table(results: dict) -> None:
         print(line)
 
 
+def print_experiments(rows: list[dict]) -> None:
+    print("controlled comparison: TTFT in engine seconds; engine TTFT = the replicas' own "
+          "(arrival in the engine to first token); CPU = share of a core per process; "
+          "wait = run-queue wait per scheduling")
+    for r in rows:
+        procs = r["processes"]
+        parts = [f"{name} cpu {g['cpu_share_per_process']:.2f} wait "
+                 f"{g['runqueue_wait_ms_per_schedule']:.2f}ms"
+                 for name, g in procs.items() if isinstance(g, dict) and g.get("processes")]
+        health = procs.get("replica_health_round_trip_ms", {})
+        print(f"seed {r['seed']} {r['config']:>24}: hit {(r['token_hit_rate'] or 0):.1%} "
+              f"TTFT p50 {r['ttft_p50_s']:.3f} p99 {r['ttft_p99_s']:.3f} mean "
+              f"{r['ttft_mean_s']:.3f} (engine {r['engine_ttft_mean_s']:.3f}) s; above 1 / 2 s: "
+              f"{'/'.join(map(str, r['client_ttft_above_s'].values()))} (engine "
+              f"{'/'.join(map(str, r['engine_ttft_above_s'].values()))}); "
+              f"before send {r['gateway_time_before_sending_mean_ms']:.1f} ms; "
+              f"replica /health p50 {health.get('p50')} p99 {health.get('p99')} ms; "
+              + "; ".join(parts)
+              + (f"; limit checks waited for mean {r['limits_wait_mean_ms']} ms; remote lag "
+                 f"{r['remote_lag_ms']} ms, blind decisions {r['blind_decisions_by_branch']}"
+                 if "remote_lag_ms" in r else "")
+              + f"; load {r['load_average_1m']}")
+    by_config: dict[str, list[float]] = {}
+    for r in rows:
+        by_config.setdefault(r["config"], []).append(r["ttft_p99_s"])
+    base = by_config.get(EXPERIMENTS[0][0])
+    for name, values in by_config.items():
+        ratios = (", ".join(f"x{v / b:.2f}" for v, b in zip(values, base)) if base else "")
+        print(f"{name:>24}: TTFT p99 per seed {', '.join(f'{v:.3f}' for v in values)} s "
+              f"(over 1 instance: {ratios})")
+
+
 def headline(results: dict) -> list[str]:
     """The targets, each against one instance (the baseline) on its own line: hit rate and
     TTFT p99 of 4 shared instances, rate-limit accuracy, added latency."""
@@ -397,13 +642,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="more seeds run with 1 instance and 4 shared ones (TTFT noise)")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--experiments", metavar="SEEDS", default="",
+                        type=lambda text: [int(x) for x in text.split(",") if x],
+                        help="instead of the table: the controlled comparison (1 instance; 1 "
+                             "with shared state; 1 active and 3 idle, without and with shared "
+                             "state; 4 shared) on these seeds, e.g. 0,1,2,3, with the engines' "
+                             "own TTFT, per-process CPU and run-queue wait, the replicas' loop "
+                             "lag and blind decisions")
     args = parser.parse_args()
     # A SIGTERM ends the run through its clean-up (Redis, replicas, gateways stopped).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    print_table(results)
+    if args.experiments:
+        print_experiments(results["experiments"])
+    else:
+        print_table(results)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import asyncio
 import time
 
 from prometheus_client import CollectorRegistry
+from redis.asyncio.connection import Connection
 
 from prefixroute.core.routing.base import BasePolicy, Decision, ReplicaView, RequestView
 from prefixroute.core.routing.lifecycle import LifecycleRunner
@@ -254,3 +255,61 @@ def test_a_slice_a_credit_or_a_known_refusal_decides_without_asking_redis(tmp_pa
     assert ops == 2  # a's charge with its slice, b's token
     assert 74 <= level < 76  # 100 - 1 (the credit) - 24 (the slice), plus a little refill
     assert counts["credit"] == 1
+
+
+def test_a_first_prompt_does_not_wait_for_the_slice_fetched_before_it_was_tokenized(tmp_path):
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t11")
+            limit = ("prompt_tokens", 5000.0, 5000.0)
+            shared.warm("a", *limit)  # at arrival: a slice of 1250 asked for
+            await asyncio.sleep(0)  # sent while the body is read
+            # Tokenized before Redis answered: the bucket, never asked, is taken as full.
+            wait = shared.take_local("a", [(*limit, 1000.0)])
+            await until(lambda: not shared.limiter._fetching)
+            lease = shared.limiter.leases[shared.limiter.key("a", "prompt_tokens")]
+            held, owed = lease.tokens, lease.owed
+            level = float(await shared.link.client.hget(
+                shared.limiter.key("a", "prompt_tokens"), "tokens"))
+            ops = shared.registry.get_sample_value(
+                "prefixroute_shared_state_redis_operations_total", {"op": "ratelimit"})
+            await shared.stop()
+            return wait, held, owed, level, ops
+
+    wait, held, owed, level, ops = asyncio.run(scenario())
+    assert wait == 0.0  # decided at once, on credit
+    assert (held, owed) == (250, 0)  # paid from the slice: 1250 - 1000
+    assert ops == 1  # the warm fetch only
+    assert 3750 <= level < 3760  # 5000 - 1250, plus a little refill
+
+
+def test_lapsed_slices_of_many_tenants_go_back_in_one_round_trip(tmp_path, monkeypatch):
+    sends = []
+    real_send = Connection.send_packed_command
+
+    async def counted(self, command, check_health=True):  # the real send, counted
+        sends.append(1)
+        return await real_send(self, command, check_health)
+
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t10")
+            shared.limiter.ttl_s = 0.05
+            bucket = [("requests", 100.0, 100.0, 1.0)]  # slices of 25
+            tenants = [f"tenant-{i}" for i in range(20)]
+            for tenant in tenants:
+                await shared.take(tenant, bucket)  # 24 unspent in each slice
+            await asyncio.sleep(0.06)  # the slices lapse
+            monkeypatch.setattr(Connection, "send_packed_command", counted)
+            returned = await shared.limiter.sweep()
+            monkeypatch.undo()
+            levels = [float(await shared.link.client.hget(shared.limiter.key(t), "tokens"))
+                      for t in tenants]
+            await shared.stop()
+            return returned, levels
+
+    returned, levels = asyncio.run(scenario())
+    assert returned == 20
+    # One pipeline (and the check that Redis holds the script), not 20 round trips.
+    assert len(sends) <= 2
+    assert all(level >= 99 for level in levels)  # 75 + 24 back, plus the refill

@@ -99,5 +99,20 @@ def test_credit_needs_the_bucket_half_full_beyond_the_request_and_nothing_owed()
     assert lease.may_admit_on_credit(1, now=0.01)  # refilled by 1: 51 - 1 >= 50
 
 
+def test_credit_given_while_a_fetch_was_on_its_way_is_paid_from_its_slice():
+    lease = Lease(rate=100, burst=100)
+    lease.credit(10)  # admitted while a slice was being fetched
+    lease.granted(25, level=75, now=0.0)
+    assert (lease.tokens, lease.owed) == (15, 0)
+    lease.credit(20)
+    lease.granted(0, level=0, now=0.1)  # refused: still owed, for the next fetch
+    assert (lease.tokens, lease.owed) == (15, 20)
+    lease.granted(8, level=0, now=0.2)  # held 15 + 8: pays the 20
+    assert (lease.tokens, lease.owed) == (3, 0)
+    lease.credit(10)
+    lease.granted(4, level=0, now=3.0)  # the old slice lapsed: 4 pay what they can
+    assert (lease.tokens, lease.owed) == (0, 6)
+
+
 def test_a_burst_of_one_never_gets_credit():
     assert not Lease(rate=10, burst=1).may_admit_on_credit(1, now=0.0)  # 1 - 1 < 0.5

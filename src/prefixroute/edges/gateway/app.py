@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 import httpx
 from starlette.applications import Starlette
@@ -377,23 +377,20 @@ class Gateway:
 
     async def check_rate(self, tenant: Tenant) -> None:
         """Take one request from ``tenant``'s rate limit, or raise 429 (counted). With shared
-        state the bucket is the whole fleet's, in Redis (:meth:`_check_shared_rate`)."""
-        try:
-            if self.shared is not None and tenant.bucket is not None:
-                await self._check_shared_rate(tenant)
-            else:
-                self.tenants.check_rate(tenant)
-        except GatewayError:
-            self.metrics.rate_limited.labels(tenant.name).inc()
-            raise
+        state the bucket is the whole fleet's (:meth:`_take`)."""
+        if tenant.bucket is not None:
+            pending = self._take(tenant, "requests", 1.0)
+            if pending is not None:
+                await pending
 
     def _start_rate_check(self, tenant: Tenant) -> asyncio.Future | None:
-        """Take one request from ``tenant``'s request limit. A local bucket answers at once
-        (429 raised here); the fleet's, in Redis, may need a round trip, so its check runs
-        beside the request's own work (reading and tokenizing the body) and :meth:`admit`
-        awaits it before the request takes a slot: the limit is as exact as before and the
-        round trip is off the path unless it outlasts that work. A prompt-token limit's
-        slice is fetched at the same time (its check follows tokenization)."""
+        """Take one request from ``tenant``'s request limit. A local bucket, or the slice of
+        the fleet's bucket this instance holds, answers at once (429 raised here); when
+        Redis must be asked, the check runs beside the request's own work (reading and
+        tokenizing the body) and :meth:`admit` awaits it before the request takes a slot:
+        the limit is as exact as before and the round trip is off the path unless it
+        outlasts that work. A prompt-token limit's slice is fetched at the same time (its
+        check follows tokenization)."""
         if self.shared is not None and tenant.token_bucket is not None:
             # The prompt-token check needs the prompt's tokens: its slice is fetched now,
             # beside the body's work too.
@@ -401,23 +398,60 @@ class Gateway:
                              tenant.token_bucket.burst)
         if tenant.bucket is None:
             return None
+        pending = self._take(tenant, "requests", 1.0)
+        return None if pending is None else asyncio.ensure_future(pending)
+
+    def _take(self, tenant: Tenant, limit: str, cost: float) -> Coroutine | None:
+        """Take ``cost`` from ``tenant``'s ``limit`` ("requests" or "prompt_tokens"), the one
+        way every limit check goes: ``None`` when decided at once (a 429 raised, counted),
+        else a coroutine to await that asks the fleet's bucket in Redis.
+
+        Without shared state the local bucket decides. With it, this instance's slice of
+        the fleet bucket, a refusal it already knows or credit decide without Redis, and
+        synchronously: no task, no turn of the loop (which costs milliseconds on a busy
+        host); else Redis is asked, and the local bucket decides while Redis cannot
+        answer."""
         try:
             if self.shared is None:
-                self.tenants.check_rate(tenant)
+                self._take_local(tenant, limit, cost)
                 return None
-            # Most checks are decided by the slice this instance holds: no task, no turn of
-            # the loop (which costs milliseconds on a busy host).
-            bucket = tenant.bucket
-            wait = self.shared.take_local(tenant.name,
-                                          [("requests", bucket.rate, bucket.burst, 1.0)])
-            if wait is not None:
-                if wait > 0:
-                    raise self.tenants.rate_error(tenant, wait)
-                return None
+            bucket = tenant.bucket if limit == "requests" else tenant.token_bucket
+            buckets = [(limit, bucket.rate, bucket.burst, cost)]
+            wait = self.shared.take_local(tenant.name, buckets)
+            if wait is None:
+                return self._take_fleet(tenant, buckets)
+            if wait > 0:
+                raise self._refusal(tenant, limit, cost, wait)
+            return None
         except GatewayError:
             self.metrics.rate_limited.labels(tenant.name).inc()
             raise
-        return asyncio.ensure_future(self.check_rate(tenant))
+
+    async def _take_fleet(self, tenant: Tenant,
+                          buckets: list[tuple[str, float, float, float]]) -> None:
+        """:meth:`_take` when Redis must be asked."""
+        limit, _, _, cost = buckets[0]
+        try:
+            wait = await self.shared.take(tenant.name, buckets)
+            if wait is None:
+                self._take_local(tenant, limit, cost)
+            elif wait > 0:
+                raise self._refusal(tenant, limit, cost, wait)
+        except GatewayError:
+            self.metrics.rate_limited.labels(tenant.name).inc()
+            raise
+
+    def _take_local(self, tenant: Tenant, limit: str, cost: float) -> None:
+        """This instance's own bucket (no shared state, or Redis cannot answer)."""
+        if limit == "requests":
+            self.tenants.check_rate(tenant)
+        else:
+            self.tenants.check_prompt_tokens(tenant, int(cost))
+
+    def _refusal(self, tenant: Tenant, limit: str, cost: float, wait: float) -> GatewayError:
+        if limit == "requests":
+            return self.tenants.rate_error(tenant, wait)
+        return self.tenants.token_rate_error(tenant, int(cost), wait)
 
     async def admit(self, endpoint: str, tenant: Tenant, raw: bytes, request_id: str = "",
                     rate_check: asyncio.Future | None = None
@@ -464,38 +498,15 @@ class Gateway:
         await self.admission.acquire()
         return checked, backends, prompt
 
-    async def _check_shared_rate(self, tenant: Any) -> None:
-        """The tenant's limit for the whole fleet (one bucket in Redis, the same token
-        bucket as the local one); the local bucket while Redis cannot answer."""
-        bucket = tenant.bucket
-        wait = await self.shared.take(tenant.name,
-                                      [("requests", bucket.rate, bucket.burst, 1.0)])
-        if wait is None:
-            self.tenants.check_rate(tenant)
-        elif wait > 0:
-            raise self.tenants.rate_error(tenant, wait)
-
     async def check_prompt_tokens(self, tenant: Tenant, prompt_tokens: int) -> None:
         """Take the prompt's tokens from ``tenant``'s prompt-token limit, or raise 429
         (counted). Checked once the prompt is tokenized, so a request refused here has
         already taken its request token (as a refused request does with one gateway). With
-        shared state the bucket is the whole fleet's; the local one while Redis cannot
-        answer."""
-        try:
-            wait = None
-            if self.shared is not None:
-                bucket = tenant.token_bucket
-                buckets = [("prompt_tokens", bucket.rate, bucket.burst, float(prompt_tokens))]
-                wait = self.shared.take_local(tenant.name, buckets)
-                if wait is None:
-                    wait = await self.shared.take(tenant.name, buckets)
-            if wait is None:
-                self.tenants.check_prompt_tokens(tenant, prompt_tokens)
-            elif wait > 0:
-                raise self.tenants.token_rate_error(tenant, prompt_tokens, wait)
-        except GatewayError:
-            self.metrics.rate_limited.labels(tenant.name).inc()
-            raise
+        shared state the bucket is the whole fleet's (:meth:`_take`)."""
+        if tenant.token_bucket is not None:
+            pending = self._take(tenant, "prompt_tokens", float(prompt_tokens))
+            if pending is not None:
+                await pending
 
     def _job_done(self, job: Job) -> None:
         self.admission.release()

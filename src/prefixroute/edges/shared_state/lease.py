@@ -32,9 +32,12 @@ credit applies (below): about once per refill interval for a tenant above its li
 tenants, several instances), would still find its slice empty or lapsed at almost every
 request. When this instance estimates the fleet bucket at least half full beyond the request
 (from Redis's last answer plus the refill since, or full when it never asked), it admits the
-request at once and charges it with the next fetch, started in the background
-(:meth:`Lease.may_admit_on_credit`). One request at a time per instance: until that charge is
-answered, the next request waits for it. The charge is taken even from an emptied bucket (it
+request at once and charges it with the next fetch, started in the background, or pays it
+from the slice of a fetch already on its way (:meth:`Lease.may_admit_on_credit`,
+:meth:`Lease.granted`): a tenant's first request at an instance finds its prompt-token
+slice being fetched (it was asked for before the prompt was tokenized) and would otherwise
+wait for that round trip, which on a busy host is the slowest part of its path. One
+request at a time per instance: until that charge is paid, the next request waits for it. The charge is taken even from an emptied bucket (it
 goes below zero and refills from there), so the fleet's long-run rate is unchanged; what
 credit adds to the bound is at most one request per instance, and only while the bucket was
 estimated half full: a request limit with a burst of 1, or a tenant at its limit, never gets
@@ -102,12 +105,17 @@ class Lease:
         return need, max(need, self.slice(cost) - held)
 
     def granted(self, tokens: float, level: float, now: float) -> None:
-        """Redis gave ``tokens`` and left the bucket at ``level``."""
+        """Redis gave ``tokens`` and left the bucket at ``level``. Credit given while the
+        answer was on its way (the fetch had been sent before it) is paid from the slice
+        it brings; what the slice cannot pay stays owed, for the next fetch."""
         if tokens > 0:
             if now >= self.expires_at:
                 self.tokens = 0.0
             self.tokens += tokens
             self.expires_at = now + self.ttl_s
+            paid = min(self.owed, self.tokens)
+            self.tokens -= paid
+            self.owed -= paid
         self._level = level
         self._level_at = now
 

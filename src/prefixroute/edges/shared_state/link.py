@@ -65,6 +65,13 @@ class SharedStateMetrics:
                                     "From another instance routing a request to this one "
                                     "applying its booking (wall clocks)",
                                     buckets=PATH_BUCKETS + (0.25, 1.0), registry=registry)
+        self.blind_decisions = Counter(
+            "prefixroute_shared_state_blind_decisions",
+            "This instance's routing decisions made after another instance had booked a "
+            "request on the same replica but before that booking arrived here (the policy "
+            "decided without it), once per such booking, by the local decision's branch",
+            ["branch"],
+            registry=registry)
         self.local_limits = Counter("prefixroute_shared_state_local_rate_checks",
                                     "Rate-limit checks made on the local bucket because "
                                     "Redis was unavailable", registry=registry)

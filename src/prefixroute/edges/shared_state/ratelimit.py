@@ -154,11 +154,13 @@ class SharedRateLimiter:
                 self._maybe_prefetch(key, lease, float(cost))
                 continue
             wait = lease.known_wait(cost, now)
-            if (wait == 0 and key not in self._fetching
-                    and lease.may_admit_on_credit(cost, now)):
-                lease.credit(cost)  # charged by this fetch, off the path
+            if wait == 0 and lease.may_admit_on_credit(cost, now):
+                # Charged by a fetch off the path: the one on its way pays it from its slice
+                # (Lease.granted), else one started now.
+                lease.credit(cost)
                 self.counts["credit"] += 1
-                self._start_fetch(key, lease, cost, ahead=True)
+                if key not in self._fetching:
+                    self._start_fetch(key, lease, cost, ahead=True)
                 taken.append((lease, 0.0))
                 continue
             for held, spent in taken:
@@ -258,17 +260,33 @@ class SharedRateLimiter:
             self.link.failed("ratelimit", exc)
 
     async def sweep(self) -> int:
-        """Give back the unspent rest of every lapsed slice; returns how many slices."""
+        """Give back the unspent rest of every lapsed slice, in one pipelined round trip
+        (a busy instance holds slices of many tenants: one round trip each would wake this
+        instance and Redis once per slice, every sweep); returns how many slices."""
         now = self._now()
-        returned = 0
+        gives = []
         for key, lease in list(self.leases.items()):
             if key in self._fetching:
                 continue
             tokens = lease.lapse(now)
             if tokens > 0:
-                await self._give(key, lease, tokens)
-                returned += 1
-        return returned
+                gives.append((key, lease, tokens))
+        if not gives:
+            return 0
+        pipe = self.link.client.pipeline(transaction=False)
+        for key, lease, tokens in gives:
+            # Queued, not sent: the pipeline's execute sends them (loading the script if
+            # Redis lost it).
+            await self._script(keys=[key], args=[lease.rate, lease.burst, tokens, 0, 0,
+                                                 EXPIRY_MARGIN_MS], client=pipe)
+        try:
+            await pipe.execute()
+        except REDIS_ERRORS as exc:  # lost: the fleet admits less, never more
+            self.link.failed("ratelimit", exc)
+            return 0
+        self.link.metrics.operations.labels("ratelimit").inc(len(gives))
+        self.counts["give_back"] += len(gives)
+        return len(gives)
 
     async def _sweep_loop(self) -> None:
         while True:

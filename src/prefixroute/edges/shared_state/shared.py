@@ -72,10 +72,12 @@ class SharedState:
         priority = None
         if decision.priority is not None:
             priority = round(self.wall_time(decision.priority / 1000.0) * 1000.0)
+        wall_time = self.wall_time(request.now)
+        self.bookings.decided(wall_time, booking.view.name, decision.branch)
         self._publish(Routed(
             self.instance, request.request_id, booking.view.name, request.tenant,
             request.num_tokens, request.block_size, tuple(request.block_keys),
-            self.wall_time(request.now), decision.branch, predicted_cached_tokens, priority))
+            wall_time, decision.branch, predicted_cached_tokens, priority))
 
     def completed(self, booking: Booking, cached_tokens: int) -> None:
         self._publish(Completed(self.instance, booking.request.request_id, cached_tokens))

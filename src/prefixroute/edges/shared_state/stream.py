@@ -42,7 +42,14 @@ BATCH = 500  # entries per XADD pipeline / XREAD
 HEARTBEAT_S, HEARTBEAT_TTL_S, CHECK_S = 1.0, 5.0, 5.0
 READ_BLOCK_MS = 1000
 APPLY_CHUNK = 4  # remote events applied between two turns of the loop
-FIELD = b"m"
+# This instance's recent decisions kept to tell which were made blind to a concurrent remote
+# booking (far above the remote lag's p99 on a loaded host, ~0.1-0.9 s).
+BLIND_WINDOW_S = 5.0
+FIELD = b"m"  # the encoded event
+# The writing instance's id beside it: a reader skips its own events (every instance reads
+# the whole stream, its own writes included) without decoding them; an entry without it is
+# decoded and told apart by the event's own instance field.
+INSTANCE_FIELD = b"i"
 
 
 class SharedBookings:
@@ -58,11 +65,14 @@ class SharedBookings:
         self.bootstrap_entries = bootstrap
         self._now = now
         self.outbox: deque[bytes] = deque()
+        self._entry_instance = remote.instance.encode()
         self.outbox_max = outbox
         self.last_id: bytes | None = None  # the last stream entry applied
         self.bootstrapped = False
         self.namespace = namespace
         self._missing_once: set[str] = set()
+        # (wall time, replica, branch) of this instance's bookings in the last BLIND_WINDOW_S.
+        self.recent: deque[tuple[float, str, str]] = deque()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # The loops also end on this flag: the client may turn a cancellation in the middle of
@@ -78,6 +88,23 @@ class SharedBookings:
             self.link.metrics.dropped.inc()
         self.outbox.append(encode(event))
         self._wake.set()
+
+    def decided(self, wall_time: float, replica: str, branch: str) -> None:
+        """Note one of this instance's routing decisions (for :meth:`_blind`)."""
+        recent = self.recent
+        recent.append((wall_time, replica, branch))
+        while recent[0][0] < wall_time - BLIND_WINDOW_S:
+            recent.popleft()
+
+    def _blind(self, event: Routed) -> None:
+        """Count this instance's decisions that ``event`` (another instance's booking, just
+        applied) would have been part of had it arrived in time: same replica, made after
+        it. How often the instances herd onto a replica because their bookings travel."""
+        for wall_time, replica, branch in reversed(self.recent):
+            if wall_time <= event.wall_time:
+                break
+            if replica == event.replica:
+                self.link.metrics.blind_decisions.labels(branch).inc()
 
     # -- tasks --------------------------------------------------------------------------
 
@@ -156,7 +183,8 @@ class SharedBookings:
             batch = [self.outbox[i] for i in range(min(BATCH, len(self.outbox)))]
             pipe = self.link.client.pipeline(transaction=False)
             for data in batch:
-                pipe.xadd(self.key, {FIELD: data}, maxlen=self.history, approximate=True)
+                pipe.xadd(self.key, {FIELD: data, INSTANCE_FIELD: self._entry_instance},
+                          maxlen=self.history, approximate=True)
             await pipe.execute()
             self.link.metrics.operations.labels("xadd").inc(len(batch))
             self.link.metrics.published.inc(len(batch))
@@ -206,10 +234,11 @@ class SharedBookings:
     def _apply(self, entries: list) -> None:
         metrics = self.link.metrics.remote_events
         wall = time.time
+        own = self._entry_instance
         for entry_id, fields in entries:
             self.last_id = entry_id
             data = fields.get(FIELD)
-            if data is None:
+            if data is None or fields.get(INSTANCE_FIELD) == own:
                 continue
             try:
                 event = decode(data)
@@ -223,3 +252,4 @@ class SharedBookings:
                 if isinstance(event, Routed) and self.bootstrapped:
                     # Wall clocks of two hosts: a lag is as exact as their synchronisation.
                     self.link.metrics.remote_lag.observe(max(0.0, wall() - event.wall_time))
+                    self._blind(event)
