@@ -202,45 +202,65 @@ class PrefixRoute(BasePolicy):
         states = [self._observe(replica, now) for replica in replicas]
         busy = [self._prefill_busy(state) for state in states]
         rho = self._rho = min(sum(busy) / len(states), 0.999)
-        gamma = self.costs.delay_factor(rho)
-        for replica, state in zip(replicas, states):
-            hits[replica.index] = self._expected(state, keys, limit, replica.cache)
-        most = min(max(h.expected_blocks for h in hits.values()) * block, float(limit * block))
-        for replica, state, prefill_busy in zip(replicas, states, busy):
-            hit = hits[replica.index]
-            cached = min(hit.expected_blocks * block, float(limit * block))
-            uncached = n - cached
-            s = state.queue.s_per_token
-            prefill = self.costs.prefill_work(uncached, cached) * s
-            copy = self.costs.copy_work(n, cached, most) * s
+        costs = self.costs
+        gamma = costs.delay_factor(rho)
+        expected = self._expected
+        estimates = [expected(state, keys, limit, replica.cache)
+                     for replica, state in zip(replicas, states)]
+        for replica, hit in zip(replicas, estimates):
+            hits[replica.index] = hit
+        ceiling = float(limit * block)
+        most = min(max(h.expected_blocks for h in estimates) * block, ceiling)
+        slack = p.priority_slack
+        load_horizon, balance_horizon = p.load_horizon_s, p.balance_horizon_s
+        residence = self._residence_s
+        # The prefill and copy terms depend on the replica only through its expected hit and
+        # its speed: the replicas that hold nothing of the prompt share them.
+        terms: dict[tuple[float, float], tuple[float, float, float]] = {}
+        for replica, state, prefill_busy, hit in zip(replicas, states, busy, estimates):
+            index = replica.index
+            cached = min(hit.expected_blocks * block, ceiling)
+            queue = state.queue
+            s = queue.s_per_token
+            term = terms.get((cached, s))
+            if term is None:
+                uncached = n - cached
+                term = terms[(cached, s)] = (uncached, costs.prefill_work(uncached, cached) * s,
+                                             costs.copy_work(n, cached, most) * s)
+            uncached, prefill, copy = term
             # In whole milliseconds as sent, so the queue's order and the engine's agree.
-            deadline = (to_ms(arrived + p.priority_slack * prefill) / 1000.0
-                        if p.priority_slack and replica.scheduling_policy == "priority"
-                        else None)
-            deadlines[replica.index] = deadline
-            wait, behind = state.queue.wait_s(deadline)
-            decode = self.costs.decode_work(replica, uncached, block) * s
-            kv_wait = self.costs.kv_wait(replica, uncached, block, self._residence_s)
+            deadline = (to_ms(arrived + slack * prefill) / 1000.0
+                        if slack and replica.scheduling_policy == "priority" else None)
+            deadlines[index] = deadline
+            wait, behind = queue.wait_s(deadline)
+            decode = costs.decode_work(replica, uncached, block) * s
+            kv_wait = costs.kv_wait(replica, uncached, block, residence)
             delay = (gamma + behind) * prefill
             cost = wait + kv_wait + prefill + decode + delay + copy
-            score = scores[replica.index] = {
-                "expected_cached_tokens": round(cached, 1),
+            load = state.load
+            expected_cached = round(cached, 1)
+            in_flight = float(replica.load)
+            long_load = load.routed_s.read(now, balance_horizon)
+            occupancy = load.occupancy.share
+            score = scores[index] = {
+                "expected_cached_tokens": expected_cached,
                 "mirror_blocks": float(len(hit.stamps)),
                 "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
                 "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
                 "copy_s": copy,
                 "cost_s": cost, "s_per_token": s, "prefill_busy": prefill_busy,
-                "load": float(replica.load),
-                "recent_requests": round(state.load.routed.read(now, p.load_horizon_s), 3),
-                "long_load_s": state.load.routed_s.read(now, p.balance_horizon_s),
-                "occupancy": state.load.occupancy.share}
+                "load": in_flight,
+                "recent_requests": round(load.routed.read(now, load_horizon), 3),
+                "long_load_s": long_load,
+                "occupancy": occupancy}
             if deadline is not None:
                 score["deadline_s"] = deadline
-            candidates.append(Candidate(replica.index, cost, score["expected_cached_tokens"],
-                                        score["load"], score["occupancy"],
-                                        score["long_load_s"]))
-        fits = all(fits_kv(n, request.output_tokens_hint or 1, r.capacity_blocks, block)
-                   for r in replicas)
+            candidates.append(Candidate(index, cost, expected_cached, in_flight, occupancy,
+                                        long_load))
+        hint = request.output_tokens_hint or 1
+        # (Replicas of one KV size answer alike.)
+        fits = all(fits_kv(n, hint, capacity, block)
+                   for capacity in {r.capacity_blocks for r in replicas})
         choice, branch, reason = self._choose(candidates, scores, hits, n, fits)
         chosen = scores[choice]
         reason += (f"; cost {chosen['cost_s']:.3f} s = wait {chosen['wait_s']:.3f} + prefill "

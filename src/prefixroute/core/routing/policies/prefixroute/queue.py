@@ -132,9 +132,9 @@ class PrefillQueue:
                 self.progress_at = now
             if self.busy and pending_prefill_tokens > 0:
                 self.speed.learn(elapsed, done, forget)
-            weight = math.exp(-elapsed / horizon_s)
-            self.utilisation = self.utilisation * weight + min(
-                1.0, done * self.s_per_token / horizon_s)
+            self.utilisation *= math.exp(-elapsed / horizon_s)
+            if done > 0:  # (an idle replica, most of a fleet, adds nothing)
+                self.utilisation += min(1.0, done * self.s_per_token / horizon_s)
         self.pending_work = pending
         if not self.busy:
             self.progress_at = now
