@@ -196,6 +196,20 @@ def test_id_lru_answers_as_key_lru_access(requests, capacity):
         assert len(ids) == len(keys)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 14), min_size=0, max_size=10, unique=True),
+                min_size=1, max_size=40), st.integers(0, 10))
+def test_id_lru_told_ids_are_distinct_answers_as_key_lru_access(requests, capacity):
+    """A caller that knows a request names no id twice may skip the check for it: the
+    answers stay those of the key-at-a-time cache."""
+    ids = IdLRU(capacity, 15)
+    keys = KeyLRUCache(capacity)
+    for request in requests:
+        assert ids.access(np.array(request, dtype=np.int64), distinct=True) == \
+            keys.access(request)
+        assert ids.keys() == keys.keys()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from([8, 12, 16, 20, 24, 28, 32]), st.integers(1, 4), st.integers(1, 5),
        st.integers(0, 2 ** 64 - 1), st.randoms(use_true_random=False))

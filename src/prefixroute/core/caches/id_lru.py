@@ -63,9 +63,11 @@ class IdLRU:
         cached = np.flatnonzero(self.last >= self.cut)
         return cached[np.argsort(self.last[cached])].tolist()
 
-    def access(self, ids: np.ndarray) -> int:
+    def access(self, ids: np.ndarray, distinct: bool = False) -> int:
         """Serve one request's block ids (int array, in prompt order): returns how many
-        leading blocks hit; every block is then the most recent, the first last touched."""
+        leading blocks hit; every block is then the most recent, the first last touched.
+        ``distinct``: the caller knows the request names no id twice (its ids were numbered
+        from distinct keys), so the check for a repeated id is skipped."""
         n = len(ids)
         if n == 0:
             return 0
@@ -76,15 +78,16 @@ class IdLRU:
         # The common shape, in a few operations: leading hits, then only new distinct blocks
         # (as many present blocks as leading hits).
         held = np.count_nonzero(present)
-        hits = n if held == n else int(present.argmin())
+        hits = n if held == n else 0 if held == 0 else int(present.argmin())
         if held == hits:
             tick = self.tick
             ticks = np.arange(tick, tick + n)
             last[ids] = ticks
-            if np.count_nonzero(last[ids] == ticks) != n:  # an id named twice
+            if not distinct and np.count_nonzero(last[ids] == ticks) != n:  # an id twice
                 last[ids] = before
                 return self._access_stepwise(ids)
-            alive[before[:hits]] = False
+            if hits:
+                alive[before[:hits]] = False
             if self.capacity == 0:
                 last[ids] = before  # nothing is ever cached
                 return 0

@@ -82,14 +82,15 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
         full = (1 + static_len + FLEET_USER_TOKENS) // block_size * block_size
         tokens = np.empty((full, requests), dtype=np.uint32)
         tokens[0] = np.asarray(batch.head, dtype=np.uint32) + FLEET_HEAD_ID_BASE
-        tokens[1:1 + static_len] = static.T[:, tenants]
+        np.take(np.ascontiguousarray(static.T), tenants, axis=1, out=tokens[1:1 + static_len])
         tokens[1 + static_len:] = user.T[:full - 1 - static_len]
         keys = chain_blocks(tokens.reshape(full // block_size, block_size, requests),
                             np.full(requests, seed, dtype=np.uint64))
         route = [md5_route(f"time={head} ".encode() + leading[tenant], replicas)
                  for head, tenant in zip(batch.head, batch.tenants)]
         ordered = np.sort(keys, axis=None)
-        if np.any(ordered[1:] == ordered[:-1]):  # two prompts share a block (same head)
+        all_distinct = not np.any(ordered[1:] == ordered[:-1])
+        if not all_distinct:  # two prompts share a block (same head)
             distinct, ids = np.unique(keys, return_inverse=True)
             n_ids = len(distinct)
             ids = np.ascontiguousarray(ids.reshape(keys.shape).T)
@@ -119,10 +120,11 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
         prefix_ids = ids[:prefix.size].reshape(prefix.shape)
         ids = np.hstack([prefix_ids[tenants], ids[prefix.size:].reshape(tail_keys.shape)])
         route = [tenant_route[t] for t in batch.tenants] if prefix_aware else batch.routes
+        all_distinct = False  # (a request repeats an id only on a key collision: checked)
     caches = [IdLRU(capacity, n_ids) for _ in range(replicas)]
     hit_blocks = 0
     for i, replica in enumerate(route):
-        hit_blocks += caches[replica].access(ids[i])
+        hit_blocks += caches[replica].access(ids[i], distinct=all_distinct)
     total_tokens = requests * (static_len + FLEET_USER_TOKENS + volatile)
     return hit_blocks * block_size / total_tokens
 

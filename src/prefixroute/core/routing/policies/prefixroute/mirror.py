@@ -103,16 +103,23 @@ class BlockMirror:
         return fits_kv(request.num_tokens, request.output_tokens_hint or 1,
                        self.capacity, request.block_size)
 
+    def may_hit(self, keys: Sequence[Hashable], limit: int, view: CacheView) -> bool:
+        """False when :meth:`expected` surely answers no hit: the mirror lacks the prompt's
+        first block and the view knows only what this router sent (on a fleet, most
+        replicas for most prompts, so the policy asks this first)."""
+        return (limit > 0 and bool(keys) and keys[0] in self.blocks) or \
+            getattr(view, "observes_engine", False)
+
     def expected(self, keys: Sequence[Hashable], limit: int, view: CacheView, width: float,
                  floor: int | None) -> HitEstimate:
         """Expected hits among the first ``limit`` of ``keys``. ``floor`` is the stamp of the
         oldest request in flight here (None: none counts), whose blocks the view may not
         veto yet."""
+        if not self.may_hit(keys, limit, view):
+            return HitEstimate(0.0, 0, [])
         get = self.blocks.get
         first = get(keys[0]) if limit > 0 and keys else None
         beyond_mirror = getattr(view, "observes_engine", False)
-        if first is None and not beyond_mirror:
-            return HitEstimate(0.0, 0, [])
         view_blocks = view.match(keys) if beyond_mirror else min(limit, len(keys))
         if first is None and not view_blocks:
             return HitEstimate(0.0, 0, [])

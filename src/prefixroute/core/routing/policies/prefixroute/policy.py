@@ -202,45 +202,78 @@ class PrefixRoute(BasePolicy):
         states = [self._observe(replica, now) for replica in replicas]
         busy = [self._prefill_busy(state) for state in states]
         rho = self._rho = min(sum(busy) / len(states), 0.999)
-        gamma = self.costs.delay_factor(rho)
-        for replica, state in zip(replicas, states):
-            hits[replica.index] = self._expected(state, keys, limit, replica.cache)
-        most = min(max(h.expected_blocks for h in hits.values()) * block, float(limit * block))
-        for replica, state, prefill_busy in zip(replicas, states, busy):
-            hit = hits[replica.index]
-            cached = min(hit.expected_blocks * block, float(limit * block))
-            uncached = n - cached
-            s = state.queue.s_per_token
-            prefill = self.costs.prefill_work(uncached, cached) * s
-            copy = self.costs.copy_work(n, cached, most) * s
-            # In whole milliseconds as sent, so the queue's order and the engine's agree.
-            deadline = (to_ms(arrived + p.priority_slack * prefill) / 1000.0
-                        if p.priority_slack and replica.scheduling_policy == "priority"
-                        else None)
-            deadlines[replica.index] = deadline
-            wait, behind = state.queue.wait_s(deadline)
-            decode = self.costs.decode_work(replica, uncached, block) * s
-            kv_wait = self.costs.kv_wait(replica, uncached, block, self._residence_s)
-            delay = (gamma + behind) * prefill
-            cost = wait + kv_wait + prefill + decode + delay + copy
-            score = scores[replica.index] = {
-                "expected_cached_tokens": round(cached, 1),
-                "mirror_blocks": float(len(hit.stamps)),
-                "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
-                "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
-                "copy_s": copy,
-                "cost_s": cost, "s_per_token": s, "prefill_busy": prefill_busy,
-                "load": float(replica.load),
-                "recent_requests": round(state.load.routed.read(now, p.load_horizon_s), 3),
-                "long_load_s": state.load.routed_s.read(now, p.balance_horizon_s),
-                "occupancy": state.load.occupancy.share}
-            if deadline is not None:
-                score["deadline_s"] = deadline
-            candidates.append(Candidate(replica.index, cost, score["expected_cached_tokens"],
-                                        score["load"], score["occupancy"],
-                                        score["long_load_s"]))
-        fits = all(fits_kv(n, request.output_tokens_hint or 1, r.capacity_blocks, block)
-                   for r in replicas)
+        costs = self.costs
+        gamma = costs.delay_factor(rho)
+        expected = self._expected
+        estimates = [expected(state, keys, limit, replica.cache)
+                     if state.mirror.may_hit(keys, limit, replica.cache)
+                     else HitEstimate(0.0, 0, []) for replica, state in zip(replicas, states)]
+        for replica, hit in zip(replicas, estimates):
+            hits[replica.index] = hit
+        ceiling = float(limit * block)
+        most = min(max(h.expected_blocks for h in estimates) * block, ceiling)
+        slack = p.priority_slack
+        load_horizon, balance_horizon = p.load_horizon_s, p.balance_horizon_s
+        residence = self._residence_s
+        # Replicas alike in everything the cost reads share one evaluation (on a quiet fleet,
+        # most of them: idle and holding nothing of the prompt); each gets its own scores.
+        evaluated: dict[tuple, dict[str, float]] = {}
+        terms: dict[tuple[float, float], tuple[float, float, float]] = {}
+        for replica, state, prefill_busy, hit in zip(replicas, states, busy, estimates):
+            index = replica.index
+            queue = state.queue
+            s = queue.s_per_token
+            by_deadline = slack and replica.scheduling_policy == "priority"
+            alike = None if by_deadline else (
+                hit.expected_blocks, len(hit.stamps), hit.view_blocks, s, queue.pending_work,
+                replica.running, replica.kv_usage, replica.capacity_blocks)
+            score = evaluated.get(alike)
+            if score is not None:
+                score = score.copy()  # (its replica's own figures are set below)
+                deadline = None
+            else:
+                cached = min(hit.expected_blocks * block, ceiling)
+                term = terms.get((cached, s))  # (what depends on the hit and the speed only)
+                if term is None:
+                    uncached = n - cached
+                    term = terms[(cached, s)] = (uncached,
+                                                 costs.prefill_work(uncached, cached) * s,
+                                                 costs.copy_work(n, cached, most) * s)
+                uncached, prefill, copy = term
+                # In whole milliseconds as sent, so the queue's order and the engine's agree.
+                deadline = (to_ms(arrived + slack * prefill) / 1000.0 if by_deadline
+                            else None)
+                wait, behind = queue.wait_s(deadline)
+                decode = costs.decode_work(replica, uncached, block) * s
+                kv_wait = costs.kv_wait(replica, uncached, block, residence)
+                delay = (gamma + behind) * prefill
+                cost = wait + kv_wait + prefill + decode + delay + copy
+                score = {
+                    "expected_cached_tokens": round(cached, 1),
+                    "mirror_blocks": float(len(hit.stamps)),
+                    "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
+                    "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
+                    "copy_s": copy,
+                    "cost_s": cost, "s_per_token": s, "prefill_busy": 0.0, "load": 0.0,
+                    "recent_requests": 0.0, "long_load_s": 0.0, "occupancy": 0.0}
+                if deadline is not None:
+                    score["deadline_s"] = deadline
+                else:
+                    evaluated[alike] = score
+            deadlines[index] = deadline
+            scores[index] = score
+            load = state.load
+            score["prefill_busy"] = prefill_busy
+            score["load"] = in_flight = float(replica.load)
+            score["recent_requests"] = round(load.routed.read(now, load_horizon), 3)
+            score["long_load_s"] = long_load = load.routed_s.read(now, balance_horizon)
+            score["occupancy"] = occupancy = load.occupancy.share
+            candidates.append(Candidate(index, score["cost_s"], score["expected_cached_tokens"],
+                                        in_flight, occupancy, long_load))
+        hint = request.output_tokens_hint or 1
+        # (Replicas of one KV size answer alike.)
+        fits = all(fits_kv(n, hint, capacity, block)
+                   for capacity in {r.capacity_blocks for r in replicas})
         choice, branch, reason = self._choose(candidates, scores, hits, n, fits)
         chosen = scores[choice]
         reason += (f"; cost {chosen['cost_s']:.3f} s = wait {chosen['wait_s']:.3f} + prefill "

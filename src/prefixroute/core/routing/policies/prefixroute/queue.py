@@ -100,6 +100,15 @@ class PrefillQueue:
         utilisation from the work done since the last observation. (Under priority
         scheduling the reconciliation is approximate: requests behind the head that vLLM
         admitted into a step's leftover budget already run.)"""
+        if pending_prefill_tokens <= 0 and not self.busy and self.started_at is not None:
+            # Idle now and at the last observation, so nothing is queued (only add() queues,
+            # and it marks the queue busy): the utilisation decays, nothing else moves. Most
+            # replicas of a quiet fleet take this path at every decision.
+            if now > self.observed_at:
+                self.utilisation *= math.exp(-(now - self.observed_at) / horizon_s)
+            self.pending_work = 0.0
+            self.progress_at = self.observed_at = now
+            return
         entries = self.entries
         if pending_prefill_tokens <= 0:
             entries.clear()
@@ -132,9 +141,9 @@ class PrefillQueue:
                 self.progress_at = now
             if self.busy and pending_prefill_tokens > 0:
                 self.speed.learn(elapsed, done, forget)
-            weight = math.exp(-elapsed / horizon_s)
-            self.utilisation = self.utilisation * weight + min(
-                1.0, done * self.s_per_token / horizon_s)
+            self.utilisation *= math.exp(-elapsed / horizon_s)
+            if done > 0:  # (an idle replica, most of a fleet, adds nothing)
+                self.utilisation += min(1.0, done * self.s_per_token / horizon_s)
         self.pending_work = pending
         if not self.busy:
             self.progress_at = now

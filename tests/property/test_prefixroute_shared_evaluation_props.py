@@ -1,0 +1,102 @@
+"""``prefixroute`` evaluates replicas alike in everything its cost reads once and copies the
+result (most of a quiet fleet is idle and holds nothing of a prompt). These properties check
+that this changes nothing: on random fleets every replica's scores are exactly what the
+cost model gives for that replica alone, and the decision is the one those scores make."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixroute.core.routing.base import Decision, ReplicaView, RequestView
+from prefixroute.core.routing.policies.prefixroute import PrefixRoute
+from prefixroute.core.routing.policies.prefixroute.balance import Candidate
+from prefixroute.core.routing.policies.prefixroute.costs import to_ms
+from prefixroute.core.routing.policies.prefixroute.policy import hit_limit
+
+B = 16
+# Few values per field, so that many replicas are alike and share an evaluation.
+replica_states = st.tuples(st.sampled_from([0, 1, 3]),                 # running
+                           st.sampled_from([0.0, 0.25, 0.9]),          # kv_usage
+                           st.sampled_from([0, 0, 700]),               # pending prefill
+                           st.sampled_from([200, 1000]),               # capacity blocks
+                           st.sampled_from(["fcfs", "fcfs", "priority"]))
+history = st.lists(st.tuples(st.integers(0, 2),                        # prompt family
+                             st.integers(1, 40),                       # blocks
+                             st.integers(0, 7)),                       # replica sent to
+                   max_size=12)
+
+
+def prompt(family: int, n: int, rid: str, now: float) -> RequestView:
+    return RequestView(rid, n * B + 3, B, tuple((family, i) for i in range(n)), now=now)
+
+
+def alone(policy: PrefixRoute, request: RequestView, replicas: list[ReplicaView]
+          ) -> dict[int, dict[str, float]]:
+    """Every replica's scores evaluated on its own, term by term as the cost model defines
+    them (the evaluation before replicas shared one), read after ``route`` at the same
+    time (reading the state again changes nothing)."""
+    p, costs = policy.params, policy.costs
+    now, n, keys = request.now, request.num_tokens, request.block_keys
+    limit = hit_limit(request)
+    states = [policy._replicas[r.index] for r in replicas]
+    hits = [policy._expected(s, keys, limit, r.cache) for r, s in zip(replicas, states)]
+    most = min(max(h.expected_blocks for h in hits) * B, float(limit * B))
+    gamma = costs.delay_factor(policy._rho)
+    scores = {}
+    for replica, state, hit in zip(replicas, states, hits):
+        cached = min(hit.expected_blocks * B, float(limit * B))
+        uncached = n - cached
+        s = state.queue.s_per_token
+        prefill = costs.prefill_work(uncached, cached) * s
+        copy = costs.copy_work(n, cached, most) * s
+        deadline = (to_ms(now + p.priority_slack * prefill) / 1000.0
+                    if p.priority_slack and replica.scheduling_policy == "priority" else None)
+        wait, behind = state.queue.wait_s(deadline)
+        decode = costs.decode_work(replica, uncached, B) * s
+        kv_wait = costs.kv_wait(replica, uncached, B, policy._residence_s)
+        delay = (gamma + behind) * prefill
+        score = {
+            "expected_cached_tokens": round(cached, 1), "mirror_blocks": float(len(hit.stamps)),
+            "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
+            "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay, "copy_s": copy,
+            "cost_s": wait + kv_wait + prefill + decode + delay + copy, "s_per_token": s,
+            "prefill_busy": state.queue.prefill_busy(p.load_horizon_s),
+            "load": float(replica.load),
+            "recent_requests": round(state.load.routed.read(now, p.load_horizon_s), 3),
+            "long_load_s": state.load.routed_s.read(now, p.balance_horizon_s),
+            "occupancy": state.load.occupancy.share}
+        if deadline is not None:
+            score["deadline_s"] = deadline
+        scores[replica.index] = score
+    return scores
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(replica_states, min_size=2, max_size=8), history,
+       st.integers(0, 2), st.integers(1, 40))
+def test_shared_evaluation_gives_every_replica_its_own_scores(fleet, sent, family, n):
+    policy = PrefixRoute()
+    replicas = [ReplicaView(i, running=running, kv_usage=kv, pending_prefill_tokens=pending,
+                            capacity_blocks=capacity, scheduling_policy=scheduling)
+                for i, (running, kv, pending, capacity, scheduling) in enumerate(fleet)]
+    now = 0.0
+    for k, (past_family, past_n, target) in enumerate(sent):
+        now += 0.25
+        past = prompt(past_family, past_n, f"past-{k}", now)
+        policy.route(past, replicas)
+        policy.on_routed(past, Decision(target % len(replicas), "fixture"))
+    request = prompt(family, n, "now", now + 0.25)
+    decision = policy.route(request, replicas)
+    expected = alone(policy, request, replicas)
+    assert decision.scores == expected
+    assert [list(s) for s in decision.scores.values()] == [list(s) for s in expected.values()]
+    # The decision is the one the replicas' own scores make.
+    candidates = [Candidate(i, s["cost_s"], s["expected_cached_tokens"], s["load"],
+                            s["occupancy"], s["long_load_s"]) for i, s in expected.items()]
+    fits = all(r.capacity_blocks * B >= request.num_tokens for r in replicas)
+    choice, branch, _ = policy._choose(candidates, expected, {
+        r.index: policy._expected(policy._replicas[r.index], request.block_keys,
+                                  hit_limit(request), r.cache) for r in replicas},
+        request.num_tokens, fits)
+    assert (decision.replica, decision.branch) == (choice, branch)
