@@ -116,3 +116,18 @@ def test_credit_given_while_a_fetch_was_on_its_way_is_paid_from_its_slice():
 
 def test_a_burst_of_one_never_gets_credit():
     assert not Lease(rate=10, burst=1).may_admit_on_credit(1, now=0.0)  # 1 - 1 < 0.5
+
+
+def test_credit_waits_while_an_earlier_credit_is_being_charged():
+    # At most one request per instance is uncharged: while a call carries the first
+    # credit's charge to Redis, a second request gets no credit, and the bucket's estimate
+    # counts the charge on its way.
+    lease = Lease(rate=100, burst=100)
+    assert lease.may_admit_on_credit(10, now=0.0)
+    lease.credit(10)
+    lease.charging, lease.owed = 10, 0  # what the limiter's call does while it is sent
+    assert lease.estimated_level(0.0) == 90
+    assert not lease.may_admit_on_credit(10, now=0.0)
+    lease.charging = 0  # answered
+    lease.granted(0, level=90, now=0.0)
+    assert lease.may_admit_on_credit(10, now=0.0)

@@ -71,6 +71,7 @@ class Lease:
         self.expires_at = -math.inf
         self.last_cost = 1.0  # the last request's cost: what a fetch ahead of one asks for
         self.owed = 0.0  # admitted on credit, not yet charged to the fleet bucket
+        self.charging = 0.0  # credit charged by a script call not answered yet
         # The fleet bucket's level after the last answer from Redis, and when it came.
         self._level: float | None = None
         self._level_at = 0.0
@@ -107,7 +108,8 @@ class Lease:
     def granted(self, tokens: float, level: float, now: float) -> None:
         """Redis gave ``tokens`` and left the bucket at ``level``. Credit given while the
         answer was on its way (the fetch had been sent before it) is paid from the slice
-        it brings; what the slice cannot pay stays owed, for the next fetch."""
+        it brings; what the slice cannot pay stays owed, and the limiter charges it with a
+        call of its own."""
         if tokens > 0:
             if now >= self.expires_at:
                 self.tokens = 0.0
@@ -134,15 +136,18 @@ class Lease:
 
     def estimated_level(self, now: float) -> float:
         """The fleet bucket's level as far as this instance knows: Redis's last answer plus
-        the refill since, less what it owes; full when it never asked."""
+        the refill since, less what it owes or is charging; full when it never asked."""
+        unpaid = self.owed + self.charging
         if self._level is None:
-            return self.burst - self.owed
-        return min(self.burst, self._level + (now - self._level_at) * self.rate) - self.owed
+            return self.burst - unpaid
+        return min(self.burst, self._level + (now - self._level_at) * self.rate) - unpaid
 
     def may_admit_on_credit(self, cost: float, now: float) -> bool:
-        """Admit ``cost`` now and charge it later: nothing owed yet, and the bucket estimated
-        at least half full beyond it."""
-        return self.owed == 0 and self.estimated_level(now) - cost >= self.burst / 2
+        """Admit ``cost`` now and charge it later: nothing owed or being charged (so at most
+        one request per instance is uncharged at any time), and the bucket estimated at least
+        half full beyond it."""
+        return (self.owed == 0 and self.charging == 0
+                and self.estimated_level(now) - cost >= self.burst / 2)
 
     def credit(self, cost: float) -> None:
         self.owed += cost

@@ -156,7 +156,8 @@ class SharedRateLimiter:
             wait = lease.known_wait(cost, now)
             if wait == 0 and lease.may_admit_on_credit(cost, now):
                 # Charged by a fetch off the path: the one on its way pays it from its slice
-                # (Lease.granted), else one started now.
+                # (Lease.granted) or, if it cannot, starts a call that charges it (_fetch);
+                # else one started now.
                 lease.credit(cost)
                 self.counts["credit"] += 1
                 if key not in self._fetching:
@@ -225,6 +226,7 @@ class SharedRateLimiter:
         owed = lease.owed
         give = lease.lapse(now) - owed
         lease.owed = 0.0
+        lease.charging += owed
         need, want = lease.request(cost, now, ahead)
         try:
             granted, level = await self._script(
@@ -236,9 +238,15 @@ class SharedRateLimiter:
         except asyncio.CancelledError:
             lease.owed += owed
             raise
+        finally:
+            lease.charging -= owed
         self.link.metrics.operations.labels("ratelimit").inc()
         self.link.ok()
         lease.granted(float(granted), float(level), self._now())
+        if lease.owed > 0 and self.leases.get(key) is lease:
+            # Credit given while this call was on its way that its slice could not pay:
+            # charge it now, off the path, rather than at the tenant's next request here.
+            self._start_fetch(key, lease, lease.last_cost, ahead=True)
         return True
 
     # -- giving back ----------------------------------------------------------------------
@@ -273,14 +281,17 @@ class SharedRateLimiter:
                 gives.append((key, lease, tokens))
         if not gives:
             return 0
-        pipe = self.link.client.pipeline(transaction=False)
-        for key, lease, tokens in gives:
-            # Queued, not sent: the pipeline's execute sends them (loading the script if
-            # Redis lost it).
-            await self._script(keys=[key], args=[lease.rate, lease.burst, tokens, 0, 0,
-                                                 EXPIRY_MARGIN_MS], client=pipe)
         try:
-            await pipe.execute()
+            # The context gives the pipeline's connection back to the pool whatever happens
+            # (a failed execute, or the script check it sends first, would otherwise keep
+            # it, and a pool drained that way fails every later call).
+            async with self.link.client.pipeline(transaction=False) as pipe:
+                for key, lease, tokens in gives:
+                    # Queued, not sent: execute sends them (loading the script if Redis
+                    # lost it).
+                    await self._script(keys=[key], args=[lease.rate, lease.burst, tokens, 0,
+                                                         0, EXPIRY_MARGIN_MS], client=pipe)
+                await pipe.execute()
         except REDIS_ERRORS as exc:  # lost: the fleet admits less, never more
             self.link.failed("ratelimit", exc)
             return 0
