@@ -211,16 +211,21 @@ class LoadedTokenizer:
         splitter = self._splitter
         if splitter is None:
             return self._encode_cached(text, add_special_tokens, partition)
-        pieces = splitter.split(text)
+        return self._join(splitter.split(text), add_special_tokens, partition)
+
+    def _join(self, pieces: Sequence[str], add_special_tokens: bool,
+              partition: str | None) -> array:
+        """The ids of a text cut into ``pieces`` (odd: an added token; even: the text between
+        two), each piece's from the cache of ``partition`` or encoded and cached now."""
         ids = array("I", self._special_prefix if add_special_tokens else ())
         segments = self.segments
         added_ids = self._added_ids
         for i, piece in enumerate(pieces):
-            if i % 2:  # odd: an added token; even: the text between them
+            if i % 2:
                 ids.append(added_ids[piece])
             elif piece:
                 segment = segments.get(partition, piece)
-                if segment is None:
+                if segment is None:  # new, or evicted by the batch that encoded it
                     segment = array("I", self.tokenizer.encode(
                         piece, add_special_tokens=False).ids)
                     segments.put(partition, piece, segment)
@@ -256,22 +261,7 @@ class LoadedTokenizer:
             encodings = self.tokenizer.encode_batch_fast(fresh, add_special_tokens=False)
             for piece, encoding in zip(fresh, encodings):
                 segments.put(None, piece, array("I", encoding.ids))
-        out = []
-        for pieces in pieces_per_text:
-            ids = array("I", self._special_prefix if add_special_tokens else ())
-            for i, piece in enumerate(pieces):
-                if i % 2:
-                    ids.append(self._added_ids[piece])
-                elif piece:
-                    segment = segments.get(None, piece)
-                    if segment is None:  # evicted by this very batch: encode alone
-                        segment = array("I", self.tokenizer.encode(
-                            piece, add_special_tokens=False).ids)
-                    ids.extend(segment)
-            if add_special_tokens:
-                ids.extend(self._special_suffix)
-            out.append(ids)
-        return out
+        return [self._join(pieces, add_special_tokens, None) for pieces in pieces_per_text]
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
