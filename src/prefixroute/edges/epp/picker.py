@@ -51,6 +51,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
+import orjson
 
 from prefixroute.edges.epp.config import EppSettings, endpoint_of
 from prefixroute.edges.epp.protocol import (ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE, SERVED,
@@ -139,6 +140,11 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
                         yield each
                 else:
                     yield response
+                if exchange.complete:
+                    # Nothing left to learn: closing the stream (status OK) tells Envoy to
+                    # go on without the EPP, so what remains of the answer (at least its
+                    # end-of-stream message) needs no answer from here.
+                    return
         finally:
             exchange.close()
 
@@ -155,7 +161,7 @@ class Exchange:
     __slots__ = ("picker", "gateway", "request_id", "started", "endpoint", "tenant",
                  "headers", "body", "job", "attempt", "tried", "relay", "status",
                  "answer", "answer_size", "open", "done", "subset", "head_seen",
-                 "via_headers", "held", "body_size")
+                 "via_headers", "held", "body_size", "complete")
 
     def __init__(self, picker: EndpointPicker):
         self.picker = picker
@@ -182,6 +188,7 @@ class Exchange:
         self.via_headers = False  # ... from a headers message
         self.body_size = 0
         self.held = False  # the headers' answer waits for the whole body (streamed mode)
+        self.complete = False  # the answer was read whole before its end: close the stream
 
     async def handle(self, message: ext.ProcessingRequest) -> Answer:
         kind = message.WhichOneof("request")
@@ -397,7 +404,7 @@ class Exchange:
         remove = [] if "authorization" in attempt.backend.headers else ["authorization"]
         mutation = ext.HeaderMutation(set_headers=set_headers, remove_headers=remove)
         metadata = struct_pb2.Struct()
-        metadata.update({LB_NAMESPACE: {DESTINATION: destination}})
+        metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
         if self.held:
             return (ext.ProcessingResponse(
                         request_headers=ext.HeadersResponse(response=ext.CommonResponse(
@@ -518,6 +525,11 @@ class Exchange:
         elif not attempt.finished and self.answer_size < _NON_STREAM_LIMIT:
             self.answer.append(data)
             self.answer_size += len(data)
+            if not body.end_of_stream and _whole_json(self.answer):
+                # A non-streamed answer is one JSON object: once it parses, its usage is
+                # known and only the end-of-stream message (empty) would follow.
+                self.complete = True
+                self._end_of_answer()
         if body.end_of_stream:
             self._end_of_answer()
         return response
@@ -574,6 +586,18 @@ class Exchange:
         elif self.open:
             self.open = False
             self.gateway.open_requests -= 1
+
+
+def _whole_json(parts: list[bytes]) -> bool:
+    """The chunks read so far make one whole JSON object (checked only when the last one
+    ends with ``}``, so a long answer's chunks are not parsed over and over)."""
+    if not parts[-1].rstrip().endswith(b"}"):
+        return False
+    try:
+        orjson.loads(b"".join(parts))
+    except ValueError:
+        return False
+    return True
 
 
 def _response_attributes(message: ext.ProcessingRequest) -> tuple[int, str | None]:
