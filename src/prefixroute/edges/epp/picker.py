@@ -21,7 +21,8 @@ request body          :meth:`Gateway.admit` (the checks, salt and media identiti
                       runner's decision; the body is replaced by the salted one, and the
                       picked ``ip:port`` (then the fallbacks) goes into the
                       ``x-gateway-destination-endpoint`` header and the ``envoy.lb``
-                      dynamic metadata, as the Endpoint Picker Protocol says
+                      dynamic metadata, as the Endpoint Picker Protocol says (on the fast
+                      route, where Envoy applies no header change, the metadata only)
 first response        the status and the replica that served (``response.code`` and
 message               ``upstream.address`` attributes; from a data plane that sends
                       response headers, the ``x-gateway-destination-endpoint-served``
@@ -30,7 +31,9 @@ message               ``upstream.address`` attributes; from a data plane that se
                       failed and the served one is booked, as a retry in ``serve``
 response body         usage (``cached_tokens``) from the JSON or the SSE stream, through
                       the same :class:`SSERelay` logic ``serve`` relays streams with (the
-                      usage chunk the caller did not ask for is dropped)
+                      usage chunk the caller did not ask for is dropped). A JSON answer
+                      that parses whole ends the exchange there: the EPP closes the
+                      stream, so Envoy's end message needs no answer
 the stream ends       the attempt ends: completed with its usage, refused, failed or
                       abandoned, as in ``serve``
 ====================  ================================================================
@@ -393,18 +396,25 @@ class Exchange:
                         key=lambda b: (b.in_flight, b.index))
         self.tried = [attempt.backend] + others[:self.picker.settings.fallback_endpoints]
         destination = ",".join(self.picker.endpoints[b.index] for b in self.tried)
+        metadata = struct_pb2.Struct()
+        metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
+        if not self.via_headers:
+            # The fast route: Envoy applies no header change from a body answer when no
+            # headers message came first, so none is sent (the metadata names the replica).
+            return ext.ProcessingResponse(
+                request_body=ext.BodyResponse(response=ext.CommonResponse(
+                    body_mutation=ext.BodyMutation(body=payload))),
+                dynamic_metadata=metadata)
         set_headers = [_header(DESTINATION, destination),
                        _header("x-request-id", self.request_id)]
         # Envoy drops content-length whenever the body changes without the headers waiting
-        # for it (headers skipped, or streamed): then the body goes out chunked.
-        if self.via_headers and not self.held:
+        # for it (streamed): then the body goes out chunked.
+        if not self.held:
             set_headers.append(_header("content-length", str(len(payload))))
         set_headers.append(_header("content-type", "application/json"))
         set_headers += [_header(k, v) for k, v in attempt.backend.headers.items()]
         remove = [] if "authorization" in attempt.backend.headers else ["authorization"]
         mutation = ext.HeaderMutation(set_headers=set_headers, remove_headers=remove)
-        metadata = struct_pb2.Struct()
-        metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
         if self.held:
             return (ext.ProcessingResponse(
                         request_headers=ext.HeadersResponse(response=ext.CommonResponse(
