@@ -33,8 +33,11 @@ the router under test (Envoy and its EPP together) on core 1.
 * **latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s from a Python
   generator under uvloop, in blocks of 5 s taking turns between all fronts (three rounds;
   the first second of each block is not counted), so all see the same machine minute by
-  minute; p50 and p99 from the planned send time to the last byte, and Envoy+EPP's minus
-  Envoy's; each router's CPU per request over the whole run (their idle work included).
+  minute; a block ends only once its front has answered all it was sent (a front that falls
+  behind would otherwise work off its backlog on the shared router core during the next
+  front's block); p50 and p99 from the planned send time to the last byte, and Envoy+EPP's
+  minus Envoy's; each router's CPU per request over the whole run (their idle work
+  included).
 
 Part 2, the design scenario (SPEC section 4, the simulator's generator, timestamp fixed):
 four replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
@@ -75,6 +78,7 @@ DEFAULT_RATE = 500.0
 WRK_CONNECTIONS = 32  # as the first comparison of these routers (wrk, 32 connections)
 THROUGHPUT_S, WARMUP_S = 8.0, 2.0
 BLOCK_S, SETTLE_S, PAIRS = 5.0, 1.0, 3
+REQUEST_TIMEOUT_S = 30.0  # the open-loop client gives up on a request after this
 DEFAULT_PEER_DIR = Path.home() / ".cache" / "prefixroute" / "peer-routers"
 SCENARIO_REPLICAS = 4
 SCENARIO_RATE_PER_REPLICA = 2.9  # as prefixroute demo (edges/cli/demo.py says why)
@@ -112,56 +116,75 @@ def _loadgen_main(spec: dict) -> dict:
 
 async def _blocks(spec: dict, headers: dict) -> dict:
     """Open loop at ``rate``; block k (``block`` seconds) goes to ``targets[k % n]``;
-    requests leaving in a block's first ``settle`` seconds are sent, not counted."""
+    requests leaving in a block's first ``settle`` seconds are sent, not counted.
+
+    A block ends when its front has answered (or timed out) every request it was sent, and
+    only then does the next block start: all fronts share the router core, so a front that
+    falls behind would otherwise still be working off its backlog during the next front's
+    block and that front's figures would carry it. How long each front took past the end
+    of its sending is ``drain_s`` (the longest of its blocks)."""
     targets: dict[str, list[str]] = spec["targets"]
     names = list(targets)
-    block, settle = spec["block"], spec["settle"]
-    count = int(spec["rate"] * block * len(names) * spec["pairs"])
-    requests = hop_requests(count, spec["rate"])
+    block, settle, rate = spec["block"], spec["settle"], spec["rate"]
+    per_block = int(rate * block)
+    blocks = len(names) * spec["pairs"]
+    requests = hop_requests(per_block * blocks, rate)
     counted: dict[str, list] = {name: [] for name in names}
     sent = {name: 0 for name in names}
-    first = requests[0].arrival_s
+    drain = {name: 0.0 for name in names}
     from prefixroute.edges.http1 import Client
     from prefixroute.edges.loadtest.replay import send
 
-    client = Client(read_timeout=30, max_idle_per_origin=1024)
+    client = Client(read_timeout=REQUEST_TIMEOUT_S, max_idle_per_origin=1024)
     turn = 0
 
     async def one(name: str, url: str, request, count_it: bool) -> None:
-        outcome = await send(client, url, request, headers, stream=False, timeout_s=30)
+        outcome = await send(client, url, request, headers, stream=False,
+                             timeout_s=REQUEST_TIMEOUT_S)
         if count_it:
             counted[name].append(outcome)
 
-    tasks = []
     start = time.perf_counter()
     try:
-        async with asyncio.timeout(count / spec["rate"] + 60):
-            for request in requests:
-                offset = request.arrival_s - first
-                name = names[int(offset // block) % len(names)]
-                delay = start + offset - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                urls = targets[name]
-                url = urls[turn % len(urls)]
-                turn += 1
-                sent[name] += 1
-                tasks.append(asyncio.create_task(
-                    one(name, url, request, offset % block >= settle)))
-            await asyncio.gather(*tasks, return_exceptions=True)
-    except TimeoutError:
-        pass
+        for k in range(blocks):
+            name = names[k % len(names)]
+            chunk = requests[k * per_block:(k + 1) * per_block]
+            first = chunk[0].arrival_s
+            urls = targets[name]
+            tasks: list[asyncio.Task] = []
+            block_start = time.perf_counter()
+            try:
+                async with asyncio.timeout(block + REQUEST_TIMEOUT_S + 10):
+                    for request in chunk:
+                        offset = request.arrival_s - first
+                        if offset >= block:
+                            break
+                        delay = block_start + offset - time.perf_counter()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        url = urls[turn % len(urls)]
+                        turn += 1
+                        sent[name] += 1
+                        tasks.append(asyncio.create_task(
+                            one(name, url, request, offset >= settle)))
+                    sending_ended = max(time.perf_counter(), block_start + block)
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                drain[name] = max(drain[name], time.perf_counter() - sending_ended)
+            except TimeoutError:  # a safety net: each request gives up by itself before
+                drain[name] = max(drain[name], REQUEST_TIMEOUT_S + 10)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await client.aclose()
     elapsed = time.perf_counter() - start
     out = {}
     for name in names:
         summary = summarize(counted[name])
         summary["sent"] = sent[name]
-        summary["offered_per_second"] = round(spec["rate"], 1)
+        summary["offered_per_second"] = round(rate, 1)
+        summary["drain_s"] = round(drain[name], 2)
         out[name] = summary
     out["elapsed_s"] = round(elapsed, 1)
     return out
@@ -432,9 +455,12 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
             wrk_max(urls[0], script, WARMUP_S, WRK_CONNECTIONS)  # warm-up
             before = {pid: cpu_seconds(pid) for pid in pids[name]}
             row = wrk_max(urls[0], script, THROUGHPUT_S, WRK_CONNECTIONS)
-            row["router_cpu_ms_per_request"] = round(1000 * sum(
-                cpu_seconds(pid) - before[pid] for pid in pids[name])
-                / max(1, row["requests_ok"]), 3)
+            used = {pid: cpu_seconds(pid) - before[pid] for pid in pids[name]}
+            row["router_cpu_ms_per_request"] = round(1000 * sum(used.values())
+                                                     / max(1, row["requests_ok"]), 3)
+            if len(pids[name]) > 1:  # the EPP's own share (Envoy's is the rest)
+                row["epp_cpu_ms_per_request"] = round(1000 * used[pids[name][0]]
+                                                      / max(1, row["requests_ok"]), 3)
             results["max_rps"][name] = row
 
         fronts = {name: urls for name, urls in targets.items()}
@@ -446,7 +472,9 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
         blocks = run_loadgen({"mode": "blocks", "api_key": key, "rate": rate,
                               "targets": fronts, "block": BLOCK_S, "settle": SETTLE_S,
                               "pairs": PAIRS},
-                             timeout=BLOCK_S * len(fronts) * PAIRS + 240)
+                             # each block may wait for its front's last answers
+                             timeout=(BLOCK_S + REQUEST_TIMEOUT_S + 10) * len(fronts) * PAIRS
+                             + 240)
         for name, row in blocks.items():
             if name not in pids:
                 continue
@@ -598,20 +626,27 @@ def markdown(result: dict) -> str:
                   f"req/s**: wrk, {WRK_CONNECTIONS} connections, {THROUGHPUT_S:g} s, one front "
                   f"at a time. **At {part1['rate']:g} req/s**: open loop (Poisson), blocks of "
                   f"{BLOCK_S:g} s taking turns between the fronts ({PAIRS} rounds, the first "
-                  f"{SETTLE_S:g} s of each block not counted), latency from the planned send "
-                  "time to the last byte; CPU per request of the router's process(es) over "
-                  "the whole run (their idle work included).", "",
+                  f"{SETTLE_S:g} s of each block not counted; a block ends when its front has "
+                  "answered all it was sent, **drain s** is how long that took past the "
+                  "block's end), latency from the planned send time to the last byte; CPU "
+                  "per request of the router's process(es) over the whole run (their idle "
+                  "work included). At max, an EPP front's CPU is Envoy's and the EPP's "
+                  "together, the EPP's share in brackets.", "",
                   f"| front | max req/s | p50 ms at max | router CPU ms/req at max | "
-                  f"p50 ms at {part1['rate']:g}/s | p99 ms | failed | "
+                  f"p50 ms at {part1['rate']:g}/s | p99 ms | failed | drain s | "
                   "router CPU ms/req | + Envoy CPU ms/req |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for name, row in fixed.items():
             top = part1["max_rps"].get(name, {})
+            cpu = f"{top.get('router_cpu_ms_per_request', '-')}"
+            if "epp_cpu_ms_per_request" in top:
+                cpu += f" (EPP {top['epp_cpu_ms_per_request']})"
             lines.append(
                 f"| {name} | {top.get('requests_per_second', '-')} | "
                 f"{top.get('latency_p50_ms', '-')} | "
-                f"{top.get('router_cpu_ms_per_request', '-')} | {_ms(row['latency_p50_s'])} | "
+                f"{cpu} | {_ms(row['latency_p50_s'])} | "
                 f"{_ms(row['latency_p99_s'])} | {row['requests_failed']} | "
+                f"{row.get('drain_s', '-')} | "
                 f"{row.get('router_cpu_ms_per_request', '-')} | "
                 f"{row.get('envoy_cpu_ms_per_request', '-')} |")
         lines += [""]

@@ -266,6 +266,39 @@ def attributes_body(body: dict, **attributes: str) -> ext.ProcessingRequest:
     return message
 
 
+def test_a_whole_json_answer_ends_the_exchange_and_the_stream_before_its_end(monkeypatch):
+    """A non-streamed answer parsed whole from its first message is booked there and the
+    EPP closes the stream: Envoy's end-of-stream message that follows gets no answer (each
+    message costs the EPP more than its routing does). One in two halves ends at the
+    second."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            usage = {"prompt_tokens": 9, "completion_tokens": 1,
+                     "prompt_tokens_details": {"cached_tokens": 4}}
+            whole = orjson.dumps({"choices": [], "usage": usage})
+            answer = response_body(whole)
+            answer.attributes["envoy.filters.http.ext_proc"].update(
+                {"response.code": 200, "upstream.address": R0})
+            answers = await h.process(request_headers(), request_body(CHAT), answer,
+                                      response_body(b"", end=True))
+            assert len(answers) == 3  # headers, body, the answer's first message: no more
+            [decision] = h.gateway.router.recent(1)
+            assert (decision["outcome"], decision["reported_cached_tokens"]) == ("ok", 4)
+            assert h.gateway.admission.active == 0
+            assert [b.in_flight for b in h.gateway.pool.backends] == [0, 0, 0]
+
+            first = response_body(whole[:10])
+            first.attributes["envoy.filters.http.ext_proc"].update(
+                {"response.code": 200, "upstream.address": R0})
+            answers = await h.process(request_headers(), request_body(CHAT), first,
+                                      response_body(whole[10:]), response_body(b"", end=True))
+            # The first half is answered and waited past; the second completes the object.
+            assert len(answers) == 4
+            [decision] = h.gateway.router.recent(1)
+            assert (decision["outcome"], decision["reported_cached_tokens"]) == ("ok", 4)
+    run(scenario())
+
+
 def test_without_a_headers_message_the_head_comes_from_the_body_attributes(monkeypatch):
     """The bootstrap's fast route skips the request headers: path, method, API key and
     Envoy's request id arrive as attributes of the body message, and the endpoint goes
@@ -281,8 +314,9 @@ def test_without_a_headers_message_the_head_comes_from_the_body_attributes(monke
                 derive_trust_group_salt(SECRET.encode(), "g1")
             lb = routed.dynamic_metadata.fields["envoy.lb"].struct_value
             assert lb.fields[DESTINATION].string_value == f"{R0},{R1},{R2}"
-            # The body changed but Envoy drops content-length on this route: none is set.
-            assert "content-length" not in set_headers(common)
+            # Envoy applies no header change on this route (it drops content-length itself
+            # as the body changed), so the answer carries none.
+            assert not common.HasField("header_mutation")
             [decision] = h.gateway.router.recent(1)
             # Envoy's id leads; a random tail keeps it unique (a caller can set Envoy's).
             assert decision["request_id"].startswith("envoy-id-1.")

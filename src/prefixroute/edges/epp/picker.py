@@ -21,7 +21,8 @@ request body          :meth:`Gateway.admit` (the checks, salt and media identiti
                       runner's decision; the body is replaced by the salted one, and the
                       picked ``ip:port`` (then the fallbacks) goes into the
                       ``x-gateway-destination-endpoint`` header and the ``envoy.lb``
-                      dynamic metadata, as the Endpoint Picker Protocol says
+                      dynamic metadata, as the Endpoint Picker Protocol says (on the fast
+                      route, where Envoy applies no header change, the metadata only)
 first response        the status and the replica that served (``response.code`` and
 message               ``upstream.address`` attributes; from a data plane that sends
                       response headers, the ``x-gateway-destination-endpoint-served``
@@ -30,7 +31,9 @@ message               ``upstream.address`` attributes; from a data plane that se
                       failed and the served one is booked, as a retry in ``serve``
 response body         usage (``cached_tokens``) from the JSON or the SSE stream, through
                       the same :class:`SSERelay` logic ``serve`` relays streams with (the
-                      usage chunk the caller did not ask for is dropped)
+                      usage chunk the caller did not ask for is dropped). A JSON answer
+                      that parses whole ends the exchange there: the EPP closes the
+                      stream, so Envoy's end message needs no answer
 the stream ends       the attempt ends: completed with its usage, refused, failed or
                       abandoned, as in ``serve``
 ====================  ================================================================
@@ -51,6 +54,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
+import orjson
 
 from prefixroute.edges.epp.config import EppSettings, endpoint_of
 from prefixroute.edges.epp.protocol import (ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE, SERVED,
@@ -139,6 +143,11 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
                         yield each
                 else:
                     yield response
+                if exchange.complete:
+                    # Nothing left to learn: closing the stream (status OK) tells Envoy to
+                    # go on without the EPP, so what remains of the answer (at least its
+                    # end-of-stream message) needs no answer from here.
+                    return
         finally:
             exchange.close()
 
@@ -155,7 +164,7 @@ class Exchange:
     __slots__ = ("picker", "gateway", "request_id", "started", "endpoint", "tenant",
                  "headers", "body", "job", "attempt", "tried", "relay", "status",
                  "answer", "answer_size", "open", "done", "subset", "head_seen",
-                 "via_headers", "held", "body_size")
+                 "via_headers", "held", "body_size", "complete")
 
     def __init__(self, picker: EndpointPicker):
         self.picker = picker
@@ -182,6 +191,7 @@ class Exchange:
         self.via_headers = False  # ... from a headers message
         self.body_size = 0
         self.held = False  # the headers' answer waits for the whole body (streamed mode)
+        self.complete = False  # the answer was read whole before its end: close the stream
 
     async def handle(self, message: ext.ProcessingRequest) -> Answer:
         kind = message.WhichOneof("request")
@@ -386,18 +396,25 @@ class Exchange:
                         key=lambda b: (b.in_flight, b.index))
         self.tried = [attempt.backend] + others[:self.picker.settings.fallback_endpoints]
         destination = ",".join(self.picker.endpoints[b.index] for b in self.tried)
+        metadata = struct_pb2.Struct()
+        metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
+        if not self.via_headers:
+            # The fast route: Envoy applies no header change from a body answer when no
+            # headers message came first, so none is sent (the metadata names the replica).
+            return ext.ProcessingResponse(
+                request_body=ext.BodyResponse(response=ext.CommonResponse(
+                    body_mutation=ext.BodyMutation(body=payload))),
+                dynamic_metadata=metadata)
         set_headers = [_header(DESTINATION, destination),
                        _header("x-request-id", self.request_id)]
         # Envoy drops content-length whenever the body changes without the headers waiting
-        # for it (headers skipped, or streamed): then the body goes out chunked.
-        if self.via_headers and not self.held:
+        # for it (streamed): then the body goes out chunked.
+        if not self.held:
             set_headers.append(_header("content-length", str(len(payload))))
         set_headers.append(_header("content-type", "application/json"))
         set_headers += [_header(k, v) for k, v in attempt.backend.headers.items()]
         remove = [] if "authorization" in attempt.backend.headers else ["authorization"]
         mutation = ext.HeaderMutation(set_headers=set_headers, remove_headers=remove)
-        metadata = struct_pb2.Struct()
-        metadata.update({LB_NAMESPACE: {DESTINATION: destination}})
         if self.held:
             return (ext.ProcessingResponse(
                         request_headers=ext.HeadersResponse(response=ext.CommonResponse(
@@ -518,6 +535,11 @@ class Exchange:
         elif not attempt.finished and self.answer_size < _NON_STREAM_LIMIT:
             self.answer.append(data)
             self.answer_size += len(data)
+            if not body.end_of_stream and _whole_json(self.answer):
+                # A non-streamed answer is one JSON object: once it parses, its usage is
+                # known and only the end-of-stream message (empty) would follow.
+                self.complete = True
+                self._end_of_answer()
         if body.end_of_stream:
             self._end_of_answer()
         return response
@@ -574,6 +596,18 @@ class Exchange:
         elif self.open:
             self.open = False
             self.gateway.open_requests -= 1
+
+
+def _whole_json(parts: list[bytes]) -> bool:
+    """The chunks read so far make one whole JSON object (checked only when the last one
+    ends with ``}``, so a long answer's chunks are not parsed over and over)."""
+    if not parts[-1].rstrip().endswith(b"}"):
+        return False
+    try:
+        orjson.loads(b"".join(parts))
+    except ValueError:
+        return False
+    return True
 
 
 def _response_attributes(message: ext.ProcessingRequest) -> tuple[int, str | None]:
