@@ -73,6 +73,12 @@ class CostModel:
         return self.prefill_work(prompt - cached, cached) - self.prefill_work(prompt - most,
                                                                               most)
 
+    @staticmethod
+    def evict_work(written: float, room: float) -> float:
+        """Token-equivalents of the live blocks that writing ``written`` tokens pushes out of
+        a replica with ``room`` tokens of its cache not believed held (the later recompute)."""
+        return max(0.0, written - room)
+
     def decode_work(self, replica: ReplicaView, uncached: float, block_size: int) -> float:
         """Token-equivalents the replica's decoding requests add to the steps that compute
         ``uncached`` tokens."""

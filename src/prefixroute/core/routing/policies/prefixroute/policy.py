@@ -38,6 +38,7 @@ small hook methods below (``_learns_speed``, ``_prefill_busy``, ``_inflight_floo
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Hashable, NamedTuple, Sequence
 
 from prefixroute.core.caches.base import cacheable_blocks, fits_kv
@@ -224,9 +225,12 @@ class PrefixRoute(BasePolicy):
             queue = state.queue
             s = queue.s_per_token
             by_deadline = slack and replica.scheduling_policy == "priority"
+            mirror = state.mirror
+            room = (mirror.capacity - mirror.live_blocks()) * block if mirror.capacity \
+                else math.inf
             alike = None if by_deadline else (
                 hit.expected_blocks, len(hit.stamps), hit.view_blocks, s, queue.pending_work,
-                replica.running, replica.kv_usage, replica.capacity_blocks)
+                replica.running, replica.kv_usage, replica.capacity_blocks, room)
             score = evaluated.get(alike)
             if score is not None:
                 score = score.copy()  # (its replica's own figures are set below)
@@ -240,6 +244,7 @@ class PrefixRoute(BasePolicy):
                                                  costs.prefill_work(uncached, cached) * s,
                                                  costs.copy_work(n, cached, most) * s)
                 uncached, prefill, copy = term
+                evict = costs.evict_work(n - most, room) * s
                 # In whole milliseconds as sent, so the queue's order and the engine's agree.
                 deadline = (to_ms(arrived + slack * prefill) / 1000.0 if by_deadline
                             else None)
@@ -247,13 +252,13 @@ class PrefixRoute(BasePolicy):
                 decode = costs.decode_work(replica, uncached, block) * s
                 kv_wait = costs.kv_wait(replica, uncached, block, residence)
                 delay = (gamma + behind) * prefill
-                cost = wait + kv_wait + prefill + decode + delay + copy
+                cost = wait + kv_wait + prefill + decode + delay + copy + evict
                 score = {
                     "expected_cached_tokens": round(cached, 1),
                     "mirror_blocks": float(len(hit.stamps)),
                     "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
                     "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
-                    "copy_s": copy,
+                    "copy_s": copy, "evict_s": evict,
                     "cost_s": cost, "s_per_token": s, "prefill_busy": 0.0, "load": 0.0,
                     "recent_requests": 0.0, "long_load_s": 0.0, "occupancy": 0.0}
                 if deadline is not None:
