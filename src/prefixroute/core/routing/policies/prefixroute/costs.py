@@ -1,6 +1,7 @@
 """The cost terms: seconds until a request's first token on one replica.
 
-``cost = wait + kv_wait + prefill + decode + delay_to_others + copy``, all in seconds at the
+``cost = wait + kv_wait + prefill + decode + delay_to_others + copy + evict``, all in seconds
+at the
 replica's learned speed ``s`` (seconds per token-equivalent):
 
 prefill
@@ -31,6 +32,17 @@ copy
     its holder must save twice its recompute (the hysteresis the SGLang router gets from its
     imbalance thresholds): a short queue at the holder, or noise in the estimates, does not
     move it, while a long one still does. A request nobody holds pays no copy.
+evict
+    what every replica must write, the prompt's tokens beyond the fleet's best hit, pushes
+    out of a full cache as many tokens of other prefixes, to be computed again when next
+    asked for; a replica with free room (its capacity less the blocks it is believed to
+    hold: the blocks the router sent there, less those the engine's reports showed evicted)
+    takes them without pushing anything out. So a request nobody holds prefers the replica
+    with room, as the SGLang router sends it to the smallest tree, and a replica whose cache
+    turned over (the feedback marked it emptier than sent) is the cheaper place for new
+    prefixes than one still holding what it was sent. Alike on replicas with alike room, it
+    changes nothing there. (What a non-holder writes beyond that, the prefix it lacks, is the
+    copy's.)
 
 ``wait`` is the replica's prefill queue (:mod:`.queue`).
 """
@@ -75,8 +87,9 @@ class CostModel:
 
     @staticmethod
     def evict_work(written: float, room: float) -> float:
-        """Token-equivalents of the live blocks that writing ``written`` tokens pushes out of
-        a replica with ``room`` tokens of its cache not believed held (the later recompute)."""
+        """Tokens of other prefixes that writing ``written`` tokens pushes out of a replica
+        with ``room`` free tokens of cache (``math.inf``: its size is unknown), each computed
+        again later: the write beyond the room."""
         return max(0.0, written - room)
 
     def decode_work(self, replica: ReplicaView, uncached: float, block_size: int) -> float:

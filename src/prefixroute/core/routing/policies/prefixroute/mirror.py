@@ -25,6 +25,10 @@ first, so it vetoes nothing.
 
 Feedback. The engine's reported ``cached_tokens`` move the eviction ``horizon``: blocks
 stamped at or below it count as gone (:meth:`BlockMirror.learn`).
+
+Room. The mirror counts its blocks per stamp and those at or below the horizon (``gone``),
+so the replica's free room, its capacity less its live blocks, is known at once at every
+decision; moving the horizon walks only the stamps it passes.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Per candidate replica the policy estimates the request's time to first token (:mod:`.costs`)
 over three pieces of state kept per replica: the blocks it sent there with their survival
-(:mod:`.mirror`), the prefill queue it sent there with the replica's learned speed
-(:mod:`.queue`) and the recent load (:mod:`.load`). The cheapest replica wins; equal costs go
-to the replica with the fewest recent requests, then the fewest in flight, then the lowest
-index. On a quiet fleet the balance rules (:mod:`.balance`) may then move the request.
+and the room left (:mod:`.mirror`), the prefill queue it sent there with the replica's
+learned speed (:mod:`.queue`) and the recent load (:mod:`.load`). The cheapest replica
+wins; equal costs go to the replica with the fewest recent requests, then the fewest in
+flight, then the lowest index. On a quiet fleet the balance rules (:mod:`.balance`) may then move the request.
 
 Branches: ``cache_affinity`` (the winner holds the most), ``follow_inflight`` (it holds the
 most because a request computing the prefix is in flight there: a burst follows the first
@@ -283,7 +283,8 @@ class PrefixRoute(BasePolicy):
         chosen = scores[choice]
         reason += (f"; cost {chosen['cost_s']:.3f} s = wait {chosen['wait_s']:.3f} + prefill "
                    f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f} + delay to "
-                   f"others {chosen['delay_others_s']:.3f} + copy {chosen['copy_s']:.3f}")
+                   f"others {chosen['delay_others_s']:.3f} + copy {chosen['copy_s']:.3f} + "
+                   f"evict {chosen['evict_s']:.3f}")
         hit = hits[choice]
         self._pending[request.request_id] = PendingRoute(choice, hit.stamps,
                                                          chosen["expected_cached_tokens"])
