@@ -33,16 +33,16 @@ copy
     imbalance thresholds): a short queue at the holder, or noise in the estimates, does not
     move it, while a long one still does. A request nobody holds pays no copy.
 evict
-    what every replica must write, the prompt's tokens beyond the fleet's best hit, pushes
-    out of a full cache as many tokens of other prefixes, to be computed again when next
-    asked for; a replica with free room (its capacity less the blocks it is believed to
-    hold: the blocks the router sent there, less those the engine's reports showed evicted)
-    takes them without pushing anything out. So a request nobody holds prefers the replica
-    with room, as the SGLang router sends it to the smallest tree, and a replica whose cache
-    turned over (the feedback marked it emptier than sent) is the cheaper place for new
-    prefixes than one still holding what it was sent. Alike on replicas with alike room, it
-    changes nothing there. (What a non-holder writes beyond that, the prefix it lacks, is the
-    copy's.)
+    every replica must write the prompt's tokens beyond the fleet's best hit; into a full
+    cache they push as many tokens of other prefixes out, to be computed again when next
+    asked for. A replica with free room takes them without pushing anything out; its room is
+    its capacity less the blocks it is believed to hold (the blocks the router sent there,
+    less those the engine's reports showed evicted). So a request nobody holds prefers the
+    replica with room (as the SGLang router's older rule sent a request with little match to
+    its smallest tree), and a replica whose cache turned over faster than the router sent is
+    a cheaper place for a new prefix than one still holding what it was sent. On replicas
+    with alike room (full caches) it changes nothing. What a non-holder writes beyond that,
+    the prefix it lacks, is priced by the copy.
 
 ``wait`` is the replica's prefill queue (:mod:`.queue`).
 """
