@@ -5,8 +5,6 @@ cost model gives for that replica alone, and the decision is the one those score
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,9 +50,6 @@ def alone(policy: PrefixRoute, request: RequestView, replicas: list[ReplicaView]
         s = state.queue.s_per_token
         prefill = costs.prefill_work(uncached, cached) * s
         copy = costs.copy_work(n, cached, most) * s
-        mirror = state.mirror
-        room = (mirror.capacity - mirror.live_blocks()) * B if mirror.capacity else math.inf
-        evict = costs.evict_work(n - most, room) * s
         deadline = (to_ms(now + p.priority_slack * prefill) / 1000.0
                     if p.priority_slack and replica.scheduling_policy == "priority" else None)
         wait, behind = state.queue.wait_s(deadline)
@@ -65,8 +60,7 @@ def alone(policy: PrefixRoute, request: RequestView, replicas: list[ReplicaView]
             "expected_cached_tokens": round(cached, 1), "mirror_blocks": float(len(hit.stamps)),
             "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
             "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay, "copy_s": copy,
-            "evict_s": evict, "cost_s": wait + kv_wait + prefill + decode + delay + copy + evict,
-            "s_per_token": s,
+            "cost_s": wait + kv_wait + prefill + decode + delay + copy, "s_per_token": s,
             "prefill_busy": state.queue.prefill_busy(p.load_horizon_s),
             "load": float(replica.load),
             "recent_requests": round(state.load.routed.read(now, p.load_horizon_s), 3),

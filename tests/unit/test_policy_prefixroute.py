@@ -277,50 +277,6 @@ def test_the_copy_is_the_recompute_beyond_the_holders_prefill():
     assert costs.copy_work(620, 576, 320) == 0.0  # it holds more than the rest: no copy
 
 
-def small_fleet(capacity=24):
-    return [ReplicaView(i, capacity_blocks=capacity, prefill_s_per_token=MS, cache=Holds())
-            for i in (0, 1)]
-
-
-def test_a_request_nobody_holds_goes_where_its_write_pushes_out_the_least():
-    policy = plain()
-    replicas = small_fleet()  # 24 blocks each
-    send(policy, req(blocks("A", 22), "a"), 0, replicas, cached_tokens=0)  # 2 blocks free
-    send(policy, req(blocks("B", 4), "b"), 1, replicas, cached_tokens=0)   # 16 blocks free
-    send(policy, req(blocks("C", 4), "c"), 1, replicas, cached_tokens=0)
-    decision = policy.route(req(blocks("N", 16), "new"), replicas)
-    # Its 256 tokens push 224 tokens of A out of replica 0 (14 blocks: 0.224 s of recompute
-    # later) and nothing out of replica 1. Priced alike, the replica with fewer recent
-    # requests (0: one against two) would have taken it.
-    assert decision.scores[0]["evict_s"] == pytest.approx(0.224)
-    assert decision.scores[1]["evict_s"] == 0.0
-    assert decision.scores[0]["cost_s"] - decision.scores[1]["cost_s"] == pytest.approx(0.224)
-    assert (decision.replica, decision.branch) == (1, "cold_spread")
-
-
-def test_blocks_feedback_marked_evicted_are_room_for_new_ones():
-    policy = plain()
-    replicas = small_fleet()[:1]
-    send(policy, req(blocks("P", 10), "p"), 0, replicas, cached_tokens=0)
-    send(policy, req(blocks("Q", 10), "q"), 0, replicas, cached_tokens=0)
-    new = req(blocks("N", 16), "new")
-    # 20 of 24 blocks held: a 256-token write pushes 192 tokens out.
-    assert policy.route(new, replicas).scores[0]["evict_s"] == pytest.approx(0.192)
-    # Q's next turn finds 4 of its 10 blocks (test_feedback_shrinks_the_predicted_hit): P,
-    # touched before Q, is gone. Held now: P's 10 (gone), Q's 10 and the turn's 1 new block,
-    # so 11 live blocks and 13 free: the write pushes out 48 tokens.
-    send(policy, req(blocks("Q", 10) + blocks("y", 1), "again"), 0, replicas,
-         cached_tokens=4 * B)
-    assert policy.route(new, replicas).scores[0]["evict_s"] == pytest.approx(0.048)
-
-
-def test_the_eviction_is_the_write_beyond_the_free_room():
-    costs = CostModel(PrefixRouteParams())
-    assert costs.evict_work(256, 32) == 224
-    assert costs.evict_work(256, 256) == 0
-    assert costs.evict_work(256, math.inf) == 0  # a replica of unknown size
-
-
 def test_a_half_done_queue_waits_half_as_long():
     policy = plain()
     replicas = fleet()

@@ -1,7 +1,6 @@
 """The cost terms: seconds until a request's first token on one replica.
 
-``cost = wait + kv_wait + prefill + decode + delay_to_others + copy + evict``, all in seconds
-at the
+``cost = wait + kv_wait + prefill + decode + delay_to_others + copy``, all in seconds at the
 replica's learned speed ``s`` (seconds per token-equivalent):
 
 prefill
@@ -32,17 +31,6 @@ copy
     its holder must save twice its recompute (the hysteresis the SGLang router gets from its
     imbalance thresholds): a short queue at the holder, or noise in the estimates, does not
     move it, while a long one still does. A request nobody holds pays no copy.
-evict
-    every replica must write the prompt's tokens beyond the fleet's best hit; into a full
-    cache they push as many tokens of other prefixes out, to be computed again when next
-    asked for. A replica with free room takes them without pushing anything out; its room is
-    its capacity less the blocks it is believed to hold (the blocks the router sent there,
-    less those the engine's reports showed evicted). So a request nobody holds prefers the
-    replica with room (as the SGLang router's older rule sent a request with little match to
-    its smallest tree), and a replica whose cache turned over faster than the router sent is
-    a cheaper place for a new prefix than one still holding what it was sent. On replicas
-    with alike room (full caches) it changes nothing. What a non-holder writes beyond that,
-    the prefix it lacks, is priced by the copy.
 
 ``wait`` is the replica's prefill queue (:mod:`.queue`).
 """
@@ -84,13 +72,6 @@ class CostModel:
             return 0.0
         return self.prefill_work(prompt - cached, cached) - self.prefill_work(prompt - most,
                                                                               most)
-
-    @staticmethod
-    def evict_work(written: float, room: float) -> float:
-        """Tokens of other prefixes that writing ``written`` tokens pushes out of a replica
-        with ``room`` free tokens of cache (``math.inf``: its size is unknown), each computed
-        again later: the write beyond the room."""
-        return max(0.0, written - room)
 
     def decode_work(self, replica: ReplicaView, uncached: float, block_size: int) -> float:
         """Token-equivalents the replica's decoding requests add to the steps that compute

@@ -25,10 +25,6 @@ first, so it vetoes nothing.
 
 Feedback. The engine's reported ``cached_tokens`` move the eviction ``horizon``: blocks
 stamped at or below it count as gone (:meth:`BlockMirror.learn`).
-
-Room. The mirror counts its blocks per stamp and those at or below the horizon (``gone``),
-so the replica's free room, its capacity less its live blocks, is known at once at every
-decision; moving the horizon walks only the stamps it passes.
 """
 
 from __future__ import annotations
@@ -76,8 +72,7 @@ class HitEstimate(NamedTuple):
 class BlockMirror:
     """The router's record of one replica's cache: blocks, insert clock, eviction horizon."""
 
-    __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity", "in_flight",
-                 "per_stamp", "gone")
+    __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity", "in_flight")
 
     def __init__(self) -> None:
         self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
@@ -86,8 +81,6 @@ class BlockMirror:
         self.horizon = -1         # blocks stamped at or below this were evicted (feedback)
         self.capacity = 0         # the replica's KV in blocks (0: unknown)
         self.in_flight: dict[str, int] = {}  # request id -> its stamp, in routing order
-        self.per_stamp: dict[int, int] = {}  # stamp -> blocks holding it (none: no entry)
-        self.gone = 0             # blocks held with a stamp at or below the horizon
 
     def survival(self, stamp: int, width: float) -> float:
         """Probability that a block last touched at ``stamp`` is still cached (unknown
@@ -104,32 +97,6 @@ class BlockMirror:
         if age >= capacity:
             return 0.0
         return (capacity - age) / (capacity - low)
-
-    def live_blocks(self) -> int:
-        """Blocks the mirror holds that feedback has not marked evicted."""
-        return len(self.blocks) - self.gone
-
-    def _drop(self, stamp: int) -> None:
-        """One block stamped ``stamp`` leaves the mirror or takes a new stamp."""
-        left = self.per_stamp[stamp] - 1
-        if left:
-            self.per_stamp[stamp] = left
-        else:
-            del self.per_stamp[stamp]
-        if stamp <= self.horizon:
-            self.gone -= 1
-
-    def _move_horizon(self, horizon: int) -> None:
-        """The horizon goes to ``horizon``; the count of blocks it marks gone follows."""
-        low, high = sorted((self.horizon, horizon))
-        moved = 0
-        for stamp, count in self.per_stamp.items():  # (in stamp order: oldest first)
-            if stamp > high:
-                break
-            if stamp > low:
-                moved += count
-        self.gone += moved if horizon > self.horizon else -moved
-        self.horizon = horizon
 
     def fits(self, request: RequestView) -> bool:
         """Whether the request can run on this replica's KV at all (:func:`fits_kv`)."""
@@ -201,11 +168,8 @@ class BlockMirror:
         self.inserts_at.append(self.inserts)
         runs: list[StampRun] = []
         held = True
-        drop = self._drop
         for i, key in enumerate(keys):
             before = blocks.pop(key, None)  # re-inserted below: the most recent
-            if before is not None:
-                drop(before)
             if held:
                 if before is None:
                     held = False
@@ -214,14 +178,11 @@ class BlockMirror:
                 else:
                     runs.append((before, i + 1))
         # Tail first, as vLLM frees them: the head is the most recent, the last to go.
-        size = len(blocks)
         for key in reversed(keys):
             blocks[key] = stamp
-        if len(blocks) > size:
-            self.per_stamp[stamp] = len(blocks) - size
         limit = self.capacity or _UNKNOWN_CAPACITY
         while len(blocks) > limit:
-            drop(blocks.popitem(last=False)[1])
+            blocks.popitem(last=False)
         return stamp, runs
 
     def untouch(self, keys: Sequence[Hashable], stamp: int, held: int, inserted: int) -> None:
@@ -231,7 +192,6 @@ class BlockMirror:
         for key in keys[held:]:
             if blocks.get(key) == stamp:
                 del blocks[key]
-                self._drop(stamp)
         self.inserts -= inserted
 
     def learn(self, reported: int, stamps: Sequence[int], chain: Sequence[StampRun],
@@ -246,20 +206,18 @@ class BlockMirror:
         counts the blocks the replica really inserted, not those predicted uncached."""
         if reported < len(stamps):
             lost = stamps[reported]
-            if lost > self.horizon:
-                self._move_horizon(lost)
+            if lost >= 0:
+                self.horizon = max(self.horizon, lost)
         elif reported > 0 and chain:
             # Stamps only fall along a prefix: the deepest reused block the mirror held is
             # the oldest that survived.
             depth = min(reported, chain[-1][1])
             survived = next(before for before, end in chain if end >= depth)
             if survived <= self.horizon:
-                self._move_horizon(survived - 1)
+                self.horizon = survived - 1
         self.inserts += predicted_blocks - reported
 
     def reset(self) -> None:
         """The replica's cache is empty (it restarted)."""
         self.blocks.clear()
         self.in_flight.clear()
-        self.per_stamp.clear()
-        self.gone = 0

@@ -2,10 +2,10 @@
 
 Per candidate replica the policy estimates the request's time to first token (:mod:`.costs`)
 over three pieces of state kept per replica: the blocks it sent there with their survival
-and the room left (:mod:`.mirror`), the prefill queue it sent there with the replica's
-learned speed (:mod:`.queue`) and the recent load (:mod:`.load`). The cheapest replica
-wins; equal costs go to the replica with the fewest recent requests, then the fewest in
-flight, then the lowest index. On a quiet fleet the balance rules (:mod:`.balance`) may then move the request.
+(:mod:`.mirror`), the prefill queue it sent there with the replica's learned speed
+(:mod:`.queue`) and the recent load (:mod:`.load`). The cheapest replica wins; equal costs go
+to the replica with the fewest recent requests, then the fewest in flight, then the lowest
+index. On a quiet fleet the balance rules (:mod:`.balance`) may then move the request.
 
 Branches: ``cache_affinity`` (the winner holds the most), ``follow_inflight`` (it holds the
 most because a request computing the prefix is in flight there: a burst follows the first
@@ -38,7 +38,6 @@ small hook methods below (``_learns_speed``, ``_prefill_busy``, ``_inflight_floo
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Hashable, NamedTuple, Sequence
 
 from prefixroute.core.caches.base import cacheable_blocks, fits_kv
@@ -225,12 +224,9 @@ class PrefixRoute(BasePolicy):
             queue = state.queue
             s = queue.s_per_token
             by_deadline = slack and replica.scheduling_policy == "priority"
-            mirror = state.mirror
-            room = (mirror.capacity - mirror.live_blocks()) * block if mirror.capacity \
-                else math.inf
             alike = None if by_deadline else (
                 hit.expected_blocks, len(hit.stamps), hit.view_blocks, s, queue.pending_work,
-                replica.running, replica.kv_usage, replica.capacity_blocks, room)
+                replica.running, replica.kv_usage, replica.capacity_blocks)
             score = evaluated.get(alike)
             if score is not None:
                 score = score.copy()  # (its replica's own figures are set below)
@@ -244,7 +240,6 @@ class PrefixRoute(BasePolicy):
                                                  costs.prefill_work(uncached, cached) * s,
                                                  costs.copy_work(n, cached, most) * s)
                 uncached, prefill, copy = term
-                evict = costs.evict_work(n - most, room) * s
                 # In whole milliseconds as sent, so the queue's order and the engine's agree.
                 deadline = (to_ms(arrived + slack * prefill) / 1000.0 if by_deadline
                             else None)
@@ -252,13 +247,13 @@ class PrefixRoute(BasePolicy):
                 decode = costs.decode_work(replica, uncached, block) * s
                 kv_wait = costs.kv_wait(replica, uncached, block, residence)
                 delay = (gamma + behind) * prefill
-                cost = wait + kv_wait + prefill + decode + delay + copy + evict
+                cost = wait + kv_wait + prefill + decode + delay + copy
                 score = {
                     "expected_cached_tokens": round(cached, 1),
                     "mirror_blocks": float(len(hit.stamps)),
                     "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
                     "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
-                    "copy_s": copy, "evict_s": evict,
+                    "copy_s": copy,
                     "cost_s": cost, "s_per_token": s, "prefill_busy": 0.0, "load": 0.0,
                     "recent_requests": 0.0, "long_load_s": 0.0, "occupancy": 0.0}
                 if deadline is not None:
@@ -283,8 +278,7 @@ class PrefixRoute(BasePolicy):
         chosen = scores[choice]
         reason += (f"; cost {chosen['cost_s']:.3f} s = wait {chosen['wait_s']:.3f} + prefill "
                    f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f} + delay to "
-                   f"others {chosen['delay_others_s']:.3f} + copy {chosen['copy_s']:.3f} + "
-                   f"evict {chosen['evict_s']:.3f}")
+                   f"others {chosen['delay_others_s']:.3f} + copy {chosen['copy_s']:.3f}")
         hit = hits[choice]
         self._pending[request.request_id] = PendingRoute(choice, hit.stamps,
                                                          chosen["expected_cached_tokens"])
