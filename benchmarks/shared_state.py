@@ -467,7 +467,7 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
                             row.setdefault("blind_decisions_by_branch", {})
                             row["blind_decisions_by_branch"][branch] = (
                                 row["blind_decisions_by_branch"].get(branch, 0) + int(value))
-                        elif head.startswith("prefixroute_gateway_routing_decisions_total{"):
+                        elif head.startswith("prefixroute_gateway_decisions_total{"):
                             branch = head.split('branch="', 1)[1].split('"', 1)[0]
                             row["decisions_by_branch"][branch] = (
                                 row["decisions_by_branch"].get(branch, 0) + int(value))
