@@ -507,7 +507,8 @@ def run(args: argparse.Namespace) -> dict:
 
     requests, duration = scenario(args.seed)
     repeat_seeds = [args.seed + 1 + i for i in range(args.repeats)]
-    tenants = sorted({r.tenant for seed in [args.seed, *repeat_seeds, *args.experiments]
+    tenants = sorted({r.tenant for seed in [args.seed, *repeat_seeds, *args.experiments,
+                                            *args.pooled]
                       for r in scenario(seed)[0]})
     workdir = Path(tempfile.mkdtemp(prefix="prefixroute-shared-bench-"))
     port = free_port()
