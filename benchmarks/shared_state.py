@@ -303,7 +303,8 @@ def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instan
     extra: dict = {"tenants": tenant_entries}
     if shared_url:
         extra["shared_state"] = {"redis": shared_url,
-                                 "namespace": f"bench-{os.urandom(4).hex()}"}
+                                 "namespace": f"bench-{os.urandom(4).hex()}",
+                                 "spread_concurrent": args.spread_concurrent}
     fleet.start_gateway(POLICY, instances=instances, backend_fields={
         "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
     urls = fleet.gateway_urls
@@ -760,6 +761,10 @@ def main() -> None:
                              "runs), TTFT p50/p99 pooled over the seeds' requests per "
                              "configuration and the p99 ratio to 1 instance with a 90%% "
                              "bootstrap interval, e.g. 0,1,2,3,4,5,6,7")
+    parser.add_argument("--spread-concurrent", action="store_true",
+                        help="shared instances spread their decisions away from those the "
+                             "others make within the booking lag (shared_state."
+                             "spread_concurrent)")
     args = parser.parse_args()
     # A SIGTERM ends the run through its clean-up (Redis, replicas, gateways stopped).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

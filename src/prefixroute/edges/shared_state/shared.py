@@ -34,12 +34,13 @@ log = logging.getLogger("prefixroute.shared_state")
 
 class SharedState:
     """``runner``: this instance's runner; ``now``: its clock (what ``RequestView.now``
-    uses); ``wall``: wall-clock seconds, shared by the instances."""
+    uses); ``wall``: wall-clock seconds, shared by the instances; ``spread_concurrent``:
+    set the runner's ``concurrent`` hook (:mod:`.concurrency`)."""
 
     def __init__(self, url: str, runner: LifecycleRunner, registry: CollectorRegistry, *,
                  now: Callable[[], float], wall: Callable[[], float] = time.time,
                  namespace: str = DEFAULT_NAMESPACE, instance: str | None = None,
-                 stale_after_s: float = DEFAULT_STALE_AFTER_S):
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S, spread_concurrent: bool = False):
         self.instance = instance or os.urandom(8).hex()
         self.registry = registry
         self.metrics = SharedStateMetrics(registry)
@@ -50,9 +51,11 @@ class SharedState:
         self.remote = RemoteBookings(runner, self.instance, self._replica_index,
                                      self.local_time, stale_after_s)
         # The other instances decide at the same time as this one and their bookings arrive
-        # late: this instance's decisions are spread away from theirs (the runner's hook).
+        # late: with ``spread_concurrent`` this instance's decisions are spread away from
+        # theirs (the runner's hook); the count of unseen decisions is kept either way.
         self.concurrent = ConcurrentDecisions(self.instance, wall=wall)
-        runner.concurrent = self.concurrent
+        if spread_concurrent:
+            runner.concurrent = self.concurrent
         self.bookings = SharedBookings(self.link, self.remote, namespace=namespace, now=now,
                                        concurrent=self.concurrent)
         self.limiter = SharedRateLimiter(self.link, namespace, now=now)
