@@ -296,15 +296,17 @@ def engine_ttft(replica_urls: list[str]) -> tuple[float, float, dict[float, floa
 
 def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instances: int,
                   shared_url: str | None, tenant_entries: list, duration: float,
-                  active: int | None = None, probe: "ProcessProbe | None" = None) -> tuple:
+                  active: int | None = None, probe: "ProcessProbe | None" = None,
+                  spread: bool | None = None) -> tuple:
     """Start ``instances`` gateways and replay ``requests`` over the first ``active`` of them
     (all by default; the others run idle, subscribed to the shared state like the rest)."""
     fleet.reset_replicas()
+    spread = args.spread_concurrent if spread is None else spread
     extra: dict = {"tenants": tenant_entries}
     if shared_url:
         extra["shared_state"] = {"redis": shared_url,
                                  "namespace": f"bench-{os.urandom(4).hex()}",
-                                 "spread_concurrent": args.spread_concurrent}
+                                 "spread_concurrent": spread}
     fleet.start_gateway(POLICY, instances=instances, backend_fields={
         "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
     urls = fleet.gateway_urls
@@ -411,7 +413,11 @@ def run_experiments(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
 
 # --pooled: every configuration of the table, on each seed back to back (shared machine
 # conditions), without the rate-limit runs; TTFTs pooled over the seeds per configuration.
-POOLED_CONFIGS = [(1, False), (2, False), (2, True), (4, False), (4, True)]
+# With --spread-concurrent: one instance, then four shared without and with spreading
+# concurrent decisions, alternating on each seed (an A/B under the same conditions).
+POOLED_CONFIGS = [(1, False, False), (2, False, False), (2, True, False), (4, False, False),
+                  (4, True, False)]
+POOLED_SPREAD_CONFIGS = [(1, False, False), (4, True, False), (4, True, True)]
 BOOTSTRAP_DRAWS = 2000
 
 
@@ -448,11 +454,15 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
     rows = []
     for seed in args.pooled:
         more, duration = scenario(seed)
-        for instances, shared in POOLED_CONFIGS:
-            name = f"{instances} {'shared' if shared else 'alone'}"
+        configs = POOLED_SPREAD_CONFIGS if args.spread_concurrent else POOLED_CONFIGS
+        for instances, shared, spread in configs:
+            name = (f"{instances} {'shared' if shared else 'alone'}"
+                    + (" spread" if spread else ""))
             urls, summary = replay_config(fleet, more, headers, args, instances,
-                                          url if shared else None, tenant_entries, duration)
+                                          url if shared else None, tenant_entries, duration,
+                                          spread=spread)
             row = {"seed": seed, "gateways": instances, "shared_state": shared,
+                   "spread_concurrent": spread,
                    "token_hit_rate": summary["token_hit_rate"],
                    "ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
                    "requests_failed": summary["requests_failed"],
@@ -492,6 +502,12 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
         if name != "1 alone" and "1 alone" in ttfts:
             ratio, low, high = pooled_p99_ratio(ttfts["1 alone"], runs)
             pooled[name]["p99_over_1"] = [round(ratio, 3), round(low, 3), round(high, 3)]
+            # Per seed (each against the single instance run just before it): the median is
+            # robust to a run the machine's other work saturated.
+            per_seed = [percentile(v, 99) / percentile(ttfts["1 alone"][seed], 99)
+                        for seed, v in runs.items()]
+            pooled[name]["p99_over_1_per_seed"] = [round(r, 3) for r in per_seed]
+            pooled[name]["p99_over_1_median"] = round(statistics.median(per_seed), 3)
     return {"runs": rows, "pooled": pooled}
 
 
@@ -705,7 +721,8 @@ def print_pooled(pooled: dict, args) -> None:
         print(f"{name:>9}: hit {p['token_hit_rate']:.1%} TTFT p50 {p['ttft_p50_s']:.3f} "
               f"p99 {p['ttft_p99_s']:.3f} s ({p['requests']} requests)"
               + (f"; p99 over 1 instance x{ratio[0]:.2f} (90% interval "
-                 f"{ratio[1]:.2f}-{ratio[2]:.2f})" if ratio else ""))
+                 f"{ratio[1]:.2f}-{ratio[2]:.2f}); per seed median "
+                 f"x{p['p99_over_1_median']:.2f}" if ratio else ""))
     loads = [r["load_average_1m"] for r in pooled["runs"]]
     print(f"1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f}")
 
