@@ -218,8 +218,8 @@ class SharedStateConfig:
     """Several gateway instances share routing bookings and rate limits through this Redis
     (``edges/shared_state``); ``namespace`` prefixes its keys (one fleet per namespace).
     ``spread_concurrent``: spread this instance's decisions away from those the others make
-    within the booking lag (:mod:`prefixroute.core.routing.concurrent`); off by default, as
-    the benchmark has not shown it to shorten the TTFT tail
+    within the booking lag (:mod:`prefixroute.core.routing.concurrent`); off by default and
+    experimental: on the benchmark it lengthened the TTFT tail of four instances
     (``benchmarks/results/shared_state.md``)."""
 
     redis: str
