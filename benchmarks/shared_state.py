@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/shared_state.py [--requests 150] [--repeats 3] [--json F]
     PYTHONPATH=src python benchmarks/shared_state.py --experiments 0,1,2,3 [--json F]
+    PYTHONPATH=src python benchmarks/shared_state.py --pooled 0,1,2,3,4,5,6,7 [--spread-concurrent]
 
 Starts a redis-server (a plain process on a free loopback port; ``scripts/setup_test_services.sh``
 installs it), emulator replicas, and for each of 1, 2 and 4 gateway instances, with and
@@ -27,6 +28,13 @@ only by where the buckets live. Per configuration it reports:
 
 ``--repeats K`` then runs one instance and four shared instances back to back on K more seeds
 of the scenario, to tell a TTFT difference from run-to-run noise.
+
+``--pooled SEEDS`` runs, instead, 1, 2 and 4 instances with and without shared state on each
+seed back to back and pools each configuration's TTFTs over the seeds (a p99 of 150 requests
+is nearly their maximum): the p99 ratio to one instance with a 90% bootstrap interval and
+the median of the per-seed ratios (robust to a run the machine saturated). With
+``--spread-concurrent`` it is an interleaved A/B instead: one instance, four shared, four
+shared spreading their concurrent decisions.
 
 ``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
 several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
