@@ -8,10 +8,10 @@ time on the way: over the last ``window_s`` seconds, the sum of the lags of the 
 that arrived divided by ``window_s``. That is the ``unseen`` count of
 :func:`prefixroute.core.routing.concurrent.spread`, which this object applies to each local
 decision when it is the runner's ``concurrent`` hook (``shared_state.spread_concurrent``; off
-by default: on the benchmark it lengthened the TTFT tail) with a draw from a
-generator seeded by the instance's id: the instances' draws differ, so their choices do. Every input is measured on
-this host, now: a quiet fleet, a lone instance or a Redis outage gives ``unseen`` 0 and the
-policy's decisions unchanged.
+by default: on the benchmark it lengthened the TTFT tail) with a draw from a generator
+seeded by the instance's id: the instances' draws differ, so their choices do. Every input
+is measured on this host, now: a quiet fleet, a lone instance or a Redis outage gives
+``unseen`` 0 and the policy's decisions unchanged.
 """
 
 from __future__ import annotations
