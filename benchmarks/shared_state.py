@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/shared_state.py [--requests 150] [--repeats 3] [--json F]
     PYTHONPATH=src python benchmarks/shared_state.py --experiments 0,1,2,3 [--json F]
+    PYTHONPATH=src python benchmarks/shared_state.py --pooled 0,1,2,3,4,5,6,7 [--spread-concurrent]
 
 Starts a redis-server (a plain process on a free loopback port; ``scripts/setup_test_services.sh``
 installs it), emulator replicas, and for each of 1, 2 and 4 gateway instances, with and
@@ -27,6 +28,13 @@ only by where the buckets live. Per configuration it reports:
 
 ``--repeats K`` then runs one instance and four shared instances back to back on K more seeds
 of the scenario, to tell a TTFT difference from run-to-run noise.
+
+``--pooled SEEDS`` runs, instead, 1, 2 and 4 instances with and without shared state on each
+seed back to back and pools each configuration's TTFTs over the seeds (a p99 of 150 requests
+is nearly their maximum): the p99 ratio to one instance with a 90% bootstrap interval and
+the median of the per-seed ratios (robust to a run the machine saturated). With
+``--spread-concurrent`` it is an interleaved A/B instead: one instance, four shared, four
+shared spreading their concurrent decisions.
 
 ``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
 several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
@@ -296,14 +304,17 @@ def engine_ttft(replica_urls: list[str]) -> tuple[float, float, dict[float, floa
 
 def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instances: int,
                   shared_url: str | None, tenant_entries: list, duration: float,
-                  active: int | None = None, probe: "ProcessProbe | None" = None) -> tuple:
+                  active: int | None = None, probe: "ProcessProbe | None" = None,
+                  spread: bool | None = None) -> tuple:
     """Start ``instances`` gateways and replay ``requests`` over the first ``active`` of them
     (all by default; the others run idle, subscribed to the shared state like the rest)."""
     fleet.reset_replicas()
+    spread = args.spread_concurrent if spread is None else spread
     extra: dict = {"tenants": tenant_entries}
     if shared_url:
         extra["shared_state"] = {"redis": shared_url,
-                                 "namespace": f"bench-{os.urandom(4).hex()}"}
+                                 "namespace": f"bench-{os.urandom(4).hex()}",
+                                 "spread_concurrent": spread}
     fleet.start_gateway(POLICY, instances=instances, backend_fields={
         "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
     urls = fleet.gateway_urls
@@ -408,6 +419,106 @@ def run_experiments(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
     return rows
 
 
+# --pooled: every configuration of the table, on each seed back to back (shared machine
+# conditions), without the rate-limit runs; TTFTs pooled over the seeds per configuration.
+# With --spread-concurrent: one instance, then four shared without and with spreading
+# concurrent decisions, alternating on each seed (an A/B under the same conditions).
+POOLED_CONFIGS = [(1, False, False), (2, False, False), (2, True, False), (4, False, False),
+                  (4, True, False)]
+POOLED_SPREAD_CONFIGS = [(1, False, False), (4, True, False), (4, True, True)]
+BOOTSTRAP_DRAWS = 2000
+
+
+def pooled_p99_ratio(base: dict[int, list[float]], other: dict[int, list[float]],
+                     seed: int = 0) -> tuple[float, float, float]:
+    """p99 of ``other``'s TTFTs over ``base``'s, each pooled over the seeds, with a 90%
+    bootstrap interval (requests resampled within each seed, both configurations, so the
+    interval reflects the tail's sampling noise and not the mix of seeds)."""
+    import random
+
+    from prefixroute.edges.loadtest.replay import percentile
+
+    def pooled(runs: dict[int, list[float]]) -> list[float]:
+        return [t for values in runs.values() for t in values]
+
+    ratio = percentile(pooled(other), 99) / percentile(pooled(base), 99)
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(BOOTSTRAP_DRAWS):
+        a = [t for v in base.values() for t in rng.choices(v, k=len(v))]
+        b = [t for v in other.values() for t in rng.choices(v, k=len(v))]
+        draws.append(percentile(b, 99) / percentile(a, 99))
+    draws.sort()
+    return ratio, draws[int(0.05 * len(draws))], draws[int(0.95 * len(draws)) - 1]
+
+
+def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
+               tenant_entries: list, url: str, scenario) -> dict:
+    """Each of POOLED_CONFIGS on every seed of ``args.pooled``; per configuration the
+    token hit rate and TTFT p50/p99 over all seeds' requests, and the 4-shared / 1 p99
+    ratio with its bootstrap interval."""
+    ttfts: dict[str, dict[int, list[float]]] = {}
+    tokens: dict[str, list[int]] = {}
+    rows = []
+    for seed in args.pooled:
+        more, duration = scenario(seed)
+        configs = POOLED_SPREAD_CONFIGS if args.spread_concurrent else POOLED_CONFIGS
+        for instances, shared, spread in configs:
+            name = (f"{instances} {'shared' if shared else 'alone'}"
+                    + (" spread" if spread else ""))
+            urls, summary = replay_config(fleet, more, headers, args, instances,
+                                          url if shared else None, tenant_entries, duration,
+                                          spread=spread)
+            row = {"seed": seed, "gateways": instances, "shared_state": shared,
+                   "spread_concurrent": spread,
+                   "token_hit_rate": summary["token_hit_rate"],
+                   "ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
+                   "requests_failed": summary["requests_failed"],
+                   "load_average_1m": round(os.getloadavg()[0], 2)}
+            if shared:
+                row["remote_lag_ms"] = [path_figures(urls, len(more))[k] for k in
+                                        ("remote_lag_p50_ms", "remote_lag_p99_ms")]
+                row["decisions_by_branch"] = {}
+                for u in urls:
+                    for head, value in metric_lines(u):
+                        if head.startswith("prefixroute_shared_state_blind_decisions_total{"):
+                            branch = head.split('branch="', 1)[1].split('"', 1)[0]
+                            row.setdefault("blind_decisions_by_branch", {})
+                            row["blind_decisions_by_branch"][branch] = (
+                                row["blind_decisions_by_branch"].get(branch, 0) + int(value))
+                        elif head.startswith("prefixroute_gateway_decisions_total{"):
+                            branch = head.split('branch="', 1)[1].split('"', 1)[0]
+                            row["decisions_by_branch"][branch] = (
+                                row["decisions_by_branch"].get(branch, 0) + int(value))
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            ttfts.setdefault(name, {})[seed] = [t / args.time_scale
+                                                for t in summary["ttfts_s"]]
+            pair = tokens.setdefault(name, [0, 0])
+            pair[0] += summary["cached_tokens"]
+            pair[1] += summary["prompt_tokens"]
+            fleet.stop_gateway()
+    from prefixroute.edges.loadtest.replay import percentile
+
+    pooled = {}
+    for name, runs in ttfts.items():
+        values = [t for v in runs.values() for t in v]
+        pooled[name] = {"requests": len(values),
+                        "token_hit_rate": round(tokens[name][0] / max(1, tokens[name][1]), 4),
+                        "ttft_p50_s": round(percentile(values, 50), 4),
+                        "ttft_p99_s": round(percentile(values, 99), 4)}
+        if name != "1 alone" and "1 alone" in ttfts:
+            ratio, low, high = pooled_p99_ratio(ttfts["1 alone"], runs)
+            pooled[name]["p99_over_1"] = [round(ratio, 3), round(low, 3), round(high, 3)]
+            # Per seed (each against the single instance run just before it): the median is
+            # robust to a run the machine's other work saturated.
+            per_seed = [percentile(v, 99) / percentile(ttfts["1 alone"][seed], 99)
+                        for seed, v in runs.items()]
+            pooled[name]["p99_over_1_per_seed"] = [round(r, 3) for r in per_seed]
+            pooled[name]["p99_over_1_median"] = round(statistics.median(per_seed), 3)
+    return {"runs": rows, "pooled": pooled}
+
+
 def run(args: argparse.Namespace) -> dict:
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:
@@ -421,7 +532,8 @@ def run(args: argparse.Namespace) -> dict:
 
     requests, duration = scenario(args.seed)
     repeat_seeds = [args.seed + 1 + i for i in range(args.repeats)]
-    tenants = sorted({r.tenant for seed in [args.seed, *repeat_seeds, *args.experiments]
+    tenants = sorted({r.tenant for seed in [args.seed, *repeat_seeds, *args.experiments,
+                                            *args.pooled]
                       for r in scenario(seed)[0]})
     workdir = Path(tempfile.mkdtemp(prefix="prefixroute-shared-bench-"))
     port = free_port()
@@ -461,6 +573,10 @@ def run(args: argparse.Namespace) -> dict:
             headers = {t: {"content-type": "application/json", "authorization": f"Bearer {k}"}
                        for t, k in fleet.api_keys.items()}
             token_prompt = list(range(1000, 1000 + TOKEN_PROMPT))
+            if args.pooled:
+                results["pooled"] = run_pooled(args, fleet, headers, tenant_entries, url,
+                                               scenario)
+                return results
             if args.experiments:
                 results["experiments"] = run_experiments(args, fleet, headers, tenant_entries,
                                                          url, scenario)
@@ -605,6 +721,20 @@ def print_experiments(rows: list[dict]) -> None:
               f"(over 1 instance: {ratios})")
 
 
+def print_pooled(pooled: dict, args) -> None:
+    print(f"pooled over seeds {','.join(map(str, args.pooled))} ({len(args.pooled)} x "
+          f"{args.requests} requests a configuration; TTFT in engine seconds)")
+    for name, p in pooled["pooled"].items():
+        ratio = p.get("p99_over_1")
+        print(f"{name:>9}: hit {p['token_hit_rate']:.1%} TTFT p50 {p['ttft_p50_s']:.3f} "
+              f"p99 {p['ttft_p99_s']:.3f} s ({p['requests']} requests)"
+              + (f"; p99 over 1 instance x{ratio[0]:.2f} (90% interval "
+                 f"{ratio[1]:.2f}-{ratio[2]:.2f}); per seed median "
+                 f"x{p['p99_over_1_median']:.2f}" if ratio else ""))
+    loads = [r["load_average_1m"] for r in pooled["runs"]]
+    print(f"1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f}")
+
+
 def headline(results: dict) -> list[str]:
     """The targets, each against one instance (the baseline) on its own line: hit rate and
     TTFT p99 of 4 shared instances, rate-limit accuracy, added latency."""
@@ -649,13 +779,26 @@ def main() -> None:
                              "state; 4 shared) on these seeds, e.g. 0,1,2,3, with the engines' "
                              "own TTFT, per-process CPU and run-queue wait, the replicas' loop "
                              "lag and blind decisions")
+    parser.add_argument("--pooled", metavar="SEEDS", default="",
+                        type=lambda text: [int(x) for x in text.split(",") if x],
+                        help="instead of the table: 1, 2 and 4 instances with and without "
+                             "shared state on each of these seeds back to back (no rate-limit "
+                             "runs), TTFT p50/p99 pooled over the seeds' requests per "
+                             "configuration and the p99 ratio to 1 instance with a 90%% "
+                             "bootstrap interval, e.g. 0,1,2,3,4,5,6,7")
+    parser.add_argument("--spread-concurrent", action="store_true",
+                        help="shared instances spread their decisions away from those the "
+                             "others make within the booking lag (shared_state."
+                             "spread_concurrent)")
     args = parser.parse_args()
     # A SIGTERM ends the run through its clean-up (Redis, replicas, gateways stopped).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    if args.experiments:
+    if args.pooled:
+        print_pooled(results["pooled"], args)
+    elif args.experiments:
         print_experiments(results["experiments"])
     else:
         print_table(results)

@@ -313,3 +313,81 @@ def test_lapsed_slices_of_many_tenants_go_back_in_one_round_trip(tmp_path, monke
     # One pipeline (and the check that Redis holds the script), not 20 round trips.
     assert len(sends) <= 2
     assert all(level >= 99 for level in levels)  # 75 + 24 back, plus the refill
+
+
+def test_concurrent_requests_are_refused_only_when_the_fleet_bucket_lacks_their_cost(tmp_path):
+    # 10 requests at once on one instance for a bucket of 0.1 a second, burst 100: the slice
+    # is one request (a quarter second of the rate is less), so each shared fetch serves one
+    # request and the others find it spent. The bucket holds 100: all 10 pass. Then 95 more
+    # at once: 90 pass and 5 are refused, each told to wait up to the 10 s one token takes to
+    # refill (less what refilled during the test).
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t-many")
+            bucket = [("requests", 0.1, 100.0, 1.0)]
+            first = await asyncio.gather(*(shared.take("a", bucket) for _ in range(10)))
+            second = await asyncio.gather(*(shared.take("a", bucket) for _ in range(95)))
+            await shared.stop()
+            return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first == [0.0] * 10
+    assert second.count(0.0) == 90
+    refused = [w for w in second if w != 0.0]
+    assert len(refused) == 5 and all(5.0 < w <= 10.0 for w in refused)
+
+
+def test_a_request_asking_alone_gets_its_cost_or_an_exact_refusal(tmp_path, monkeypatch):
+    # No shared answer at all (every request goes straight to its own script call): of 5
+    # requests at once on a bucket of 0.1 a second, burst 3, exactly 3 pass and 2 are told
+    # to wait up to the 10 s a token takes (the script takes or refuses atomically).
+    from prefixroute.edges.shared_state import ratelimit
+
+    monkeypatch.setattr(ratelimit, "SHARED_TRIES", 0)
+
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t-alone")
+            bucket = [("requests", 0.1, 3.0, 1.0)]
+            waits = await asyncio.gather(*(shared.take("a", bucket) for _ in range(5)))
+            alone = shared.limiter.counts["alone"]
+            await shared.stop()
+            return waits, alone
+
+    waits, alone = asyncio.run(scenario())
+    assert alone == 5
+    assert waits.count(0.0) == 3
+    assert all(5.0 < w <= 10.0 for w in waits if w != 0.0)
+
+
+def test_the_other_instances_live_bookings_set_how_many_decisions_are_unseen(tmp_path):
+    # B applies A's 3 live bookings, each some time after A made it: B's count of decisions
+    # on their way is the sum of those lags over the 1 s window (above 0; below 3, each lag
+    # being under a second); A, which applied nothing, counts none and leaves its decisions
+    # alone. Only B, made with spread_concurrent, has the runner's hook set.
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            a, runner_a = instance(redis.url, "t-unseen")
+            runner_b = LifecycleRunner(First())
+            for i in range(2):
+                runner_b.add_replica(ReplicaView(index=i, name=f"r{i}",
+                                                 cache=ApproximateView(None)))
+            b = SharedState(redis.url, runner_b, CollectorRegistry(), now=time.monotonic,
+                            namespace="t-unseen", spread_concurrent=True)
+            await a.start()
+            await b.start()
+            for i in range(3):
+                booking = runner_a.route(RequestView(f"q{i}", 33, 16, block_keys=(i, 7),
+                                                     now=time.monotonic()))
+                a.routed(booking, 0)
+            await until(lambda: b.remote.applied["routed"] == 3)
+            unseen_a, unseen_b = a.concurrent.unseen(), b.concurrent.unseen()
+            hooks = (runner_a.concurrent, runner_b.concurrent is b.concurrent)
+            for s in (a, b):
+                await s.stop()
+            return unseen_a, unseen_b, hooks
+
+    unseen_a, unseen_b, hooks = asyncio.run(scenario())
+    assert hooks == (None, True)
+    assert unseen_a == 0.0
+    assert 0.0 < unseen_b < 3.0

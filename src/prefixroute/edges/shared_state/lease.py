@@ -97,13 +97,16 @@ class Lease:
         whole = self.slice(cost)
         return whole >= 2 * cost and self.tokens < whole / 2
 
-    def request(self, cost: float, now: float, ahead: bool = False) -> tuple[float, float]:
+    def request(self, cost: float, now: float, ahead: bool = False,
+                demand: float = 0.0) -> tuple[float, float]:
         """``(need, want)`` to ask the bucket for: at least ``need`` or nothing, up to
-        ``want`` (a full slice). Now: the slice must cover ``cost``; ``ahead`` (a prefetch):
-        it must gain at least one more ``cost``."""
+        ``want`` (a full slice, or more when the requests waiting for this answer, ``demand``
+        in all, need more: many at once on a small slice would otherwise see one answer
+        after another go to the others). Now: the slice must cover ``cost``; ``ahead`` (a
+        prefetch): it must gain at least one more ``cost``."""
         held = self.tokens if now < self.expires_at else 0.0
         need = cost if ahead else max(0.0, cost - held)
-        return need, max(need, self.slice(cost) - held)
+        return need, max(need, self.slice(cost) - held, demand - held)
 
     def granted(self, tokens: float, level: float, now: float) -> None:
         """Redis gave ``tokens`` and left the bucket at ``level``. Credit given while the

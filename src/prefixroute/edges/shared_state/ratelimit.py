@@ -57,6 +57,8 @@ return {string.format('%.17g', grant), string.format('%.17g', have)}
 """
 
 EXPIRY_MARGIN_MS = 60_000  # a bucket left alone this long after refilling is deleted (full)
+# Shared script calls a request on the path waits for before it asks for itself alone.
+SHARED_TRIES = 3
 
 
 class SharedRateLimiter:
@@ -74,12 +76,16 @@ class SharedRateLimiter:
         self._script = link.client.register_script(LEASE_SCRIPT)
         self.leases: dict[str, Lease] = {}
         self._fetching: dict[str, asyncio.Task] = {}
+        self._demand: dict[str, float] = {}  # costs of the requests waiting for a key's answer
         self._giving: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
         # How checks were decided (tests read them): from the slice or a known refusal
         # (local), by a round trip on the request's path, on credit; and the calls made off
         # the path (slices fetched ahead, slices given back).
-        self.counts = {"local": 0, "path": 0, "prefetch": 0, "credit": 0, "give_back": 0}
+        # "alone": a request asked for its own cost after the shared calls' answers went to
+        # other requests.
+        self.counts = {"local": 0, "path": 0, "prefetch": 0, "credit": 0, "give_back": 0,
+                       "alone": 0}
 
     def key(self, tenant: str, limit: str = "requests") -> str:
         return f"{self.namespace}:ratelimit:{tenant}:{limit}"
@@ -187,23 +193,53 @@ class SharedRateLimiter:
         # One script call per key at a time: a request that finds a slice on its way waits for
         # it rather than taking a second slice; one that finds none starts the call the
         # others then share. Its answer either covers the cost, or tells the bucket's level
-        # (a refusal with its wait), or went to another request: then ask again (bounded).
-        for _ in range(3):
-            task = self._fetching.get(key)
-            if task is None:
-                self.counts["path"] += 1
-                task = self._start_fetch(key, lease, cost, ahead=False)
-            if not await asyncio.shield(task):
-                return None
-            now = self._now()
-            if lease.spend(cost, now):
-                return 0.0
-            wait = lease.known_wait(cost, now)
-            if wait > 0:
-                return wait
-        # Refused: the bucket's level is known now; a wait of at least a microsecond (a
-        # level that rounding left a hair below the cost).
-        return max(lease.known_wait(cost, self._now()), 1e-6)
+        # (a refusal with its wait), or went to other requests: then ask again, a few times.
+        # The costs waiting are asked for together (a fetch asks for their sum), so one call
+        # usually serves every request waiting for it.
+        self._demand[key] = self._demand.get(key, 0.0) + cost
+        try:
+            for _ in range(SHARED_TRIES):
+                task = self._fetching.get(key)
+                if task is None:
+                    self.counts["path"] += 1
+                    task = self._start_fetch(key, lease, cost, ahead=False)
+                if not await asyncio.shield(task):
+                    return None
+                now = self._now()
+                if lease.spend(cost, now):
+                    return 0.0
+                wait = lease.known_wait(cost, now)
+                if wait > 0:
+                    return wait
+        finally:
+            left = self._demand.pop(key) - cost
+            if left > 1e-9:
+                self._demand[key] = left
+        # Every shared answer went to other requests (many at once on a small slice) and the
+        # bucket may still hold the cost: ask for this request alone.
+        return await self._take_alone(key, lease, cost)
+
+    async def _take_alone(self, key: str, lease: Lease, cost: float) -> float | None:
+        """One script call that takes ``cost`` for this request only (not into the slice,
+        where another request could spend it first): the script grants it or refuses it in
+        one atomic step, so a refusal means the fleet bucket lacked the cost at that moment,
+        and its wait comes from the level Redis answered with. ``None``: Redis did not
+        answer."""
+        self.counts["alone"] += 1
+        try:
+            granted, level = await self._script(
+                keys=[key], args=[lease.rate, lease.burst, 0, cost, cost, EXPIRY_MARGIN_MS])
+        except REDIS_ERRORS as exc:
+            self.link.failed("ratelimit", exc)
+            return None
+        self.link.metrics.operations.labels("ratelimit").inc()
+        self.link.ok()
+        now = self._now()
+        lease.granted(0.0, float(level), now)  # the level only: the tokens are this request's
+        if float(granted) >= cost:
+            return 0.0
+        # A wait of at least a microsecond (a level that rounding left a hair below the cost).
+        return max(lease.known_wait(cost, now), 1e-6)
 
     def _maybe_prefetch(self, key: str, lease: Lease, cost: float) -> None:
         if lease.wants_prefetch(cost) and key not in self._fetching and self.link.usable():
@@ -227,7 +263,7 @@ class SharedRateLimiter:
         give = lease.lapse(now) - owed
         lease.owed = 0.0
         lease.charging += owed
-        need, want = lease.request(cost, now, ahead)
+        need, want = lease.request(cost, now, ahead, self._demand.get(key, 0.0))
         try:
             granted, level = await self._script(
                 keys=[key], args=[lease.rate, lease.burst, give, need, want, EXPIRY_MARGIN_MS])
