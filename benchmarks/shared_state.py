@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python benchmarks/shared_state.py [--requests 150] [--repeats 3] [--json F]
     PYTHONPATH=src python benchmarks/shared_state.py --experiments 0,1,2,3 [--json F]
-    PYTHONPATH=src python benchmarks/shared_state.py --pooled 0,1,2,3,4,5,6,7 [--spread-concurrent]
+    PYTHONPATH=src python benchmarks/shared_state.py --pooled 0,1,2,3,4,5,6,7
 
 Starts a redis-server (a plain process on a free loopback port; ``scripts/setup_test_services.sh``
 installs it), emulator replicas, and for each of 1, 2 and 4 gateway instances, with and
@@ -32,9 +32,7 @@ of the scenario, to tell a TTFT difference from run-to-run noise.
 ``--pooled SEEDS`` runs, instead, 1, 2 and 4 instances with and without shared state on each
 seed back to back and pools each configuration's TTFTs over the seeds (a p99 of 150 requests
 is nearly their maximum): the p99 ratio to one instance with a 90% bootstrap interval and
-the median of the per-seed ratios (robust to a run the machine saturated). With
-``--spread-concurrent`` it is an interleaved A/B instead: one instance, four shared, four
-shared spreading their concurrent decisions.
+the median of the per-seed ratios (robust to a run the machine saturated).
 
 ``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
 several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
@@ -304,17 +302,14 @@ def engine_ttft(replica_urls: list[str]) -> tuple[float, float, dict[float, floa
 
 def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instances: int,
                   shared_url: str | None, tenant_entries: list, duration: float,
-                  active: int | None = None, probe: "ProcessProbe | None" = None,
-                  spread: bool | None = None) -> tuple:
+                  active: int | None = None, probe: "ProcessProbe | None" = None) -> tuple:
     """Start ``instances`` gateways and replay ``requests`` over the first ``active`` of them
     (all by default; the others run idle, subscribed to the shared state like the rest)."""
     fleet.reset_replicas()
-    spread = args.spread_concurrent if spread is None else spread
     extra: dict = {"tenants": tenant_entries}
     if shared_url:
         extra["shared_state"] = {"redis": shared_url,
-                                 "namespace": f"bench-{os.urandom(4).hex()}",
-                                 "spread_concurrent": spread}
+                                 "namespace": f"bench-{os.urandom(4).hex()}"}
     fleet.start_gateway(POLICY, instances=instances, backend_fields={
         "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
     urls = fleet.gateway_urls
@@ -421,11 +416,7 @@ def run_experiments(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
 
 # --pooled: every configuration of the table, on each seed back to back (shared machine
 # conditions), without the rate-limit runs; TTFTs pooled over the seeds per configuration.
-# With --spread-concurrent: one instance, then four shared without and with spreading
-# concurrent decisions, alternating on each seed (an A/B under the same conditions).
-POOLED_CONFIGS = [(1, False, False), (2, False, False), (2, True, False), (4, False, False),
-                  (4, True, False)]
-POOLED_SPREAD_CONFIGS = [(1, False, False), (4, True, False), (4, True, True)]
+POOLED_CONFIGS = [(1, False), (2, False), (2, True), (4, False), (4, True)]
 BOOTSTRAP_DRAWS = 2000
 
 
@@ -462,15 +453,11 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
     rows = []
     for seed in args.pooled:
         more, duration = scenario(seed)
-        configs = POOLED_SPREAD_CONFIGS if args.spread_concurrent else POOLED_CONFIGS
-        for instances, shared, spread in configs:
-            name = (f"{instances} {'shared' if shared else 'alone'}"
-                    + (" spread" if spread else ""))
+        for instances, shared in POOLED_CONFIGS:
+            name = f"{instances} {'shared' if shared else 'alone'}"
             urls, summary = replay_config(fleet, more, headers, args, instances,
-                                          url if shared else None, tenant_entries, duration,
-                                          spread=spread)
+                                          url if shared else None, tenant_entries, duration)
             row = {"seed": seed, "gateways": instances, "shared_state": shared,
-                   "spread_concurrent": spread,
                    "token_hit_rate": summary["token_hit_rate"],
                    "ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
                    "requests_failed": summary["requests_failed"],
@@ -786,10 +773,6 @@ def main() -> None:
                              "runs), TTFT p50/p99 pooled over the seeds' requests per "
                              "configuration and the p99 ratio to 1 instance with a 90%% "
                              "bootstrap interval, e.g. 0,1,2,3,4,5,6,7")
-    parser.add_argument("--spread-concurrent", action="store_true",
-                        help="shared instances spread their decisions away from those the "
-                             "others make within the booking lag (shared_state."
-                             "spread_concurrent)")
     args = parser.parse_args()
     # A SIGTERM ends the run through its clean-up (Redis, replicas, gateways stopped).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -359,35 +359,3 @@ def test_a_request_asking_alone_gets_its_cost_or_an_exact_refusal(tmp_path, monk
     assert waits.count(0.0) == 3
     assert all(5.0 < w <= 10.0 for w in waits if w != 0.0)
 
-
-def test_the_other_instances_live_bookings_set_how_many_decisions_are_unseen(tmp_path):
-    # B applies A's 3 live bookings, each some time after A made it: B's count of decisions
-    # on their way is the sum of those lags over the 1 s window (above 0; below 3, each lag
-    # being under a second); A, which applied nothing, counts none and leaves its decisions
-    # alone. Only B, made with spread_concurrent, has the runner's hook set.
-    async def scenario():
-        with RedisServer(tmp_path) as redis:
-            a, runner_a = instance(redis.url, "t-unseen")
-            runner_b = LifecycleRunner(First())
-            for i in range(2):
-                runner_b.add_replica(ReplicaView(index=i, name=f"r{i}",
-                                                 cache=ApproximateView(None)))
-            b = SharedState(redis.url, runner_b, CollectorRegistry(), now=time.monotonic,
-                            namespace="t-unseen", spread_concurrent=True)
-            await a.start()
-            await b.start()
-            for i in range(3):
-                booking = runner_a.route(RequestView(f"q{i}", 33, 16, block_keys=(i, 7),
-                                                     now=time.monotonic()))
-                a.routed(booking, 0)
-            await until(lambda: b.remote.applied["routed"] == 3)
-            unseen_a, unseen_b = a.concurrent.unseen(), b.concurrent.unseen()
-            hooks = (runner_a.concurrent, runner_b.concurrent is b.concurrent)
-            for s in (a, b):
-                await s.stop()
-            return unseen_a, unseen_b, hooks
-
-    unseen_a, unseen_b, hooks = asyncio.run(scenario())
-    assert hooks == (None, True)
-    assert unseen_a == 0.0
-    assert 0.0 < unseen_b < 3.0

@@ -22,10 +22,3 @@ def test_something_else_than_a_redis_url_is_refused_with_its_field(tmp_path):
 def test_an_unknown_field_is_refused(tmp_path):
     text = MINIMAL + "shared_state: {redis: 'redis://h:1', url: 'redis://h:1'}\n"
     assert "url" in error_of(tmp_path, text)
-
-
-def test_spreading_concurrent_decisions_is_off_unless_asked_for(tmp_path):
-    text = MINIMAL + "shared_state: {redis: 'redis://h:1'}\n"
-    assert load_config(write(tmp_path, text)).shared_state.spread_concurrent is False
-    text = MINIMAL + "shared_state: {redis: 'redis://h:1', spread_concurrent: true}\n"
-    assert load_config(write(tmp_path, text)).shared_state.spread_concurrent is True

@@ -46,12 +46,6 @@ The rules, each written once here:
   about its cache, and a 0 would read as "everything predicted was evicted". It no longer
   counts as an assignment of the replica: it used no capacity there, and the balance rules
   must not steer away from a replica for work it never did.
-* **Decisions made concurrently by other routers** (several instances sharing their
-  bookings, each learning the others' a little late): ``concurrent(request, decision)``, when
-  the body sets it, may replace the policy's decision before it is booked
-  (:mod:`prefixroute.core.routing.concurrent`: the instances' choices spread as one router
-  would have spread them). Remote bookings are applied as made; a lone router leaves it
-  ``None``.
 * **A reset** (the replica restarted: health checks failed, or the engine's event stream
   says so) empties the router's view of it and tells the policy
   (``on_replica_reset``); in-flight and assignment counts stay, the requests in flight end
@@ -119,8 +113,6 @@ class LifecycleRunner:
         self._on_unreported = getattr(policy, "on_unreported", None)
         self._on_replica_reset = getattr(policy, "on_replica_reset", None)
         self._routable: list[ReplicaView] | None = None  # "up" replicas by index, cached
-        # Set by a body whose peers decide at the same time (shared state), else None.
-        self.concurrent: Callable[[RequestView, Decision], Decision] | None = None
 
     def replace_policy(self, policy: Any) -> None:
         """Route with ``policy`` from now on (a configuration reload). The replicas, their
@@ -198,8 +190,6 @@ class LifecycleRunner:
         if type(chosen) is not int or (self.states.get(chosen) != UP if candidates is None
                                        else all(v.index != chosen for v in views)):
             decision = self._fallback(request, decision, views)
-        elif self.concurrent is not None:
-            decision = self.concurrent(request, decision)
         self.policy.on_routed(request, decision)
         return self._book(request, decision, remote=False)
 

@@ -123,8 +123,7 @@ class Gateway:
                                   f"pip install 'prefixroute[redis]' ({exc})") from None
             self.shared = SharedState(config.shared_state.redis, self.router.runner,
                                       self.metrics.registry, now=self.clock.now,
-                                      wall=wall_clock, namespace=config.shared_state.namespace,
-                                      spread_concurrent=config.shared_state.spread_concurrent)
+                                      wall=wall_clock, namespace=config.shared_state.namespace)
             self.router.observer = self.shared
         self.renderer = RenderClient(config.timeouts.render_s, self.metrics.registry)
         mode = None if config.tokenization == "auto" else config.tokenization

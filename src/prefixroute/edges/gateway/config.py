@@ -216,15 +216,10 @@ class HashingConfig:
 @dataclass(frozen=True, slots=True)
 class SharedStateConfig:
     """Several gateway instances share routing bookings and rate limits through this Redis
-    (``edges/shared_state``); ``namespace`` prefixes its keys (one fleet per namespace).
-    ``spread_concurrent``: spread this instance's decisions away from those the others make
-    within the booking lag (:mod:`prefixroute.core.routing.concurrent`); off by default and
-    experimental: on the benchmark it lengthened the TTFT tail of four instances
-    (``benchmarks/results/shared_state.md``)."""
+    (``edges/shared_state``); ``namespace`` prefixes its keys (one fleet per namespace)."""
 
     redis: str
     namespace: str = "prefixroute"
-    spread_concurrent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -680,8 +675,7 @@ def parse_config(data: Any, source: str = "<config>", base: Path | None = None) 
         if not url.startswith(("redis://", "rediss://", "unix://")):
             ss.fail("a Redis URL: redis://HOST:PORT[/DB], rediss://... or unix://PATH",
                     "redis")
-        shared_state = SharedStateConfig(url, ss.string("namespace", "prefixroute"),
-                                         ss.boolean("spread_concurrent", False))
+        shared_state = SharedStateConfig(url, ss.string("namespace", "prefixroute"))
         ss.finish()
     else:
         top.used.add("shared_state")

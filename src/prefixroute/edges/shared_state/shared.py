@@ -4,8 +4,7 @@ A body (the gateway, an Envoy Endpoint Picker) creates one :class:`SharedState` 
 :class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, tells it each local booking and
 its end (:meth:`routed`, :meth:`completed`, :meth:`ended`), asks it for rate limits
 (:meth:`take`), and starts and stops it with itself. Everything else (the booking stream,
-applying the other instances' bookings to the runner, bootstrap, outages, spreading this
-instance's decisions away from the ones the others are making meanwhile) happens inside.
+applying the other instances' bookings to the runner, bootstrap, outages) happens inside.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from prometheus_client import CollectorRegistry
 from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
 from prefixroute.edges.shared_state.apply import DEFAULT_STALE_AFTER_S, RemoteBookings
 from prefixroute.edges.shared_state.codec import Completed, Ended, Routed
-from prefixroute.edges.shared_state.concurrency import ConcurrentDecisions
 from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink, SharedStateMetrics
 from prefixroute.edges.shared_state.ratelimit import SharedRateLimiter
 from prefixroute.edges.shared_state.stream import SharedBookings
@@ -34,13 +32,12 @@ log = logging.getLogger("prefixroute.shared_state")
 
 class SharedState:
     """``runner``: this instance's runner; ``now``: its clock (what ``RequestView.now``
-    uses); ``wall``: wall-clock seconds, shared by the instances; ``spread_concurrent``:
-    set the runner's ``concurrent`` hook (:mod:`.concurrency`)."""
+    uses); ``wall``: wall-clock seconds, shared by the instances."""
 
     def __init__(self, url: str, runner: LifecycleRunner, registry: CollectorRegistry, *,
                  now: Callable[[], float], wall: Callable[[], float] = time.time,
                  namespace: str = DEFAULT_NAMESPACE, instance: str | None = None,
-                 stale_after_s: float = DEFAULT_STALE_AFTER_S, spread_concurrent: bool = False):
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S):
         self.instance = instance or os.urandom(8).hex()
         self.registry = registry
         self.metrics = SharedStateMetrics(registry)
@@ -50,14 +47,7 @@ class SharedState:
         self.runner = runner
         self.remote = RemoteBookings(runner, self.instance, self._replica_index,
                                      self.local_time, stale_after_s)
-        # The other instances decide at the same time as this one and their bookings arrive
-        # late: with ``spread_concurrent`` this instance's decisions are spread away from
-        # theirs (the runner's hook); the count of unseen decisions is kept either way.
-        self.concurrent = ConcurrentDecisions(self.instance, wall=wall)
-        if spread_concurrent:
-            runner.concurrent = self.concurrent
-        self.bookings = SharedBookings(self.link, self.remote, namespace=namespace, now=now,
-                                       concurrent=self.concurrent)
+        self.bookings = SharedBookings(self.link, self.remote, namespace=namespace, now=now)
         self.limiter = SharedRateLimiter(self.link, namespace, now=now)
         self._booking_time = self.metrics.path.labels("booking")
         self._limit_time = self.metrics.path.labels("ratelimit")

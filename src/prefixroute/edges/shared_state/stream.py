@@ -28,7 +28,6 @@ from typing import Callable
 
 from prefixroute.edges.shared_state.apply import RemoteBookings
 from prefixroute.edges.shared_state.codec import CodecError, Event, Routed, decode, encode
-from prefixroute.edges.shared_state.concurrency import ConcurrentDecisions
 from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink
 
 log = logging.getLogger("prefixroute.shared_state")
@@ -58,10 +57,8 @@ class SharedBookings:
 
     def __init__(self, link: RedisLink, remote: RemoteBookings, *, namespace: str,
                  now: Callable[[], float], history: int = DEFAULT_HISTORY,
-                 bootstrap: int = DEFAULT_BOOTSTRAP, outbox: int = DEFAULT_OUTBOX,
-                 concurrent: ConcurrentDecisions | None = None):
+                 bootstrap: int = DEFAULT_BOOTSTRAP, outbox: int = DEFAULT_OUTBOX):
         self.link = link
-        self.concurrent = concurrent  # told each live remote booking's lag
         self.remote = remote
         self.key = f"{namespace}:bookings"
         self.history = history
@@ -254,8 +251,5 @@ class SharedBookings:
                 metrics.labels(type(event).__name__.lower()).inc()
                 if isinstance(event, Routed) and self.bootstrapped:
                     # Wall clocks of two hosts: a lag is as exact as their synchronisation.
-                    lag = max(0.0, wall() - event.wall_time)
-                    self.link.metrics.remote_lag.observe(lag)
-                    if self.concurrent is not None:
-                        self.concurrent.arrived(lag)
+                    self.link.metrics.remote_lag.observe(max(0.0, wall() - event.wall_time))
                     self._blind(event)
