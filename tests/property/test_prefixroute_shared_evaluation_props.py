@@ -12,6 +12,7 @@ from prefixroute.core.routing.base import Decision, ReplicaView, RequestView
 from prefixroute.core.routing.policies.prefixroute import PrefixRoute
 from prefixroute.core.routing.policies.prefixroute.balance import Candidate
 from prefixroute.core.routing.policies.prefixroute.costs import to_ms
+from prefixroute.core.routing.policies.prefixroute.mirror import HitEstimate
 from prefixroute.core.routing.policies.prefixroute.policy import hit_limit
 
 B = 16
@@ -92,11 +93,66 @@ def test_shared_evaluation_gives_every_replica_its_own_scores(fleet, sent, famil
     assert decision.scores == expected
     assert [list(s) for s in decision.scores.values()] == [list(s) for s in expected.values()]
     # The decision is the one the replicas' own scores make.
-    candidates = [Candidate(i, s["cost_s"], s["expected_cached_tokens"], s["load"],
-                            s["occupancy"], s["long_load_s"]) for i, s in expected.items()]
+    hits = {r.index: policy._expected(policy._replicas[r.index], request.block_keys,
+                                      hit_limit(request), r.cache) for r in replicas}
     fits = all(r.capacity_blocks * B >= request.num_tokens for r in replicas)
-    choice, branch, _ = policy._choose(candidates, expected, {
-        r.index: policy._expected(policy._replicas[r.index], request.block_keys,
-                                  hit_limit(request), r.cache) for r in replicas},
-        request.num_tokens, fits)
-    assert (decision.replica, decision.branch) == (choice, branch)
+    assert (decision.replica, decision.branch) == reference_choice(policy, expected, hits,
+                                                                   request.num_tokens, fits)
+
+
+def reference_choice(policy: PrefixRoute, scores: dict[int, dict[str, float]],
+                     hits: dict, n: int, fits: bool) -> tuple[int, str]:
+    """The choice written as plainly as it is specified, a pass per rule: the cheapest
+    (lowest cost, then lowest index), among equal costs the fewest recent requests, then
+    the fewest in flight; then the balance rules on a quiet fleet; then the branch."""
+    candidates = [Candidate(i, s["cost_s"], s["expected_cached_tokens"], s["load"],
+                            s["occupancy"], s["long_load_s"]) for i, s in scores.items()]
+    best_hit = max(c.expected_cached_tokens for c in candidates)
+    cheapest = min(candidates, key=lambda c: (c.cost_s, c.index))
+    tied = [c for c in candidates if c.cost_s <= cheapest.cost_s]
+    chosen = min(tied, key=lambda c: (scores[c.index]["recent_requests"], c.load, c.cost_s,
+                                      c.index))
+    if len(candidates) > 1 and policy._rho < policy.params.cold_rho_max and fits:
+        for rule in policy.rules:
+            move = rule.move(chosen, candidates, n, best_hit)
+            if move is not None:
+                return move.replica, rule.branch
+    if best_hit <= 0:
+        return chosen.index, "cold_spread"
+    if chosen.expected_cached_tokens >= best_hit:
+        hit = hits[chosen.index]
+        return chosen.index, ("follow_inflight" if len(hit.stamps) > hit.view_blocks
+                              else "cache_affinity")
+    return chosen.index, "spill"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.5, 0.5, 1.0]),       # cost
+                          st.sampled_from([0.0, 0.0, 32.0]),      # expected cached tokens
+                          st.sampled_from([0.0, 1.0]),            # recent requests
+                          st.sampled_from([0.0, 1.0])),           # load
+                min_size=1, max_size=10),
+       st.permutations(range(10)), st.booleans())
+def test_the_choice_breaks_ties_as_specified(rows, order, quiet):
+    """Equal costs, hits, recent requests and loads in every combination, candidates in any
+    order of index: the one-pass choice picks what the rule-per-pass reference picks."""
+    policy = PrefixRoute()
+    policy._rho = 0.0 if quiet else 0.5
+    indices = [i for i in order if i < len(rows)]
+    scores = {i: {"cost_s": cost, "expected_cached_tokens": cached,
+                  "recent_requests": recent, "load": load, "occupancy": 0.0,
+                  "long_load_s": 0.0, "wait_s": 0.0}
+              for i, (cost, cached, recent, load) in zip(indices, rows)}
+    candidates = [Candidate(i, s["cost_s"], s["expected_cached_tokens"], s["load"],
+                            s["occupancy"], s["long_load_s"]) for i, s in scores.items()]
+    hits = {i: HitEstimate(s["expected_cached_tokens"] / B, 2, [0, 0]) for i, s in
+            scores.items()}
+    best_hit = max(s["expected_cached_tokens"] for s in scores.values())
+    at, branch, reason = policy._choose(candidates, scores,
+                                        [hits[c.index] for c in candidates], 64, True, best_hit)
+    assert (candidates[at].index, branch) == reference_choice(policy, scores, hits, 64, True)
+    # The reason names the cheapest replica (lowest cost, then index) when a tie moved it.
+    cheapest = min(scores, key=lambda i: (scores[i]["cost_s"], i))
+    named = f"as cheap as replica {cheapest}:" in reason
+    assert named == (branch not in ("session_move", "cold_balance")
+                     and candidates[at].index != cheapest)

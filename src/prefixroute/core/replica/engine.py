@@ -251,6 +251,7 @@ class ReplicaEngine:
         self._time = 0.0      # the last step boundary processed
         self._outbox: list[EngineEvent] = []
         self._pending_prefill = 0
+        self._readout: tuple[int, int, int, float] | None = None  # see readout()
         # Counters.
         self.busy_s = 0.0     # time spent in steps
         self.steps = 0
@@ -282,6 +283,17 @@ class ReplicaEngine:
         time, as it is of a real engine's (a gateway's pending prefill is its dispatched
         requests without a first token)."""
         return self._pending_prefill + self._entering_prompt
+
+    def readout(self) -> tuple[int, int, int, float]:
+        """``(waiting, running, pending_prefill_tokens, kv_usage)`` at once. The same tuple
+        until the engine next moves (every change goes through :meth:`submit`,
+        :meth:`advance` or :meth:`abort`), so a simulator that fills 32 replicas' load before
+        every decision reads again only the engines that moved."""
+        readout = self._readout
+        if readout is None:
+            readout = self._readout = (self.waiting, self.running,
+                                       self.pending_prefill_tokens, self.kv_usage)
+        return readout
 
     def busy_seconds_until(self, t: float) -> float:
         """Seconds spent in steps up to time ``t``, given that every event at or before ``t``
@@ -406,6 +418,7 @@ class ReplicaEngine:
 
     # -- the step loop ----------------------------------------------------------------------------
     def _run_until(self, now: float) -> None:
+        self._readout = None  # (every public entry that changes the engine passes here first)
         arriving = self._arriving
         while arriving and arriving[0][0] <= now:
             enters, _, seq = heapq.heappop(arriving)

@@ -338,6 +338,7 @@ class SimulatedFleet:
                 prefill_s_per_token=fleet.service.prefill_s_per_token,
                 scheduling_policy=fleet.scheduling_policy))
         self.views = [self.runner.replicas[i] for i in range(fleet.replicas)]
+        self._readouts: list[tuple | None] = [None] * fleet.replicas  # as last put in views
         self.rejected = 0
         self.predicted_total = 0
         self.bookings: dict[int, Booking] = {}
@@ -369,11 +370,13 @@ class SimulatedFleet:
         rv = RequestView(request.request_id, request.input_tokens, self.fleet.block_size,
                          block_keys=prompt_keys, token_ids=request.token_ids,
                          tenant=request.tenant, routing_key=request.session, now=now)
-        for engine, v in zip(self.engines, self.views):
-            v.queued = engine.waiting
-            v.running = engine.running
-            v.pending_prefill_tokens = engine.pending_prefill_tokens
-            v.kv_usage = engine.kv_usage
+        seen = self._readouts
+        for i, engine in enumerate(self.engines):
+            readout = engine.readout()
+            if readout is not seen[i]:  # (an engine that did not move keeps its figures)
+                seen[i] = readout
+                v = self.views[i]
+                v.queued, v.running, v.pending_prefill_tokens, v.kv_usage = readout
         booking = self.runner.route(rv)
         decision = booking.decision
         target = booking.replica

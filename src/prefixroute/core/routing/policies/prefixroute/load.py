@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-import math
+from math import exp
 
 
 class Decayed:
@@ -26,8 +26,9 @@ class Decayed:
         self.at = 0.0
 
     def read(self, now: float, horizon_s: float) -> float:
-        if now > self.at:
-            self.value *= math.exp(-(now - self.at) / horizon_s)
+        at = self.at
+        if now > at:
+            self.value *= exp(-(now - at) / horizon_s)
             self.at = now
         return self.value
 
@@ -48,10 +49,13 @@ class Occupancy:
         self.at: float | None = None
 
     def observe(self, occupied: bool, now: float, horizon_s: float) -> None:
-        if self.at is not None and now > self.at:
-            weight = math.exp(-(now - self.at) / horizon_s)
-            self.share = self.share * weight + (1.0 - weight) * self.occupied
-        if self.at is None or now >= self.at:
+        at = self.at
+        if at is None:
+            self.at = now
+        elif now >= at:
+            if now > at:
+                weight = exp(-(now - at) / horizon_s)
+                self.share = self.share * weight + (1.0 - weight) * self.occupied
             self.at = now
         self.occupied = occupied
 

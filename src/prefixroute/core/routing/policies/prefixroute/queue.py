@@ -33,6 +33,7 @@ moment estimates, Kingma and Ba 2015).
 from __future__ import annotations
 
 import math
+from math import exp, expm1
 from collections import deque
 from typing import NamedTuple
 
@@ -73,9 +74,10 @@ class PrefillQueue:
 
     def prefill_busy(self, horizon_s: float) -> float:
         """The utilisation with its start-up bias removed (module docstring)."""
-        if self.started_at is None or self.observed_at <= self.started_at:
+        started_at, observed_at = self.started_at, self.observed_at
+        if started_at is None or observed_at <= started_at:
             return self.utilisation
-        filled = -math.expm1(-(self.observed_at - self.started_at) / horizon_s)
+        filled = -expm1(-(observed_at - started_at) / horizon_s)
         return min(1.0, self.utilisation / filled)
 
     def wait_s(self, order: float | None = None) -> tuple[float, int]:
@@ -104,8 +106,9 @@ class PrefillQueue:
             # Idle now and at the last observation, so nothing is queued (only add() queues,
             # and it marks the queue busy): the utilisation decays, nothing else moves. Most
             # replicas of a quiet fleet take this path at every decision.
-            if now > self.observed_at:
-                self.utilisation *= math.exp(-(now - self.observed_at) / horizon_s)
+            observed_at = self.observed_at
+            if now > observed_at:
+                self.utilisation *= exp(-(now - observed_at) / horizon_s)
             self.pending_work = 0.0
             self.progress_at = self.observed_at = now
             return
