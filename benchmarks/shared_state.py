@@ -750,6 +750,11 @@ def headline(results: dict) -> list[str]:
     return lines
 
 
+def seed_list(text: str) -> list[int]:
+    """``0,1,2`` as ``[0, 1, 2]`` (the --experiments and --pooled seeds)."""
+    return [int(x) for x in text.split(",") if x]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=150)
@@ -760,14 +765,14 @@ def main() -> None:
                         help="more seeds run with 1 instance and 4 shared ones (TTFT noise)")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--experiments", metavar="SEEDS", default="",
-                        type=lambda text: [int(x) for x in text.split(",") if x],
+                        type=seed_list,
                         help="instead of the table: the controlled comparison (1 instance; 1 "
                              "with shared state; 1 active and 3 idle, without and with shared "
                              "state; 4 shared) on these seeds, e.g. 0,1,2,3, with the engines' "
                              "own TTFT, per-process CPU and run-queue wait, the replicas' loop "
                              "lag and blind decisions")
     parser.add_argument("--pooled", metavar="SEEDS", default="",
-                        type=lambda text: [int(x) for x in text.split(",") if x],
+                        type=seed_list,
                         help="instead of the table: 1, 2 and 4 instances with and without "
                              "shared state on each of these seeds back to back (no rate-limit "
                              "runs), TTFT p50/p99 pooled over the seeds' requests per "
