@@ -241,13 +241,14 @@ def floor_process(name: str, command: Path, worker_urls: list[str], workdir: Pat
 
 
 def peer_process(name: str, command: Path, worker_urls: list[str], workdir: Path,
-                 cpu: int | None) -> ServiceProcess:
-    """A peer router on a free port, cache-aware policy, its metrics on another free port."""
+                 cpu: int | None, policy: str = "cache_aware") -> ServiceProcess:
+    """A peer router on a free port with its routing ``policy`` (cache-aware unless told),
+    its metrics on another free port."""
     metrics_port = free_port()
 
     def build(port: int) -> list[str]:
         common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
-                  "--policy", "cache_aware", "--prometheus-port", str(metrics_port)]
+                  "--policy", policy, "--prometheus-port", str(metrics_port)]
         if name == "sglang-router":
             return [str(command), "launch", *common, "--log-level", "warn"]
         return [str(command), *common, "--log-level", "warning"]

@@ -156,7 +156,10 @@ from tests.real_vllm.vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME,  # noqa:
 
 RESULTS = REPO / "benchmarks" / "results"
 ROUTERS = ("prefixroute", "prefixroute+calibrated", "round_robin", "sglang-router",
-           "vllm-router")
+           "vllm-router", "sglang-router+round_robin")
+# A peer router with another of its policies: "NAME+POLICY" (same decisions as our
+# round_robin row, so the two rows tell the routers' paths apart from their decisions).
+PEER_POLICIES = {"sglang-router+round_robin": ("sglang-router", "round_robin")}
 # The default policy anchors its speed and bounds what it learns, so the calibrated row is
 # no longer part of the default run (``--routers`` still takes it).
 DEFAULT_ROUTERS = ("prefixroute", "round_robin", "sglang-router", "vllm-router")
@@ -171,7 +174,7 @@ OUR_POLICIES = {"prefixroute": "prefixroute", "prefixroute+calibrated": "prefixr
 SIM_LEARNING = f"{register_ablations()}:learn_speed=true"
 SIMULATED = {"prefixroute": SIM_LEARNING, "prefixroute+calibrated": "prefixroute",
              "round_robin": "round_robin", "sglang-router": "sglang_cache_aware",
-             "vllm-router": "sglang_cache_aware"}
+             "vllm-router": "sglang_cache_aware", "sglang-router+round_robin": "round_robin"}
 MAX_TOKENS = 8
 REQUEST_TIMEOUT_S = 120.0
 RUN_DEADLINE_S = 600.0
@@ -458,12 +461,13 @@ def gateway_process(policy: str, replicas: list[Replica], keys: Keys, workdir: P
                           startup_timeout=120.0)
 
 
-def peer_router(name: str, command: Path, replicas: list[Replica],
+def peer_router(name: str, peers: dict[str, Path], replicas: list[Replica],
                 workdir: Path, tag: str) -> ServiceProcess:
     import gateway_bench
 
-    process = gateway_bench.peer_process(name, command, [r.url for r in replicas], workdir,
-                                         cpu=None)
+    peer, policy = PEER_POLICIES.get(name, (name, "cache_aware"))
+    process = gateway_bench.peer_process(peer, peers[peer], [r.url for r in replicas],
+                                         workdir, cpu=None, policy=policy)
     process.log_path = workdir / f"{name}-{tag}.log"
     process.startup_timeout = 120.0
     return process
@@ -675,7 +679,7 @@ def run_once(router: str, workload: Workload, replicas: list[Replica], keys: Key
         process = gateway_process(OUR_POLICIES[router], replicas, keys, workdir, tag, speed,
                                   decisions_kept=sum(len(lane) for lane in workload.lanes) + 100)
     else:
-        process = peer_router(router, peers[router], replicas, workdir, tag)
+        process = peer_router(router, peers, replicas, workdir, tag)
     before = engine_counters(replicas)
     load_start = os.getloadavg()[0]
     start_router(process, router not in OUR_POLICIES, len(replicas))
