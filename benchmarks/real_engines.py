@@ -35,7 +35,10 @@ fresh for every run, with the caches of both engines reset before it:
     ``--policy cache_aware`` with their defaults (PyPI ``sglang-router``, ``vllm-router``,
     installed once into ``~/.cache/prefixroute/peer-routers`` by ``gateway_bench.py``'s
     installer; a clear message if pip cannot). A peer counts as started once ``GET /workers``
-    lists both replicas (sglang-router answers ``/health`` before it has registered them).
+    lists both replicas (sglang-router answers ``/health`` before it has registered them);
+``sglang-router+round_robin`` (only with ``--routers``)
+    sglang-router with its own round robin: the same decisions as our ``round_robin`` row,
+    so a TTFT difference between the two is the routers' paths, not their decisions.
 
 **Workloads** (text chat requests, streamed, ``max_tokens`` 8, greedy), sent by the official
 ``openai.AsyncOpenAI`` client in ``--lanes`` (4) closed-loop lanes: lane ``l`` sends its

@@ -359,3 +359,21 @@ def test_a_request_asking_alone_gets_its_cost_or_an_exact_refusal(tmp_path, monk
     assert waits.count(0.0) == 3
     assert all(5.0 < w <= 10.0 for w in waits if w != 0.0)
 
+
+
+def test_a_zero_cost_waiting_beside_a_costed_request_passes(tmp_path):
+    # A request costing nothing (no prompt tokens to count) at the same moment as one costing
+    # a token, on a key with no slice yet: both pass; nothing stays counted as waiting.
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t-zero")
+            waits = await asyncio.gather(
+                shared.take("a", [("prompt_tokens", 0.1, 100.0, 1.0)]),
+                shared.take("a", [("prompt_tokens", 0.1, 100.0, 0.0)]))
+            demand = dict(shared.limiter._demand)
+            await shared.stop()
+            return waits, demand
+
+    waits, demand = asyncio.run(scenario())
+    assert waits == [0.0, 0.0]
+    assert demand == {}

@@ -180,6 +180,8 @@ class SharedRateLimiter:
         return 0.0
 
     async def _take(self, key: str, rate: float, burst: float, cost: float) -> float | None:
+        if cost <= 0:
+            return 0.0  # nothing to take (and a zero cost must not count as demand below)
         lease = self._lease(key, rate, burst)
         lease.last_cost = min(cost, burst)
         if lease.spend(cost, self._now()):
@@ -212,7 +214,7 @@ class SharedRateLimiter:
                 if wait > 0:
                     return wait
         finally:
-            left = self._demand.pop(key) - cost
+            left = self._demand.pop(key, 0.0) - cost
             if left > 1e-9:
                 self._demand[key] = left
         # Every shared answer went to other requests (many at once on a small slice) and the
@@ -236,7 +238,8 @@ class SharedRateLimiter:
         self.link.ok()
         now = self._now()
         lease.granted(0.0, float(level), now)  # the level only: the tokens are this request's
-        if float(granted) >= cost:
+        if float(granted) >= cost or lease.spend(cost, now):
+            # Granted, or refused while another fetch refilled this instance's slice.
             return 0.0
         # A wait of at least a microsecond (a level that rounding left a hair below the cost).
         return max(lease.known_wait(cost, now), 1e-6)

@@ -32,7 +32,6 @@ moment estimates, Kingma and Ba 2015).
 
 from __future__ import annotations
 
-import math
 from math import exp, expm1
 from collections import deque
 from typing import NamedTuple
@@ -144,7 +143,7 @@ class PrefillQueue:
                 self.progress_at = now
             if self.busy and pending_prefill_tokens > 0:
                 self.speed.learn(elapsed, done, forget)
-            self.utilisation *= math.exp(-elapsed / horizon_s)
+            self.utilisation *= exp(-elapsed / horizon_s)
             if done > 0:  # (an idle replica, most of a fleet, adds nothing)
                 self.utilisation += min(1.0, done * self.s_per_token / horizon_s)
         self.pending_work = pending
