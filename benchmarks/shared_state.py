@@ -446,8 +446,8 @@ def pooled_p99_ratio(base: dict[int, list[float]], other: dict[int, list[float]]
 def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
                tenant_entries: list, url: str, scenario) -> dict:
     """Each of POOLED_CONFIGS on every seed of ``args.pooled``; per configuration the
-    token hit rate and TTFT p50/p99 over all seeds' requests, and the 4-shared / 1 p99
-    ratio with its bootstrap interval."""
+    token hit rate and TTFT p50/p99 over all seeds' requests, and each configuration's p99
+    over one instance's with its bootstrap interval."""
     ttfts: dict[str, dict[int, list[float]]] = {}
     tokens: dict[str, list[int]] = {}
     rows = []

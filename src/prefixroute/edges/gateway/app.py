@@ -270,6 +270,9 @@ class Gateway:
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(
                 self._reload_logged()))
         except (NotImplementedError, RuntimeError, ValueError):
+            # This loop cannot take signals (NotImplementedError where the platform's loop has
+            # no signal support, RuntimeError or ValueError where signals cannot be set from
+            # here): no reload on SIGHUP; ``POST /admin/reload`` still reloads.
             return
 
     async def _reload_logged(self) -> None:

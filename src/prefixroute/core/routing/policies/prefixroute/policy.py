@@ -38,6 +38,7 @@ small hook methods below (``_learns_speed``, ``_prefill_busy``, ``_inflight_floo
 from __future__ import annotations
 
 import dataclasses
+from math import inf
 from typing import Hashable, NamedTuple, Sequence
 
 from prefixroute.core.caches.base import cacheable_blocks, fits_kv
@@ -66,7 +67,6 @@ _TRUST_MIRROR = _TrustMirror()
 # A candidate built from a ready tuple: a NamedTuple's generated ``__new__`` is a Python-level
 # call, a measurable share of a 32-replica decision.
 _candidate = tuple.__new__
-inf = float("inf")
 
 
 def _position(candidates: Sequence[Candidate], index: int) -> int:
@@ -175,12 +175,6 @@ class PrefixRoute(BasePolicy):
                                                                    learns)
         return speed
 
-    def _state(self, replica: ReplicaView) -> ReplicaState:
-        state = self._replicas.get(replica.index)
-        if state is None:
-            state = self._replicas[replica.index] = self._new_state(replica)
-        return state
-
     def _expected(self, state: ReplicaState, keys: Sequence[Hashable], limit: int,
                   view: CacheView) -> HitEstimate:
         return state.mirror.expected(keys, limit, view, self.params.survival_width,
@@ -215,7 +209,9 @@ class PrefixRoute(BasePolicy):
         estimates: list[HitEstimate] = []
         no_hit = HitEstimate(0.0, 0, [])
         for replica in replicas:
-            state = known.get(replica.index) or self._state(replica)
+            state = known.get(replica.index)
+            if state is None:
+                state = known[replica.index] = self._new_state(replica)
             if replica.capacity_blocks:
                 state.mirror.capacity = replica.capacity_blocks
             queue = state.queue
@@ -261,14 +257,14 @@ class PrefixRoute(BasePolicy):
                 replica.running, replica.kv_usage, replica.capacity_blocks)
             shared = evaluated.get(alike)
             load = state.load
+            # This replica's own figures, whether or not its cost is shared.
+            own = {"prefill_busy": prefill_busy_share, "load": float(in_flight),
+                   "recent_requests": round(load.routed.read(now, load_horizon), 3),
+                   "long_load_s": load.routed_s.read(now, balance_horizon),
+                   "occupancy": load.occupancy.share}
             if shared is not None:
                 score, cost, cached_tokens = shared
-                # (its replica's own figures, in the same places)
-                score = {**score, "prefill_busy": prefill_busy_share,
-                         "load": float(in_flight),
-                         "recent_requests": round(load.routed.read(now, load_horizon), 3),
-                         "long_load_s": load.routed_s.read(now, balance_horizon),
-                         "occupancy": load.occupancy.share}
+                score = {**score, **own}  # (the same keys, in the same places)
                 deadline = None
             else:
                 cached = min(expected_blocks * block, ceiling)
@@ -293,11 +289,7 @@ class PrefixRoute(BasePolicy):
                     "mirror_blocks": float(len(hit.stamps)),
                     "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
                     "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
-                    "copy_s": copy, "cost_s": cost, "s_per_token": s,
-                    "prefill_busy": prefill_busy_share, "load": float(in_flight),
-                    "recent_requests": round(load.routed.read(now, load_horizon), 3),
-                    "long_load_s": load.routed_s.read(now, balance_horizon),
-                    "occupancy": load.occupancy.share}
+                    "copy_s": copy, "cost_s": cost, "s_per_token": s, **own}
                 if deadline is not None:
                     score["deadline_s"] = deadline
                 else:
