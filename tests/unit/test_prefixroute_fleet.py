@@ -87,9 +87,9 @@ def route_after_fillers(policy: PrefixRoute, capacity: int = 100, busy: bool = F
     the request (not counted among the 300 blocks' fleet: 420 distinct blocks)."""
     replicas = fleet(capacity)
 
-    def send(keys, rid, replica, extra=0, complete=True, now=0.0):
-        request = RequestView(rid, len(keys) * B + extra, B, tuple(keys), now=now)
-        policy.route(request, replicas)
+    def send(keys, rid, replica, extra=0, complete=True, view=replicas):
+        request = RequestView(rid, len(keys) * B + extra, B, tuple(keys), now=0.0)
+        policy.route(request, view)
         policy.on_routed(request, Decision(replica, "fixture"))
         if complete:
             policy.on_completed(request, replica, 0)
@@ -100,8 +100,8 @@ def route_after_fillers(policy: PrefixRoute, capacity: int = 100, busy: bool = F
         send(blocks(family, n), family, 0)
     now = 0.0
     if busy:
-        for replica, family in ((0, "X"), (1, "Y")):
-            send(blocks(family, 60), family, replica, complete=False)
+        send(blocks("Y", 60), "Y", 1, complete=False)
+        send(blocks("X", 60), "X", 0, complete=False, view=fleet(capacity, pending=(0, 960)))
         now = 1.0
     keys = blocks("A", 10) + blocks("B", 2)
     return policy.route(RequestView("r", len(keys) * B, B, keys, now=now),
