@@ -94,8 +94,7 @@ def test_default_configuration_is_documented_and_valid():
     assert params.chunk_tokens == 8192                   # vLLM max_num_batched_tokens
     assert params.max_externality == 20.0                # rho = 0.95
     assert params.priority_slack == 2.0  # deadlines at twice the own prefill
-    assert params.copy_pressure == 5.0  # a copy's price while the fleet's working set overflows
-    assert len(dataclasses.fields(params)) <= 21
+    assert len(dataclasses.fields(params)) <= 20
     assert policy.describe() == dataclasses.asdict(params)
     # The balance rules, in order: session moves, then cold balance.
     assert [rule.branch for rule in policy.rules] == ["session_move", "cold_balance"]

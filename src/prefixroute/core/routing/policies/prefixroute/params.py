@@ -75,11 +75,6 @@ class PrefixRouteParams:
     move_floor: float = 0.7
     # ... hands the request to an idle replica at most this many seconds dearer.
     move_max_s: float = 10.0
-    # -- fleet pressure (:mod:`.fleet`) --------------------------------------------------------
-    # A copy costs this many times its recompute while the fleet's working set (distinct
-    # blocks asked for over the balance horizon) overflows the fleet's total cache and its
-    # prefill utilisation is below one half (5, measured; 1 turns it off).
-    copy_pressure: float = 5.0
 
     # Parameters earlier versions took, and why they are gone (the registry's message).
     REMOVED: ClassVar[dict[str, str]] = {
@@ -119,8 +114,6 @@ class PrefixRouteParams:
              f"cold_cap must be 0 (off) or at least 1, got {self.cold_cap!r}")
         need(self.move_cap == 0 or self.move_cap >= 1,
              f"move_cap must be 0 (off) or at least 1, got {self.move_cap!r}")
-        need(1.0 <= self.copy_pressure < math.inf,
-             f"copy_pressure must be 1 (off) or more and finite, got {self.copy_pressure!r}")
         need(self.move_max_s >= 0 and 0 <= self.move_floor <= 1,
              f"move_max_s must be >= 0 and move_floor in [0, 1], got {self.move_max_s!r} "
              f"and {self.move_floor!r}")

@@ -48,7 +48,6 @@ from prefixroute.core.routing.registry import register
 
 from .balance import BalanceRule, Candidate, default_rules
 from .costs import CostModel, to_ms
-from .fleet import PRESSURE_RHO_MAX, WorkingSet, copy_factor
 from .load import RecentLoad
 from .mirror import BlockMirror, HitEstimate, StampRun
 from .params import PrefixRouteParams
@@ -131,7 +130,6 @@ class PrefixRoute(BasePolicy):
         # (the simulator's engine) or only its uncached part (the documented meaning, the
         # gateway): found out as soon as a replica reports more than we sent uncached.
         self._pending_counts_prompt = False
-        self._working = WorkingSet(params.balance_horizon_s)  # (fed only if copy_pressure)
 
     def describe(self) -> dict:
         return dataclasses.asdict(self.params)
@@ -232,7 +230,6 @@ class PrefixRoute(BasePolicy):
         rho = self._rho = min(sum(busy) / len(states), 0.999)
         costs = self.costs
         gamma = costs.delay_factor(rho)
-        price = self._copy_price(now, replicas, rho)
         ceiling = float(limit * block)
         most = min(max(h.expected_blocks for h in estimates) * block, ceiling)
         slack = p.priority_slack
@@ -276,8 +273,7 @@ class PrefixRoute(BasePolicy):
                     uncached = n - cached
                     term = terms[(cached, s)] = (uncached,
                                                  costs.prefill_work(uncached, cached) * s,
-                                                 costs.copy_work(n, cached, most) * s
-                                                 * price)
+                                                 costs.copy_work(n, cached, most) * s)
                 uncached, prefill, copy = term
                 # In whole milliseconds as sent, so the queue's order and the engine's agree.
                 deadline = (to_ms(arrived + slack * prefill) / 1000.0 if by_deadline
@@ -324,15 +320,6 @@ class PrefixRoute(BasePolicy):
             reason += f"; priority {priority} (deadline {deadline:.3f} s)"
         return Decision(choice, branch, reason, scores,
                         int(hit.expected_blocks + 0.5) * block, priority=priority)
-
-    def _copy_price(self, now: float, replicas: Sequence[ReplicaView], rho: float) -> float:
-        """The copy's price factor: the fleet's working set against its total cache, on a
-        fleet whose prefill utilisation ``rho`` is below one half (:mod:`.fleet`)."""
-        price = self.params.copy_pressure
-        if price == 1.0 or rho >= PRESSURE_RHO_MAX:
-            return 1.0
-        return copy_factor(self._working.blocks(now), sum(r.capacity_blocks for r in replicas),
-                           price)
 
     def _choose(self, candidates: list[Candidate], scores: dict[int, dict[str, float]],
                 hits: list[HitEstimate], n: int, fits: bool, best_hit: float
@@ -412,8 +399,6 @@ class PrefixRoute(BasePolicy):
         # 6,400), and the sessions held there would look cold everywhere and move.
         mirror = state.mirror
         fits = mirror.fits(request)
-        if p.copy_pressure != 1.0:
-            self._working.touch(keys, request.now)
         stamp, chain = mirror.touch(keys if fits else (), predicted_blocks)
         mirror.in_flight[request.request_id] = stamp
         load = state.load
