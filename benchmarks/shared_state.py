@@ -135,7 +135,7 @@ def path_figures(urls: list[str], requests: int) -> dict:
     """What shared state added to the requests' paths, from the gateways' own histograms."""
     out: dict = {}
     added = 0.0
-    for op in ("booking", "ratelimit", "limits_wait"):
+    for op in ("booking", "catch_up", "send", "ratelimit", "limits_wait"):
         buckets, count, total = histogram(urls, "prefixroute_shared_state_path_seconds",
                                           f'op="{op}"')
         if op != "ratelimit":  # a check's time may overlap the request's own work
@@ -302,16 +302,28 @@ def engine_ttft(replica_urls: list[str]) -> tuple[float, float, dict[float, floa
 
 def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instances: int,
                   shared_url: str | None, tenant_entries: list, duration: float,
-                  active: int | None = None, probe: "ProcessProbe | None" = None) -> tuple:
+                  active: int | None = None, probe: "ProcessProbe | None" = None,
+                  source: str | None = None) -> tuple:
     """Start ``instances`` gateways and replay ``requests`` over the first ``active`` of them
-    (all by default; the others run idle, subscribed to the shared state like the rest)."""
+    (all by default; the others run idle, subscribed to the shared state like the rest).
+    ``source``: a ``src`` directory whose code the gateways run instead of this one's (an
+    A/B comparison against another version)."""
     fleet.reset_replicas()
     extra: dict = {"tenants": tenant_entries}
     if shared_url:
         extra["shared_state"] = {"redis": shared_url,
                                  "namespace": f"bench-{os.urandom(4).hex()}"}
-    fleet.start_gateway(POLICY, instances=instances, backend_fields={
-        "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
+    own_path = os.environ.get("PYTHONPATH")
+    if source is not None:  # the gateway processes inherit it
+        os.environ["PYTHONPATH"] = source
+    try:
+        fleet.start_gateway(POLICY, instances=instances, backend_fields={
+            "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
+    finally:
+        if own_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = own_path
     urls = fleet.gateway_urls
     if probe is not None:
         probe.start()
@@ -417,6 +429,10 @@ def run_experiments(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
 # --pooled: every configuration of the table, on each seed back to back (shared machine
 # conditions), without the rate-limit runs; TTFTs pooled over the seeds per configuration.
 POOLED_CONFIGS = [(1, False), (2, False), (2, True), (4, False), (4, True)]
+
+
+def config_name(instances: int, shared: bool) -> str:
+    return f"{instances} {'shared' if shared else 'alone'}"
 BOOTSTRAP_DRAWS = 2000
 
 
@@ -451,20 +467,36 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
     ttfts: dict[str, dict[int, list[float]]] = {}
     tokens: dict[str, list[int]] = {}
     rows = []
-    for seed in args.pooled:
+    sides: list[tuple[str, str | None]] = [("", None)]
+    sides += [(f" ({label})", source) for label, source in args.compare_src]
+    for turn, seed in enumerate(args.pooled):
         more, duration = scenario(seed)
-        for instances, shared in POOLED_CONFIGS:
-            name = f"{instances} {'shared' if shared else 'alone'}"
+        # A/B: the versions of each configuration back to back, in an order that turns by
+        # seed (the machine's load drifts; no version always runs first or last).
+        shift = turn % len(sides)
+        order = sides[shift:] + sides[:shift]
+        runs = [(c, suffix, source) for c in POOLED_CONFIGS for suffix, source in order
+                if not args.configs or config_name(*c) + suffix in args.configs]
+        for (instances, shared), suffix, source in runs:
+            name = config_name(instances, shared) + suffix
+            load_before = os.getloadavg()[0]
             urls, summary = replay_config(fleet, more, headers, args, instances,
-                                          url if shared else None, tenant_entries, duration)
-            row = {"seed": seed, "gateways": instances, "shared_state": shared,
-                   "token_hit_rate": summary["token_hit_rate"],
+                                          url if shared else None, tenant_entries, duration,
+                                          source=source)
+            row = {"seed": seed, "config": name, "gateways": instances,
+                   "shared_state": shared, "token_hit_rate": summary["token_hit_rate"],
                    "ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
                    "requests_failed": summary["requests_failed"],
-                   "load_average_1m": round(os.getloadavg()[0], 2)}
+                   "load_average_1m": round(os.getloadavg()[0], 2),
+                   "load_average_1m_before": round(load_before, 2)}
+            routing = histogram(urls, "prefixroute_gateway_routing_seconds")
+            row["gateway_time_before_sending_mean_ms"] = round(
+                routing[2] / max(1.0, routing[1]) * 1e3, 3)
             if shared:
-                row["remote_lag_ms"] = [path_figures(urls, len(more))[k] for k in
-                                        ("remote_lag_p50_ms", "remote_lag_p99_ms")]
+                path = path_figures(urls, len(more))
+                row["remote_lag_ms"] = [path["remote_lag_p50_ms"], path["remote_lag_p99_ms"]]
+                row["path_us"] = {op: [path[op]["p50_us"], path[op]["p99_us"]]
+                                  for op in ("booking", "catch_up", "send")}
                 row["decisions_by_branch"] = {}
                 for u in urls:
                     for head, value in metric_lines(u):
@@ -494,12 +526,15 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
                         "token_hit_rate": round(tokens[name][0] / max(1, tokens[name][1]), 4),
                         "ttft_p50_s": round(percentile(values, 50), 4),
                         "ttft_p99_s": round(percentile(values, 99), 4)}
-        if name != "1 alone" and "1 alone" in ttfts:
-            ratio, low, high = pooled_p99_ratio(ttfts["1 alone"], runs)
+        # Each version against its own single instance if it ran one, else this one's.
+        suffix = name[name.index(" ("):] if " (" in name else ""
+        one = "1 alone" + suffix if "1 alone" + suffix in ttfts else "1 alone"
+        if name != one and one in ttfts:
+            ratio, low, high = pooled_p99_ratio(ttfts[one], runs)
             pooled[name]["p99_over_1"] = [round(ratio, 3), round(low, 3), round(high, 3)]
             # Per seed (each against the single instance run just before it): the median is
             # robust to a run the machine's other work saturated.
-            per_seed = [percentile(v, 99) / percentile(ttfts["1 alone"][seed], 99)
+            per_seed = [percentile(v, 99) / percentile(ttfts[one][seed], 99)
                         for seed, v in runs.items()]
             pooled[name]["p99_over_1_per_seed"] = [round(r, 3) for r in per_seed]
             pooled[name]["p99_over_1_median"] = round(statistics.median(per_seed), 3)
@@ -713,11 +748,30 @@ def print_pooled(pooled: dict, args) -> None:
           f"{args.requests} requests a configuration; TTFT in engine seconds)")
     for name, p in pooled["pooled"].items():
         ratio = p.get("p99_over_1")
-        print(f"{name:>9}: hit {p['token_hit_rate']:.1%} TTFT p50 {p['ttft_p50_s']:.3f} "
+        print(f"{name:>22}: hit {p['token_hit_rate']:.1%} TTFT p50 {p['ttft_p50_s']:.3f} "
               f"p99 {p['ttft_p99_s']:.3f} s ({p['requests']} requests)"
               + (f"; p99 over 1 instance x{ratio[0]:.2f} (90% interval "
                  f"{ratio[1]:.2f}-{ratio[2]:.2f}); per seed median "
                  f"x{p['p99_over_1_median']:.2f}" if ratio else ""))
+    by_config: dict[str, list[dict]] = {}
+    for r in pooled["runs"]:
+        by_config.setdefault(r["config"], []).append(r)
+    for name, runs in by_config.items():
+        before = statistics.median(r["gateway_time_before_sending_mean_ms"] for r in runs)
+        line = f"{name:>22}: time before sending {before:.2f} ms (mean, median of the runs)"
+        if runs[0]["shared_state"]:
+            blind = [sum(r.get("blind_decisions_by_branch", {}).values()) for r in runs]
+            lag = [r["remote_lag_ms"] for r in runs]
+            line += (f"; blind decisions per run {blind} (mean {statistics.fmean(blind):.1f}); "
+                     f"remote lag p50 {[x[0] for x in lag]} ms, p99 {[x[1] for x in lag]} ms")
+            for op in ("catch_up", "send", "booking"):
+                p50s = [r["path_us"][op][0] for r in runs if r["path_us"][op][0] is not None]
+                p99s = [r["path_us"][op][1] for r in runs if r["path_us"][op][1] is not None]
+                if p50s:
+                    line += (f"; {op} p50 {statistics.median(p50s):.0f} us (runs "
+                             f"{min(p50s):.0f}-{max(p50s):.0f}), p99 {statistics.median(p99s):.0f}"
+                             " us (median of the runs)")
+        print(line)
     loads = [r["load_average_1m"] for r in pooled["runs"]]
     print(f"1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f}")
 
@@ -750,6 +804,15 @@ def headline(results: dict) -> list[str]:
     return lines
 
 
+def label_and_source(text: str) -> tuple[str, str]:
+    """``main=/tmp/main/src`` as ``("main", "/tmp/main/src")`` (a --compare-src version)."""
+    label, sep, source = text.partition("=")
+    if not sep or not label or not Path(source, "prefixroute").is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL=SRC, SRC a directory "
+                                         "holding the prefixroute package")
+    return label, source
+
+
 def seed_list(text: str) -> list[int]:
     """``0,1,2`` as ``[0, 1, 2]`` (the --experiments and --pooled seeds)."""
     return [int(x) for x in text.split(",") if x]
@@ -771,6 +834,17 @@ def main() -> None:
                              "state; 4 shared) on these seeds, e.g. 0,1,2,3, with the engines' "
                              "own TTFT, per-process CPU and run-queue wait, the replicas' loop "
                              "lag and blind decisions")
+    parser.add_argument("--configs", metavar="NAMES", default="",
+                        type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
+                        help="with --pooled: only these configurations, e.g. '1 alone,4 "
+                             "shared,1 alone (main),4 shared (main)' (default: all of 1, 2 "
+                             "and 4 instances alone and shared, on every version)")
+    parser.add_argument("--compare-src", metavar="LABEL=SRC", action="append", default=[],
+                        type=label_and_source,
+                        help="with --pooled, repeatable: run the configurations also with the "
+                             "gateways on the code in SRC (another version's src directory), "
+                             "reported as '... (LABEL)', the versions back to back on each "
+                             "seed; each against its own single instance if it ran one")
     parser.add_argument("--pooled", metavar="SEEDS", default="",
                         type=seed_list,
                         help="instead of the table: 1, 2 and 4 instances with and without "

@@ -377,3 +377,126 @@ def test_a_zero_cost_waiting_beside_a_costed_request_passes(tmp_path):
     waits, demand = asyncio.run(scenario())
     assert waits == [0.0, 0.0]
     assert demand == {}
+
+
+class Emptiest(BasePolicy):
+    """The replica with the fewest requests in flight (the lowest index on a tie): a decision
+    that changes with every booking it is told of."""
+
+    def route(self, request, replicas):
+        return Decision(min(replicas, key=lambda r: (r.in_flight, r.index)).index, "emptiest")
+
+
+def following(url: str, namespace: str, name: str) -> tuple[SharedState, LifecycleRunner]:
+    """An instance that has read the stream once and runs no background task: whatever it
+    learns of the others later, it learns on a routing decision's path."""
+    runner = LifecycleRunner(Emptiest())
+    for i in range(2):
+        runner.add_replica(ReplicaView(index=i, name=f"r{i}", cache=ApproximateView(None)))
+    return SharedState(url, runner, CollectorRegistry(), now=time.monotonic,
+                       namespace=namespace, instance=name), runner
+
+
+async def decide(shared: SharedState, runner: LifecycleRunner, request_id: str) -> int:
+    """One routing decision as the gateway makes it: catch up, route, share."""
+    await shared.before_routing()
+    booking = runner.route(RequestView(request_id, 33, 16, block_keys=(1, 2),
+                                       now=time.monotonic()))
+    shared.routed(booking, 0)
+    await shared.after_routing()
+    return booking.replica
+
+
+def test_a_decision_right_after_another_instances_booking_counts_it(tmp_path):
+    """No background reader or writer runs: A's booking reaches the stream on A's decision
+    path and B reads it on its own, so B's next decision avoids the replica A just loaded."""
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            a, runner_a = following(redis.url, "t20", "A")
+            b, runner_b = following(redis.url, "t20", "B")
+            for s in (a, b):
+                await s.bookings.bootstrap()
+            first = await decide(a, runner_a, "q1")
+            second = await decide(b, runner_b, "q2")
+            third = await decide(a, runner_a, "q3")  # A, in turn, counts B's
+            length = await a.link.client.xlen(a.bookings.key)
+            in_flight_b = [runner_b.replicas[i].in_flight for i in range(2)]
+            for s in (a, b):
+                await s.stop()
+            return first, second, third, length, in_flight_b
+
+    first, second, third, length, in_flight_b = asyncio.run(scenario())
+    assert (first, second) == (0, 1)  # B saw A's request in flight on r0
+    assert third == 0  # one each on r0 and r1: the tie goes to r0
+    assert length == 3  # every booking written before its request would have gone out
+    assert in_flight_b == [1, 1]  # A's q1 (remote) and B's own q2; q3 is not read yet
+
+
+def test_an_entry_is_applied_once_whether_the_reader_or_a_catch_up_reads_it_first(tmp_path):
+    """B's background reader and B's catch-ups read the same stream at the same time; every
+    booking and every end of A's is applied exactly once (a booking applied twice would be
+    counted in flight again after its end)."""
+    requests = 60
+
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            a, runner_a = following(redis.url, "t21", "A")
+            b, runner_b = following(redis.url, "t21", "B")
+            await a.start()
+            await b.start()
+            for i in range(requests):
+                booking = runner_a.route(RequestView(f"q{i}", 33, 16, block_keys=(i,),
+                                                     now=time.monotonic()))
+                a.routed(booking, 0)
+                await a.after_routing()
+                await b.before_routing()
+                runner_a.completed(booking, 16)
+                a.completed(booking, 16)
+                if i % 3 == 0:
+                    await asyncio.sleep(0.005)  # now and then the reader gets there first
+                await b.before_routing()
+            await until(lambda: b.remote.applied["completed"] == requests)
+            await asyncio.sleep(0.2)  # any late duplicate would land by now
+            applied = dict(b.remote.applied)
+            in_flight = [runner_b.replicas[i].in_flight for i in range(2)]
+            assignments = sum(runner_b.replicas[i].assignments for i in range(2))
+            catch_ups = b.registry.get_sample_value(
+                "prefixroute_shared_state_redis_operations_total", {"op": "catch_up"})
+            for s in (a, b):
+                await s.stop()
+            return applied, in_flight, assignments, catch_ups
+
+    applied, in_flight, assignments, catch_ups = asyncio.run(scenario())
+    assert applied == {"routed": requests, "completed": requests, "ended": 0, "expired": 0,
+                       "ignored": 0}
+    assert in_flight == [0, 0]
+    assert assignments == requests
+    assert catch_ups == 2 * requests
+
+
+def test_without_redis_a_decision_neither_waits_nor_fails(tmp_path):
+    """No Redis: the first catch-up and send fail fast (connection refused) and mark the link
+    down; while it is down, the next decisions do not ask Redis at all."""
+    async def scenario():
+        shared, runner = following(f"redis://127.0.0.1:{free_port()}/0", "t22", "B")
+        await shared.start()
+        started = time.monotonic()
+        first = await decide(shared, runner, "q1")
+        took = time.monotonic() - started
+        errors = shared.registry.get_sample_value(
+            "prefixroute_shared_state_redis_errors_total", {"op": "catch_up"}) or 0.0
+        shared.link.failed("test", ConnectionError("down"))  # marked down for retry_s
+        second = await decide(shared, runner, "q2")
+        errors_after = shared.registry.get_sample_value(
+            "prefixroute_shared_state_redis_errors_total", {"op": "catch_up"}) or 0.0
+        asked = shared.registry.get_sample_value(
+            "prefixroute_shared_state_redis_operations_total", {"op": "catch_up"}) or 0.0
+        queued = len(shared.bookings.outbox)
+        await shared.stop()
+        return first, second, took, errors, errors_after, asked, queued
+
+    first, second, took, errors, errors_after, asked, queued = asyncio.run(scenario())
+    assert (first, second) == (0, 1)  # routed on local state
+    assert took < 2.0  # refused at once, not a hang
+    assert errors_after == errors and asked == 0  # skipped while down: Redis not asked
+    assert queued == 2  # both bookings wait in the outbox for Redis to return

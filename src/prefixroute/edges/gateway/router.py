@@ -200,6 +200,25 @@ class GatewayRouter:
                 "prefixroute.policy": self.policy_name, "prefixroute.attempt": attempt})
         return made
 
+    async def route_in_step(self, **fields: Any) -> Attempt:
+        """:meth:`route`, in step with the other router instances when routing state is
+        shared: their latest bookings are read right before the decision and this one is
+        written right after it, before the request goes out, so two instances decide blind to
+        each other only within about one Redis round trip (see
+        :class:`~prefixroute.edges.shared_state.shared.SharedState`). Without shared state,
+        :meth:`route` as is."""
+        shared = self.observer
+        if shared is None:
+            return self.route(**fields)
+        await shared.before_routing()
+        attempt = self.route(**fields)
+        try:
+            await shared.after_routing()
+        except BaseException:  # cancelled (the caller left): the booking must not stay open
+            self.abandoned(attempt, started=False)
+            raise
+        return attempt
+
     def upstream_priority(self, attempt: Attempt, arrived: float) -> int | None:
         """The ``priority`` to send with ``attempt`` to a replica started with
         ``--scheduling-policy priority``, or ``None`` (send none): the policy's order

@@ -54,8 +54,11 @@ class SharedStateMetrics:
                                "Booking events dropped because the outbox was full during "
                                "an outage", registry=registry)
         self.path = Histogram("prefixroute_shared_state_path_seconds",
-                              "Time in shared state on a request's way: sharing a "
-                              "booking event (op=booking), a fleet rate-limit check "
+                              "Time in shared state on a request's way: reading the "
+                              "other instances' latest bookings before its routing "
+                              "decision (op=catch_up), writing its booking after it "
+                              "(op=send), queueing a booking event (op=booking), a fleet "
+                              "rate-limit check "
                               "(op=ratelimit, one per limit, possibly beside the request's "
                               "own work), and what a request waited for its limit checks "
                               "once its own work was done (op=limits_wait, one per "

@@ -8,14 +8,24 @@ recent bookings (``XREVRANGE``) to rebuild load and policy state, and an instanc
 Redis reads on from the last entry id it applied. Its cost is the same one round trip per
 batch.
 
-Nothing here is on a request's path: :meth:`SharedBookings.publish` appends the encoded event
-to an in-memory outbox (bounded; the oldest go first when an outage lasts), and a background
-task writes the outbox in pipelined batches. Another task blocks on ``XREAD`` and applies the
-others' events to the runner (:class:`~prefixroute.edges.shared_state.apply.RemoteBookings`).
-While Redis is unavailable both tasks retry every ``retry_s``; on its return the outbox is
-written (the peers learn what this instance did meanwhile) and reading resumes after the last
-id applied (stream ids are times in milliseconds, so a Redis restarted empty still hands out
-later ids).
+:meth:`SharedBookings.publish` appends the encoded event to an in-memory outbox (bounded; the
+oldest go first when an outage lasts), and a background task writes the outbox in pipelined
+batches. Another task blocks on ``XREAD`` and applies the others' events to the runner
+(:class:`~prefixroute.edges.shared_state.apply.RemoteBookings`). While Redis is unavailable
+both tasks retry every ``retry_s``; on its return the outbox is written (the peers learn what
+this instance did meanwhile) and reading resumes after the last id applied (stream ids are
+times in milliseconds, so a Redis restarted empty still hands out later ids).
+
+Two round trips sit on a routing decision's path, to keep the instances from deciding blind
+to each other: :meth:`SharedBookings.catch_up` reads the stream from the last id applied just
+before the decision, and :meth:`SharedBookings.send` writes the outbox (the decision's booking
+in it) just after, before the request goes to its replica. Two instances then miss each
+other's booking only if their decisions fall within about one round trip, instead of within
+the background tasks' lag (tens of milliseconds on a busy host, where instances deciding in
+the same instant all pick the same cheapest replica). Both are skipped while the link is
+marked down and bounded by the client's timeout otherwise, so Redis never fails a request.
+The reader and the catch-up may fetch the same entries: an entry is applied only if its id is
+above the last one applied (stream ids grow), so each is applied once, in stream order.
 """
 
 from __future__ import annotations
@@ -68,6 +78,10 @@ class SharedBookings:
         self._entry_instance = remote.instance.encode()
         self.outbox_max = outbox
         self.last_id: bytes | None = None  # the last stream entry applied
+        self._last_key = (-1, -1)  # last_id as numbers, to compare ids
+        # One writer at a time (the write loop or a request's send): the outbox leaves in
+        # order, each event once.
+        self._writing = asyncio.Lock()
         self.bootstrapped = False
         self.namespace = namespace
         self._missing_once: set[str] = set()
@@ -178,7 +192,24 @@ class SharedBookings:
                     self.link.failed("xadd", exc)
                     await asyncio.sleep(self.link.retry_s)
 
+    async def send(self) -> None:
+        """Write the outbox now (a routing decision's booking, before its request goes out):
+        the other instances' next :meth:`catch_up` sees it. Skipped while the link is down,
+        and while the write loop is writing (it writes this event right after its batch,
+        sooner than a wait for its turn would); a failure leaves the events to the loop."""
+        if not self.outbox or self._writing.locked() or not self.link.usable():
+            return
+        try:
+            await self._flush()
+            self.link.ok()
+        except REDIS_ERRORS as exc:
+            self.link.failed("xadd", exc)
+
     async def _flush(self) -> None:
+        async with self._writing:
+            await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
         while self.outbox:
             batch = [self.outbox[i] for i in range(min(BATCH, len(self.outbox)))]
             pipe = self.link.client.pipeline(transaction=False)
@@ -212,11 +243,31 @@ class SharedBookings:
         self._apply(entries)
         if self.last_id is None:
             self.last_id = entries[-1][0] if entries else b"0-0"
+            self._last_key = _entry_key(self.last_id)
         self.bootstrapped = True
         log.info("shared state bootstrapped", extra={"fields": {
             "event": "shared_state_bootstrap", "entries": len(entries),
             "remote_in_flight": len(self.remote.open)}})
         return len(entries)
+
+    async def catch_up(self) -> int:
+        """Apply what the stream holds beyond the last entry applied, without waiting for
+        more (a routing decision is about to be made); returns how many entries were read.
+        Skipped (0) before the first bootstrap and while the link is down; a failure marks
+        the link down and the decision goes on with what this instance knows."""
+        if not self.bootstrapped or not self.link.usable():
+            return 0
+        try:
+            answer = await self.link.client.xread({self.key: self.last_id}, count=BATCH)
+        except REDIS_ERRORS as exc:
+            self.link.failed("catch_up", exc)
+            return 0
+        self.link.metrics.operations.labels("catch_up").inc()
+        read = 0
+        for _stream, entries in answer or ():
+            read += len(entries)
+            self._apply(entries)
+        return read
 
     async def _read_once(self) -> None:
         answer = await self.link.reader.xread({self.key: self.last_id}, count=BATCH,
@@ -236,7 +287,10 @@ class SharedBookings:
         wall = time.time
         own = self._entry_instance
         for entry_id, fields in entries:
-            self.last_id = entry_id
+            key = _entry_key(entry_id)
+            if key <= self._last_key:  # applied already (the reader's and a catch-up's reads)
+                continue
+            self.last_id, self._last_key = entry_id, key
             data = fields.get(FIELD)
             if data is None or fields.get(INSTANCE_FIELD) == own:
                 continue
@@ -253,3 +307,10 @@ class SharedBookings:
                     # Wall clocks of two hosts: a lag is as exact as their synchronisation.
                     self.link.metrics.remote_lag.observe(max(0.0, wall() - event.wall_time))
                     self._blind(event)
+
+
+def _entry_key(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id (``b"1733100000000-3"``: milliseconds, sequence) as numbers, in the
+    stream's order."""
+    millis, _, sequence = entry_id.partition(b"-")
+    return int(millis), int(sequence or 0)
