@@ -509,6 +509,11 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
                             branch = head.split('branch="', 1)[1].split('"', 1)[0]
                             row["decisions_by_branch"][branch] = (
                                 row["decisions_by_branch"].get(branch, 0) + int(value))
+                        elif head.startswith("prefixroute_shared_state_concurrent_bookings_"
+                                             "total"):
+                            # Decisions made again for a booking written while they were
+                            # made (each of them is among the blind decisions as well).
+                            row["decided_again"] = row.get("decided_again", 0) + int(value)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
             ttfts.setdefault(name, {})[seed] = [t / args.time_scale
@@ -762,7 +767,9 @@ def print_pooled(pooled: dict, args) -> None:
         if runs[0]["shared_state"]:
             blind = [sum(r.get("blind_decisions_by_branch", {}).values()) for r in runs]
             lag = [r["remote_lag_ms"] for r in runs]
-            line += (f"; blind decisions per run {blind} (mean {statistics.fmean(blind):.1f}); "
+            again = [r.get("decided_again", 0) for r in runs]
+            line += (f"; blind decisions per run {blind} (mean {statistics.fmean(blind):.1f}), "
+                     f"of which decided again {again}; "
                      f"remote lag p50 {[x[0] for x in lag]} ms, p99 {[x[1] for x in lag]} ms")
             for op in ("catch_up", "send", "booking"):
                 p50s = [r["path_us"][op][0] for r in runs if r["path_us"][op][0] is not None]

@@ -397,13 +397,18 @@ def following(url: str, namespace: str, name: str) -> tuple[SharedState, Lifecyc
                        namespace=namespace, instance=name), runner
 
 
-async def decide(shared: SharedState, runner: LifecycleRunner, request_id: str) -> int:
-    """One routing decision as the gateway makes it: catch up, route, share."""
-    await shared.before_routing()
+def book(shared: SharedState, runner: LifecycleRunner, request_id: str):
     booking = runner.route(RequestView(request_id, 33, 16, block_keys=(1, 2),
                                        now=time.monotonic()))
     shared.routed(booking, 0)
-    await shared.after_routing()
+    return booking
+
+
+async def decide(shared: SharedState, runner: LifecycleRunner, request_id: str) -> int:
+    """One routing decision as the gateway makes it: catch up, route, share."""
+    read_after = await shared.before_routing()
+    booking = book(shared, runner, request_id)
+    await shared.after_routing(booking, read_after)
     return booking.replica
 
 
@@ -448,7 +453,7 @@ def test_an_entry_is_applied_once_whether_the_reader_or_a_catch_up_reads_it_firs
                 booking = runner_a.route(RequestView(f"q{i}", 33, 16, block_keys=(i,),
                                                      now=time.monotonic()))
                 a.routed(booking, 0)
-                await a.after_routing()
+                await a.after_routing(booking, None)
                 await b.before_routing()
                 runner_a.completed(booking, 16)
                 a.completed(booking, 16)
@@ -500,3 +505,90 @@ def test_without_redis_a_decision_neither_waits_nor_fails(tmp_path):
     assert took < 2.0  # refused at once, not a hang
     assert errors_after == errors and asked == 0  # skipped while down: Redis not asked
     assert queued == 2  # both bookings wait in the outbox for Redis to return
+
+
+def test_of_two_concurrent_bookings_on_one_replica_the_second_written_learns_of_the_first(
+        tmp_path):
+    """A and B decide at the same instant on the same fleet: both pick r0. The stream orders
+    their bookings; A's is written first, so B's write reads it back (B decided blind to it)
+    and A's does not (A's next catch-up reads B's)."""
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            a, runner_a = following(redis.url, "t23", "A")
+            b, runner_b = following(redis.url, "t23", "B")
+            for s in (a, b):
+                await s.bookings.bootstrap()
+            seen_a, seen_b = await a.before_routing(), await b.before_routing()
+            booking_a, booking_b = book(a, runner_a, "qa"), book(b, runner_b, "qb")
+            blind_a = await a.after_routing(booking_a, seen_a)
+            blind_b = await b.after_routing(booking_b, seen_b)
+            counted = b.registry.get_sample_value(
+                "prefixroute_shared_state_concurrent_bookings_total")
+            in_flight_b = [runner_b.replicas[i].in_flight for i in range(2)]
+            for s in (a, b):
+                await s.stop()
+            return booking_a.replica, booking_b.replica, blind_a, blind_b, counted, in_flight_b
+
+    replica_a, replica_b, blind_a, blind_b, counted, in_flight_b = asyncio.run(scenario())
+    assert (replica_a, replica_b) == (0, 0)
+    assert (blind_a, blind_b) == (False, True)
+    assert counted == 1
+    assert in_flight_b == [2, 0]  # B now counts A's booking beside its own: a new decision
+    # would pick r1
+
+
+def gateway_router(url: str, namespace: str, name: str, monkeypatch):
+    """A gateway's router over two replicas r0 and r1, sharing state as instance ``name``."""
+    from prefixroute.core.clock import MonotonicClock
+    from prefixroute.edges.gateway.backends import Backend
+    from prefixroute.edges.gateway.config import hash_api_key, parse_config
+    from prefixroute.edges.gateway.metrics import GatewayMetrics
+    from prefixroute.edges.gateway.router import GatewayRouter
+
+    monkeypatch.setenv("PR_SHARED_TEST_SECRET", "5e" * 32)
+    config = parse_config({
+        "server_secret": {"env": "PR_SHARED_TEST_SECRET"},
+        "backends": [{"name": f"r{i}", "url": f"http://r{i}.test", "models": ["tiny"]}
+                     for i in range(2)],
+        "tenants": [{"name": "t", "api_key_sha256": hash_api_key("k")}],
+    }, "test.yaml")
+    clock = MonotonicClock()
+    metrics = GatewayMetrics()
+    backends = [Backend(i, b, config, clock, metrics) for i, b in enumerate(config.backends)]
+    router = GatewayRouter(Emptiest(), backends, metrics, clock)
+    router.observer = SharedState(url, router.runner, CollectorRegistry(), now=clock.now,
+                                  namespace=namespace, instance=name)
+    return router
+
+
+def test_a_gateway_that_booked_a_replica_blind_to_another_decides_again(tmp_path, monkeypatch):
+    """Gateways A and B route at the same instant (both read the stream before either
+    wrote): both pick r0, the emptiest. A's booking is written first; B's write reads it
+    back, so B decides again counting it and sends its request to r1 instead."""
+    from prefixroute.edges.gateway.prompts import PreparedPrompt
+
+    prompt = PreparedPrompt(33, (1, 2), None, "tokens")
+
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            a = gateway_router(redis.url, "t24", "A", monkeypatch)
+            b = gateway_router(redis.url, "t24", "B", monkeypatch)
+            for router in (a, b):
+                await router.observer.bookings.bootstrap()
+
+            def route(router, request_id):
+                return router.route_in_step(
+                    request_id=request_id, tenant="t", model="tiny", prompt=prompt,
+                    block_size=16, candidates=list(router.backends), attempt=0)
+
+            attempt_a, attempt_b = await asyncio.gather(route(a, "qa"), route(b, "qb"))
+            outcomes_b = [(r.replica, r.outcome) for r in b.decisions]
+            in_flight_b = [b.runner.replicas[i].in_flight for i in range(2)]
+            for router in (a, b):
+                await router.observer.stop()
+            return attempt_a.backend.name, attempt_b.backend.name, outcomes_b, in_flight_b
+
+    replica_a, replica_b, outcomes_b, in_flight_b = asyncio.run(scenario())
+    assert (replica_a, replica_b) == ("r0", "r1")
+    assert outcomes_b == [("r0", "rerouted"), ("r1", "pending")]
+    assert in_flight_b == [1, 1]  # A's request (remote) on r0, B's own on r1

@@ -75,6 +75,11 @@ class SharedStateMetrics:
             "decided without it), once per such booking, by the local decision's branch",
             ["branch"],
             registry=registry)
+        self.concurrent = Counter(
+            "prefixroute_shared_state_concurrent_bookings",
+            "This instance's routing decisions that found, on writing their booking, that "
+            "another instance had booked the same replica while they were made: each is "
+            "made again, counting it", registry=registry)
         self.local_limits = Counter("prefixroute_shared_state_local_rate_checks",
                                     "Rate-limit checks made on the local bucket because "
                                     "Redis was unavailable", registry=registry)

@@ -72,20 +72,29 @@ class SharedState:
 
     # -- the body's events ---------------------------------------------------------------
 
-    async def before_routing(self) -> None:
+    async def before_routing(self) -> tuple[int, int]:
         """Apply the bookings the other instances wrote since the last read (one
         non-blocking read; nothing while Redis is marked down), so that the decision to come
-        counts every booking made before it reached Redis."""
+        counts every booking made before it reached Redis. Returns what the decision knows
+        of the stream, for :meth:`after_routing`."""
         started = time.perf_counter()
         await self.bookings.catch_up()
         self._catch_up_time.observe(time.perf_counter() - started)
+        return self.bookings.read_up_to
 
-    async def after_routing(self) -> None:
+    async def after_routing(self, booking: Booking, read_after: tuple[int, int] | None) -> bool:
         """Write the booking just made (:meth:`routed` queued it) before its request goes to
-        the replica: the other instances' next decisions count it."""
+        the replica, so the other instances' next decisions count it. True if another
+        instance booked the same replica after ``read_after`` (what :meth:`before_routing`
+        returned) and before this booking: the decision was made blind to it, and made again
+        would count it. ``read_after`` ``None``: only the write (a decision made again)."""
         started = time.perf_counter()
-        await self.bookings.send()
+        replicas = await self.bookings.send(read_after)
         self._send_time.observe(time.perf_counter() - started)
+        if replicas and booking.view.name in replicas:
+            self.metrics.concurrent.inc()
+            return True
+        return False
 
     def routed(self, booking: Booking, predicted_cached_tokens: int) -> None:
         request, decision = booking.request, booking.decision
