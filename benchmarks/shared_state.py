@@ -32,7 +32,16 @@ of the scenario, to tell a TTFT difference from run-to-run noise.
 ``--pooled SEEDS`` runs, instead, 1, 2 and 4 instances with and without shared state on each
 seed back to back and pools each configuration's TTFTs over the seeds (a p99 of 150 requests
 is nearly their maximum): the p99 ratio to one instance with a 90% bootstrap interval and
-the median of the per-seed ratios (robust to a run the machine saturated).
+the median of the per-seed ratios (robust to a run the machine saturated), and per
+configuration the gateways' time before sending, the decisions made blind to a concurrent
+remote booking and the remote lag. ``--configs`` picks configurations; ``--compare-src
+LABEL=SRC`` (repeatable) makes it an interleaved A/B: each configuration also runs with the
+gateways on another version's code (``SRC``, e.g. a checkout's ``src``), the versions back to
+back on each seed in an order that turns from seed to seed:
+
+    PYTHONPATH=src python benchmarks/shared_state.py --pooled 0,1,2,3,4,5,6,7 \
+        --configs '1 alone,4 shared,1 alone (main),4 shared (main)' \
+        --compare-src main=/tmp/main/src
 
 ``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
 several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
@@ -135,7 +144,7 @@ def path_figures(urls: list[str], requests: int) -> dict:
     """What shared state added to the requests' paths, from the gateways' own histograms."""
     out: dict = {}
     added = 0.0
-    for op in ("booking", "catch_up", "send", "ratelimit", "limits_wait"):
+    for op in ("booking", "ratelimit", "limits_wait"):
         buckets, count, total = histogram(urls, "prefixroute_shared_state_path_seconds",
                                           f'op="{op}"')
         if op != "ratelimit":  # a check's time may overlap the request's own work
@@ -495,8 +504,7 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
             if shared:
                 path = path_figures(urls, len(more))
                 row["remote_lag_ms"] = [path["remote_lag_p50_ms"], path["remote_lag_p99_ms"]]
-                row["path_us"] = {op: [path[op]["p50_us"], path[op]["p99_us"]]
-                                  for op in ("booking", "catch_up", "send")}
+                row["booking_us"] = [path["booking"]["p50_us"], path["booking"]["p99_us"]]
                 row["decisions_by_branch"] = {}
                 for u in urls:
                     for head, value in metric_lines(u):
@@ -509,11 +517,6 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
                             branch = head.split('branch="', 1)[1].split('"', 1)[0]
                             row["decisions_by_branch"][branch] = (
                                 row["decisions_by_branch"].get(branch, 0) + int(value))
-                        elif head.startswith("prefixroute_shared_state_concurrent_bookings_"
-                                             "total"):
-                            # Decisions made again for a booking written while they were
-                            # made (each of them is among the blind decisions as well).
-                            row["decided_again"] = row.get("decided_again", 0) + int(value)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
             ttfts.setdefault(name, {})[seed] = [t / args.time_scale
@@ -767,17 +770,12 @@ def print_pooled(pooled: dict, args) -> None:
         if runs[0]["shared_state"]:
             blind = [sum(r.get("blind_decisions_by_branch", {}).values()) for r in runs]
             lag = [r["remote_lag_ms"] for r in runs]
-            again = [r.get("decided_again", 0) for r in runs]
-            line += (f"; blind decisions per run {blind} (mean {statistics.fmean(blind):.1f}), "
-                     f"of which decided again {again}; "
+            line += (f"; blind decisions per run {blind} (mean {statistics.fmean(blind):.1f}); "
                      f"remote lag p50 {[x[0] for x in lag]} ms, p99 {[x[1] for x in lag]} ms")
-            for op in ("catch_up", "send", "booking"):
-                p50s = [r["path_us"][op][0] for r in runs if r["path_us"][op][0] is not None]
-                p99s = [r["path_us"][op][1] for r in runs if r["path_us"][op][1] is not None]
-                if p50s:
-                    line += (f"; {op} p50 {statistics.median(p50s):.0f} us (runs "
-                             f"{min(p50s):.0f}-{max(p50s):.0f}), p99 {statistics.median(p99s):.0f}"
-                             " us (median of the runs)")
+            p50s = [r["booking_us"][0] for r in runs if r["booking_us"][0] is not None]
+            if p50s:
+                line += (f"; booking event p50 {statistics.median(p50s):.0f} us (runs "
+                         f"{min(p50s):.0f}-{max(p50s):.0f})")
         print(line)
     loads = [r["load_average_1m"] for r in pooled["runs"]]
     print(f"1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f}")

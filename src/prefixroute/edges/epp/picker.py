@@ -384,7 +384,7 @@ class Exchange:
             response = immediate(error, self.request_id)
             self._finish()
             return response
-        attempt = await self._book_in_step(candidates)
+        attempt = self._book(candidates, 0)
         body = checked.body
         payload = encode_json(body)
         priority = self.picker.router.upstream_priority(attempt, job.started)
@@ -429,33 +429,19 @@ class Exchange:
                 header_mutation=mutation, body_mutation=ext.BodyMutation(body=payload))),
             dynamic_metadata=metadata)
 
-    async def _book_in_step(self, candidates: list[Backend]) -> Attempt:
-        """The first booking: in step with the other instances when state is shared
-        (:meth:`GatewayRouter.route_in_step`)."""
-        attempt = await self.picker.router.route_in_step(**self._route_fields(candidates, 0))
-        return self._booked(attempt)
-
     def _book(self, candidates: list[Backend], attempt_no: int) -> Attempt:
-        return self._booked(self.picker.router.route(
-            **self._route_fields(candidates, attempt_no)))
-
-    def _route_fields(self, candidates: list[Backend], attempt_no: int) -> dict:
         job = self.job
         assert job is not None
         body = job.checked.body
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         routing_key = body.get("prompt_cache_key") or body.get("user")
-        return dict(
+        attempt = self.picker.router.route(
             request_id=job.request_id, tenant=job.tenant, model=job.checked.model,
             prompt=job.prompt, block_size=self.gateway.config.hashing.block_size,
             candidates=candidates, attempt=attempt_no,
             routing_key=routing_key if isinstance(routing_key, str) else None,
             max_tokens=max_tokens if isinstance(max_tokens, int) else None,
             arrival=job.started)
-
-    def _booked(self, attempt: Attempt) -> Attempt:
-        job = self.job
-        assert job is not None
         job.attempts += 1
         job.replica = attempt.backend.name
         job.predicted_cached_tokens = attempt.predicted_cached_tokens

@@ -207,7 +207,7 @@ class Proxy:
                 break
             if attempt_no:
                 self.metrics.retries.labels(job.failures[-1].split(":", 1)[0]).inc()
-            attempt = await self.router.route_in_step(
+            attempt = self.router.route(
                 request_id=job.request_id, tenant=job.tenant, model=job.checked.model,
                 prompt=job.prompt, block_size=self.block_size, candidates=candidates,
                 attempt=attempt_no, routing_key=routing_key if isinstance(routing_key, str)

@@ -200,31 +200,6 @@ class GatewayRouter:
                 "prefixroute.policy": self.policy_name, "prefixroute.attempt": attempt})
         return made
 
-    async def route_in_step(self, **fields: Any) -> Attempt:
-        """:meth:`route`, in step with the other router instances when routing state is
-        shared: their latest bookings are read right before the decision and this one is
-        written right after it, before the request goes out. If another instance booked the
-        same replica in between (the stream orders the two: this one was written second),
-        the decision is made once more, counting that booking; the first attempt ends as
-        ``rerouted``. So two instances do not both send to the replica that was cheapest
-        before either booked (see :class:`~prefixroute.edges.shared_state.shared.SharedState`).
-        Without shared state, :meth:`route` as is."""
-        shared = self.observer
-        if shared is None:
-            return self.route(**fields)
-        read_after = await shared.before_routing()
-        attempt = self.route(**fields)
-        try:
-            if await shared.after_routing(attempt.booking, read_after):
-                self._finish(attempt, ran=False, outcome="rerouted")
-                attempt.backend.breaker.release()
-                attempt = self.route(**fields)
-                await shared.after_routing(attempt.booking, None)
-        except BaseException:  # cancelled (the caller left): the booking must not stay open
-            self.abandoned(attempt, started=False)
-            raise
-        return attempt
-
     def upstream_priority(self, attempt: Attempt, arrived: float) -> int | None:
         """The ``priority`` to send with ``attempt`` to a replica started with
         ``--scheduling-policy priority``, or ``None`` (send none): the policy's order

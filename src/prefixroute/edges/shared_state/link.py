@@ -54,11 +54,8 @@ class SharedStateMetrics:
                                "Booking events dropped because the outbox was full during "
                                "an outage", registry=registry)
         self.path = Histogram("prefixroute_shared_state_path_seconds",
-                              "Time in shared state on a request's way: reading the "
-                              "other instances' latest bookings before its routing "
-                              "decision (op=catch_up), writing its booking after it "
-                              "(op=send), queueing a booking event (op=booking), a fleet "
-                              "rate-limit check "
+                              "Time in shared state on a request's way: sharing a "
+                              "booking event (op=booking), a fleet rate-limit check "
                               "(op=ratelimit, one per limit, possibly beside the request's "
                               "own work), and what a request waited for its limit checks "
                               "once its own work was done (op=limits_wait, one per "
@@ -75,11 +72,6 @@ class SharedStateMetrics:
             "decided without it), once per such booking, by the local decision's branch",
             ["branch"],
             registry=registry)
-        self.concurrent = Counter(
-            "prefixroute_shared_state_concurrent_bookings",
-            "This instance's routing decisions that found, on writing their booking, that "
-            "another instance had booked the same replica while they were made: each is "
-            "made again, counting it", registry=registry)
         self.local_limits = Counter("prefixroute_shared_state_local_rate_checks",
                                     "Rate-limit checks made on the local bucket because "
                                     "Redis was unavailable", registry=registry)

@@ -1,13 +1,10 @@
 """Shared routing state for several router instances: the piece a router body plugs in.
 
 A body (the gateway, an Envoy Endpoint Picker) creates one :class:`SharedState` beside its
-:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, awaits :meth:`before_routing`
-right before a routing decision and :meth:`after_routing` right after it (the other
-instances' latest bookings read, this one's written, before the request goes out), tells it
-each local booking and its end (:meth:`routed`, :meth:`completed`, :meth:`ended`), asks it
-for rate limits (:meth:`take`), and starts and stops it with itself. Everything else (the
-booking stream, applying the other instances' bookings to the runner, bootstrap, outages)
-happens inside.
+:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, tells it each local booking and
+its end (:meth:`routed`, :meth:`completed`, :meth:`ended`), asks it for rate limits
+(:meth:`take`), and starts and stops it with itself. Everything else (the booking stream,
+applying the other instances' bookings to the runner, bootstrap, outages) happens inside.
 """
 
 from __future__ import annotations
@@ -53,8 +50,6 @@ class SharedState:
         self.bookings = SharedBookings(self.link, self.remote, namespace=namespace, now=now)
         self.limiter = SharedRateLimiter(self.link, namespace, now=now)
         self._booking_time = self.metrics.path.labels("booking")
-        self._catch_up_time = self.metrics.path.labels("catch_up")
-        self._send_time = self.metrics.path.labels("send")
         self._limit_time = self.metrics.path.labels("ratelimit")
         self._limit_wait = self.metrics.path.labels("limits_wait")
 
@@ -71,30 +66,6 @@ class SharedState:
         return None
 
     # -- the body's events ---------------------------------------------------------------
-
-    async def before_routing(self) -> tuple[int, int]:
-        """Apply the bookings the other instances wrote since the last read (one
-        non-blocking read; nothing while Redis is marked down), so that the decision to come
-        counts every booking made before it reached Redis. Returns what the decision knows
-        of the stream, for :meth:`after_routing`."""
-        started = time.perf_counter()
-        await self.bookings.catch_up()
-        self._catch_up_time.observe(time.perf_counter() - started)
-        return self.bookings.read_up_to
-
-    async def after_routing(self, booking: Booking, read_after: tuple[int, int] | None) -> bool:
-        """Write the booking just made (:meth:`routed` queued it) before its request goes to
-        the replica, so the other instances' next decisions count it. True if another
-        instance booked the same replica after ``read_after`` (what :meth:`before_routing`
-        returned) and before this booking: the decision was made blind to it, and made again
-        would count it. ``read_after`` ``None``: only the write (a decision made again)."""
-        started = time.perf_counter()
-        replicas = await self.bookings.send(read_after)
-        self._send_time.observe(time.perf_counter() - started)
-        if replicas and booking.view.name in replicas:
-            self.metrics.concurrent.inc()
-            return True
-        return False
 
     def routed(self, booking: Booking, predicted_cached_tokens: int) -> None:
         request, decision = booking.request, booking.decision

@@ -8,27 +8,14 @@ recent bookings (``XREVRANGE``) to rebuild load and policy state, and an instanc
 Redis reads on from the last entry id it applied. Its cost is the same one round trip per
 batch.
 
-:meth:`SharedBookings.publish` appends the encoded event to an in-memory outbox (bounded; the
-oldest go first when an outage lasts), and a background task writes the outbox in pipelined
-batches. Another task blocks on ``XREAD`` and applies the others' events to the runner
-(:class:`~prefixroute.edges.shared_state.apply.RemoteBookings`). While Redis is unavailable
-both tasks retry every ``retry_s``; on its return the outbox is written (the peers learn what
-this instance did meanwhile) and reading resumes after the last id applied (stream ids are
-times in milliseconds, so a Redis restarted empty still hands out later ids).
-
-Two round trips sit on a routing decision's path, to keep the instances from deciding blind
-to each other (instances deciding in the same instant on the same fleet all pick the same
-cheapest replica, and the background tasks' lag is tens of milliseconds on a busy host):
-:meth:`SharedBookings.catch_up` reads the stream from the last id applied just before the
-decision, and :meth:`SharedBookings.send` writes the outbox (the decision's booking in it)
-just after, before the request goes to its replica, and reads in the same atomic step
-(``MULTI``) what the others wrote meanwhile. The stream orders any two concurrent bookings:
-the first written is read by the second's instance in that step, which may then decide again
-counting it; the second is read by the first's instance at its next catch-up. Both round
-trips are skipped while the link is marked down and bounded by the client's timeout
-otherwise, so Redis never fails a request. The reader, the catch-up and the send may fetch
-the same entries: an entry is applied only if its id is above the last one applied (stream
-ids grow), so each is applied once, in stream order.
+Nothing here is on a request's path: :meth:`SharedBookings.publish` appends the encoded event
+to an in-memory outbox (bounded; the oldest go first when an outage lasts), and a background
+task writes the outbox in pipelined batches. Another task blocks on ``XREAD`` and applies the
+others' events to the runner (:class:`~prefixroute.edges.shared_state.apply.RemoteBookings`).
+While Redis is unavailable both tasks retry every ``retry_s``; on its return the outbox is
+written (the peers learn what this instance did meanwhile) and reading resumes after the last
+id applied (stream ids are times in milliseconds, so a Redis restarted empty still hands out
+later ids).
 """
 
 from __future__ import annotations
@@ -58,9 +45,6 @@ APPLY_CHUNK = 4  # remote events applied between two turns of the loop
 # This instance's recent decisions kept to tell which were made blind to a concurrent remote
 # booking (far above the remote lag's p99 on a loaded host, ~0.1-0.9 s).
 BLIND_WINDOW_S = 5.0
-# Other instances' bookings remembered for :meth:`SharedBookings.send` (far more than are
-# written during one decision and its round trip).
-REMOTE_RECENT = 1024
 FIELD = b"m"  # the encoded event
 # The writing instance's id beside it: a reader skips its own events (every instance reads
 # the whole stream, its own writes included) without decoding them; an entry without it is
@@ -84,18 +68,11 @@ class SharedBookings:
         self._entry_instance = remote.instance.encode()
         self.outbox_max = outbox
         self.last_id: bytes | None = None  # the last stream entry applied
-        self._last_key = (-1, -1)  # last_id as numbers, to compare ids
-        # One writer at a time (the write loop or a request's send): the outbox leaves in
-        # order, each event once.
-        self._writing = asyncio.Lock()
         self.bootstrapped = False
         self.namespace = namespace
         self._missing_once: set[str] = set()
         # (wall time, replica, branch) of this instance's bookings in the last BLIND_WINDOW_S.
         self.recent: deque[tuple[float, str, str]] = deque()
-        # (entry id as numbers, replica) of the other instances' bookings applied lately, for
-        # :meth:`send` to tell which were written while this instance decided.
-        self.remote_recent: deque[tuple[tuple[int, int], str]] = deque(maxlen=REMOTE_RECENT)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # The loops also end on this flag: the client may turn a cancellation in the middle of
@@ -201,59 +178,7 @@ class SharedBookings:
                     self.link.failed("xadd", exc)
                     await asyncio.sleep(self.link.retry_s)
 
-    async def send(self, read_after: tuple[int, int] | None) -> list[str] | None:
-        """Write the outbox now (a routing decision's booking, before its request goes out)
-        and, in the same atomic step, read the stream up to it. Returns the replicas of the
-        other instances' bookings written between ``read_after`` (the last entry this instance
-        had applied when it decided: :attr:`read_up_to`) and its own: the bookings it decided
-        blind to, as the stream orders them (of two concurrent decisions, the one written
-        second learns of the other here; the first is read by the second's catch-up; with
-        ``read_after`` ``None`` only the write, and ``[]``). ``None``
-        when nothing could be told: the link is down, the write loop is writing (it writes
-        this event right after its batch, sooner than a wait for its turn would), a backlog
-        of an outage is waiting, or Redis failed (the events stay for the loop)."""
-        outbox = self.outbox
-        if (not outbox or len(outbox) > BATCH or not self.bootstrapped
-                or self._writing.locked() or not self.link.usable()):
-            return None
-        read = read_after is not None
-        try:
-            async with self._writing:
-                batch = list(outbox)
-                pipe = self.link.client.pipeline(transaction=True)  # MULTI: nothing between
-                for data in batch:
-                    pipe.xadd(self.key, {FIELD: data, INSTANCE_FIELD: self._entry_instance},
-                              maxlen=self.history, approximate=True)
-                if read:
-                    pipe.xread({self.key: self.last_id}, count=BATCH + len(batch))
-                answer = await pipe.execute()
-                for _ in batch:
-                    outbox.popleft()
-            self.link.ok()
-        except REDIS_ERRORS as exc:
-            self.link.failed("send", exc)
-            return None
-        self.link.metrics.operations.labels("send").inc(len(batch) + read)
-        self.link.metrics.published.inc(len(batch))
-        if not read:
-            return []
-        for _stream, entries in answer[-1] or ():
-            self._apply(entries)
-        written = _entry_key(answer[-2])  # the batch's last entry
-        # Whoever applied them (this read, the reader or a catch-up meanwhile), the entries
-        # up to this instance's own are applied now and noted in remote_recent.
-        return [replica for key, replica in self.remote_recent if read_after < key < written]
-
-    @property
-    def read_up_to(self) -> tuple[int, int]:
-        """The last stream entry applied (as numbers): what a decision made now knows of."""
-        return self._last_key
-
     async def _flush(self) -> None:
-        async with self._writing:
-            await self._flush_locked()
-
-    async def _flush_locked(self) -> None:
         while self.outbox:
             batch = [self.outbox[i] for i in range(min(BATCH, len(self.outbox)))]
             pipe = self.link.client.pipeline(transaction=False)
@@ -287,31 +212,11 @@ class SharedBookings:
         self._apply(entries)
         if self.last_id is None:
             self.last_id = entries[-1][0] if entries else b"0-0"
-            self._last_key = _entry_key(self.last_id)
         self.bootstrapped = True
         log.info("shared state bootstrapped", extra={"fields": {
             "event": "shared_state_bootstrap", "entries": len(entries),
             "remote_in_flight": len(self.remote.open)}})
         return len(entries)
-
-    async def catch_up(self) -> int:
-        """Apply what the stream holds beyond the last entry applied, without waiting for
-        more (a routing decision is about to be made); returns how many entries were read.
-        Skipped (0) before the first bootstrap and while the link is down; a failure marks
-        the link down and the decision goes on with what this instance knows."""
-        if not self.bootstrapped or not self.link.usable():
-            return 0
-        try:
-            answer = await self.link.client.xread({self.key: self.last_id}, count=BATCH)
-        except REDIS_ERRORS as exc:
-            self.link.failed("catch_up", exc)
-            return 0
-        self.link.metrics.operations.labels("catch_up").inc()
-        read = 0
-        for _stream, entries in answer or ():
-            read += len(entries)
-            self._apply(entries)
-        return read
 
     async def _read_once(self) -> None:
         answer = await self.link.reader.xread({self.key: self.last_id}, count=BATCH,
@@ -331,10 +236,7 @@ class SharedBookings:
         wall = time.time
         own = self._entry_instance
         for entry_id, fields in entries:
-            key = _entry_key(entry_id)
-            if key <= self._last_key:  # applied already (the reader's and a catch-up's reads)
-                continue
-            self.last_id, self._last_key = entry_id, key
+            self.last_id = entry_id
             data = fields.get(FIELD)
             if data is None or fields.get(INSTANCE_FIELD) == own:
                 continue
@@ -347,16 +249,7 @@ class SharedBookings:
                 continue
             if self.remote.apply(event):
                 metrics.labels(type(event).__name__.lower()).inc()
-                if isinstance(event, Routed):
-                    self.remote_recent.append((key, event.replica))
                 if isinstance(event, Routed) and self.bootstrapped:
                     # Wall clocks of two hosts: a lag is as exact as their synchronisation.
                     self.link.metrics.remote_lag.observe(max(0.0, wall() - event.wall_time))
                     self._blind(event)
-
-
-def _entry_key(entry_id: bytes) -> tuple[int, int]:
-    """A stream entry id (``b"1733100000000-3"``: milliseconds, sequence) as numbers, in the
-    stream's order."""
-    millis, _, sequence = entry_id.partition(b"-")
-    return int(millis), int(sequence or 0)
