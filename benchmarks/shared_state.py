@@ -438,11 +438,11 @@ def run_experiments(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
 # --pooled: every configuration of the table, on each seed back to back (shared machine
 # conditions), without the rate-limit runs; TTFTs pooled over the seeds per configuration.
 POOLED_CONFIGS = [(1, False), (2, False), (2, True), (4, False), (4, True)]
+BOOTSTRAP_DRAWS = 2000
 
 
 def config_name(instances: int, shared: bool) -> str:
     return f"{instances} {'shared' if shared else 'alone'}"
-BOOTSTRAP_DRAWS = 2000
 
 
 def pooled_p99_ratio(base: dict[int, list[float]], other: dict[int, list[float]],
@@ -809,6 +809,18 @@ def headline(results: dict) -> list[str]:
     return lines
 
 
+def check_configs(args: argparse.Namespace) -> None:
+    """Every --configs name is a --pooled configuration of a version run (exit 2 if not,
+    before anything starts)."""
+    suffixes = [""] + [f" ({label})" for label, _ in args.compare_src]
+    known = {config_name(*c) + suffix for c in POOLED_CONFIGS for suffix in suffixes}
+    unknown = [name for name in args.configs if name not in known]
+    if unknown:
+        print(f"--configs: no configuration named {', '.join(map(repr, unknown))}; known: "
+              f"{', '.join(sorted(known))}", file=sys.stderr)
+        sys.exit(2)
+
+
 def label_and_source(text: str) -> tuple[str, str]:
     """``main=/tmp/main/src`` as ``("main", "/tmp/main/src")`` (a --compare-src version)."""
     label, sep, source = text.partition("=")
@@ -858,6 +870,7 @@ def main() -> None:
                              "configuration and the p99 ratio to 1 instance with a 90%% "
                              "bootstrap interval, e.g. 0,1,2,3,4,5,6,7")
     args = parser.parse_args()
+    check_configs(args)
     # A SIGTERM ends the run through its clean-up (Redis, replicas, gateways stopped).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = run(args)
