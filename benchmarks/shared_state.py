@@ -32,7 +32,16 @@ of the scenario, to tell a TTFT difference from run-to-run noise.
 ``--pooled SEEDS`` runs, instead, 1, 2 and 4 instances with and without shared state on each
 seed back to back and pools each configuration's TTFTs over the seeds (a p99 of 150 requests
 is nearly their maximum): the p99 ratio to one instance with a 90% bootstrap interval and
-the median of the per-seed ratios (robust to a run the machine saturated).
+the median of the per-seed ratios (robust to a run the machine saturated), and per
+configuration the gateways' time before sending, the decisions made blind to a concurrent
+remote booking and the remote lag. ``--configs`` picks configurations; ``--compare-src
+LABEL=SRC`` (repeatable) makes it an interleaved A/B: each configuration also runs with the
+gateways on another version's code (``SRC``, e.g. a checkout's ``src``), the versions back to
+back on each seed in an order that turns from seed to seed:
+
+    PYTHONPATH=src python benchmarks/shared_state.py --pooled 0,1,2,3,4,5,6,7 \
+        --configs '1 alone,4 shared,1 alone (main),4 shared (main)' \
+        --compare-src main=/tmp/main/src
 
 ``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
 several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
@@ -302,16 +311,28 @@ def engine_ttft(replica_urls: list[str]) -> tuple[float, float, dict[float, floa
 
 def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instances: int,
                   shared_url: str | None, tenant_entries: list, duration: float,
-                  active: int | None = None, probe: "ProcessProbe | None" = None) -> tuple:
+                  active: int | None = None, probe: "ProcessProbe | None" = None,
+                  source: str | None = None) -> tuple:
     """Start ``instances`` gateways and replay ``requests`` over the first ``active`` of them
-    (all by default; the others run idle, subscribed to the shared state like the rest)."""
+    (all by default; the others run idle, subscribed to the shared state like the rest).
+    ``source``: a ``src`` directory whose code the gateways run instead of this one's (an
+    A/B comparison against another version)."""
     fleet.reset_replicas()
     extra: dict = {"tenants": tenant_entries}
     if shared_url:
         extra["shared_state"] = {"redis": shared_url,
                                  "namespace": f"bench-{os.urandom(4).hex()}"}
-    fleet.start_gateway(POLICY, instances=instances, backend_fields={
-        "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
+    own_path = os.environ.get("PYTHONPATH")
+    if source is not None:  # the gateway processes inherit it
+        os.environ["PYTHONPATH"] = source
+    try:
+        fleet.start_gateway(POLICY, instances=instances, backend_fields={
+            "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
+    finally:
+        if own_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = own_path
     urls = fleet.gateway_urls
     if probe is not None:
         probe.start()
@@ -420,6 +441,10 @@ POOLED_CONFIGS = [(1, False), (2, False), (2, True), (4, False), (4, True)]
 BOOTSTRAP_DRAWS = 2000
 
 
+def config_name(instances: int, shared: bool) -> str:
+    return f"{instances} {'shared' if shared else 'alone'}"
+
+
 def pooled_p99_ratio(base: dict[int, list[float]], other: dict[int, list[float]],
                      seed: int = 0) -> tuple[float, float, float]:
     """p99 of ``other``'s TTFTs over ``base``'s, each pooled over the seeds, with a 90%
@@ -451,20 +476,35 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
     ttfts: dict[str, dict[int, list[float]]] = {}
     tokens: dict[str, list[int]] = {}
     rows = []
-    for seed in args.pooled:
+    sides: list[tuple[str, str | None]] = [("", None)]
+    sides += [(f" ({label})", source) for label, source in args.compare_src]
+    for turn, seed in enumerate(args.pooled):
         more, duration = scenario(seed)
-        for instances, shared in POOLED_CONFIGS:
-            name = f"{instances} {'shared' if shared else 'alone'}"
+        # A/B: the versions of each configuration back to back, in an order that turns by
+        # seed (the machine's load drifts; no version always runs first or last).
+        shift = turn % len(sides)
+        order = sides[shift:] + sides[:shift]
+        runs = [(c, suffix, source) for c in POOLED_CONFIGS for suffix, source in order
+                if not args.configs or config_name(*c) + suffix in args.configs]
+        for (instances, shared), suffix, source in runs:
+            name = config_name(instances, shared) + suffix
+            load_before = os.getloadavg()[0]
             urls, summary = replay_config(fleet, more, headers, args, instances,
-                                          url if shared else None, tenant_entries, duration)
-            row = {"seed": seed, "gateways": instances, "shared_state": shared,
-                   "token_hit_rate": summary["token_hit_rate"],
+                                          url if shared else None, tenant_entries, duration,
+                                          source=source)
+            row = {"seed": seed, "config": name, "gateways": instances,
+                   "shared_state": shared, "token_hit_rate": summary["token_hit_rate"],
                    "ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
                    "requests_failed": summary["requests_failed"],
-                   "load_average_1m": round(os.getloadavg()[0], 2)}
+                   "load_average_1m": round(os.getloadavg()[0], 2),
+                   "load_average_1m_before": round(load_before, 2)}
+            routing = histogram(urls, "prefixroute_gateway_routing_seconds")
+            row["gateway_time_before_sending_mean_ms"] = round(
+                routing[2] / max(1.0, routing[1]) * 1e3, 3)
             if shared:
-                row["remote_lag_ms"] = [path_figures(urls, len(more))[k] for k in
-                                        ("remote_lag_p50_ms", "remote_lag_p99_ms")]
+                path = path_figures(urls, len(more))
+                row["remote_lag_ms"] = [path["remote_lag_p50_ms"], path["remote_lag_p99_ms"]]
+                row["booking_us"] = [path["booking"]["p50_us"], path["booking"]["p99_us"]]
                 row["decisions_by_branch"] = {}
                 for u in urls:
                     for head, value in metric_lines(u):
@@ -494,12 +534,15 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
                         "token_hit_rate": round(tokens[name][0] / max(1, tokens[name][1]), 4),
                         "ttft_p50_s": round(percentile(values, 50), 4),
                         "ttft_p99_s": round(percentile(values, 99), 4)}
-        if name != "1 alone" and "1 alone" in ttfts:
-            ratio, low, high = pooled_p99_ratio(ttfts["1 alone"], runs)
+        # Each version against its own single instance if it ran one, else this one's.
+        suffix = name[name.index(" ("):] if " (" in name else ""
+        one = "1 alone" + suffix if "1 alone" + suffix in ttfts else "1 alone"
+        if name != one and one in ttfts:
+            ratio, low, high = pooled_p99_ratio(ttfts[one], runs)
             pooled[name]["p99_over_1"] = [round(ratio, 3), round(low, 3), round(high, 3)]
             # Per seed (each against the single instance run just before it): the median is
             # robust to a run the machine's other work saturated.
-            per_seed = [percentile(v, 99) / percentile(ttfts["1 alone"][seed], 99)
+            per_seed = [percentile(v, 99) / percentile(ttfts[one][seed], 99)
                         for seed, v in runs.items()]
             pooled[name]["p99_over_1_per_seed"] = [round(r, 3) for r in per_seed]
             pooled[name]["p99_over_1_median"] = round(statistics.median(per_seed), 3)
@@ -713,11 +756,27 @@ def print_pooled(pooled: dict, args) -> None:
           f"{args.requests} requests a configuration; TTFT in engine seconds)")
     for name, p in pooled["pooled"].items():
         ratio = p.get("p99_over_1")
-        print(f"{name:>9}: hit {p['token_hit_rate']:.1%} TTFT p50 {p['ttft_p50_s']:.3f} "
+        print(f"{name:>22}: hit {p['token_hit_rate']:.1%} TTFT p50 {p['ttft_p50_s']:.3f} "
               f"p99 {p['ttft_p99_s']:.3f} s ({p['requests']} requests)"
               + (f"; p99 over 1 instance x{ratio[0]:.2f} (90% interval "
                  f"{ratio[1]:.2f}-{ratio[2]:.2f}); per seed median "
                  f"x{p['p99_over_1_median']:.2f}" if ratio else ""))
+    by_config: dict[str, list[dict]] = {}
+    for r in pooled["runs"]:
+        by_config.setdefault(r["config"], []).append(r)
+    for name, runs in by_config.items():
+        before = statistics.median(r["gateway_time_before_sending_mean_ms"] for r in runs)
+        line = f"{name:>22}: time before sending {before:.2f} ms (mean, median of the runs)"
+        if runs[0]["shared_state"]:
+            blind = [sum(r.get("blind_decisions_by_branch", {}).values()) for r in runs]
+            lag = [r["remote_lag_ms"] for r in runs]
+            line += (f"; blind decisions per run {blind} (mean {statistics.fmean(blind):.1f}); "
+                     f"remote lag p50 {[x[0] for x in lag]} ms, p99 {[x[1] for x in lag]} ms")
+            p50s = [r["booking_us"][0] for r in runs if r["booking_us"][0] is not None]
+            if p50s:
+                line += (f"; booking event p50 {statistics.median(p50s):.0f} us (runs "
+                         f"{min(p50s):.0f}-{max(p50s):.0f})")
+        print(line)
     loads = [r["load_average_1m"] for r in pooled["runs"]]
     print(f"1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f}")
 
@@ -750,6 +809,27 @@ def headline(results: dict) -> list[str]:
     return lines
 
 
+def check_configs(args: argparse.Namespace) -> None:
+    """Every --configs name is a --pooled configuration of a version run (exit 2 if not,
+    before anything starts)."""
+    suffixes = [""] + [f" ({label})" for label, _ in args.compare_src]
+    known = {config_name(*c) + suffix for c in POOLED_CONFIGS for suffix in suffixes}
+    unknown = [name for name in args.configs if name not in known]
+    if unknown:
+        print(f"--configs: no configuration named {', '.join(map(repr, unknown))}; known: "
+              f"{', '.join(sorted(known))}", file=sys.stderr)
+        sys.exit(2)
+
+
+def label_and_source(text: str) -> tuple[str, str]:
+    """``main=/tmp/main/src`` as ``("main", "/tmp/main/src")`` (a --compare-src version)."""
+    label, sep, source = text.partition("=")
+    if not sep or not label or not Path(source, "prefixroute").is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL=SRC, SRC a directory "
+                                         "holding the prefixroute package")
+    return label, source
+
+
 def seed_list(text: str) -> list[int]:
     """``0,1,2`` as ``[0, 1, 2]`` (the --experiments and --pooled seeds)."""
     return [int(x) for x in text.split(",") if x]
@@ -771,6 +851,17 @@ def main() -> None:
                              "state; 4 shared) on these seeds, e.g. 0,1,2,3, with the engines' "
                              "own TTFT, per-process CPU and run-queue wait, the replicas' loop "
                              "lag and blind decisions")
+    parser.add_argument("--configs", metavar="NAMES", default="",
+                        type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
+                        help="with --pooled: only these configurations, e.g. '1 alone,4 "
+                             "shared,1 alone (main),4 shared (main)' (default: all of 1, 2 "
+                             "and 4 instances alone and shared, on every version)")
+    parser.add_argument("--compare-src", metavar="LABEL=SRC", action="append", default=[],
+                        type=label_and_source,
+                        help="with --pooled, repeatable: run the configurations also with the "
+                             "gateways on the code in SRC (another version's src directory), "
+                             "reported as '... (LABEL)', the versions back to back on each "
+                             "seed; each against its own single instance if it ran one")
     parser.add_argument("--pooled", metavar="SEEDS", default="",
                         type=seed_list,
                         help="instead of the table: 1, 2 and 4 instances with and without "
@@ -779,6 +870,7 @@ def main() -> None:
                              "configuration and the p99 ratio to 1 instance with a 90%% "
                              "bootstrap interval, e.g. 0,1,2,3,4,5,6,7")
     args = parser.parse_args()
+    check_configs(args)
     # A SIGTERM ends the run through its clean-up (Redis, replicas, gateways stopped).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = run(args)
