@@ -70,6 +70,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -339,7 +340,7 @@ def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instan
     outcomes = asyncio.run(replay(
         [u + "/v1/completions" for u in urls[:active or instances]], requests,
         headers_for=lambda r: headers[r.tenant], time_scale=args.time_scale,
-        deadline_s=duration + 60.0))
+        deadline_s=duration + 60.0, pick=SPREADS[args.spread]))
     if probe is not None:
         probe.stop()
     summary = summarize(outcomes, time_scale=args.time_scale)
@@ -348,6 +349,15 @@ def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instan
                               if ttfts else None)
     summary["ttfts_s"] = ttfts  # wall seconds
     return urls, summary
+
+
+# How requests are spread over the instances (``--spread``): taking turns, as a per-request
+# round robin in front would; or by tenant, as a load balancer hashing the caller's key would
+# (every tenant's requests decided by one instance, which sees its own bookings at once).
+SPREADS: dict[str, Callable | None] = {
+    "turns": None,
+    "tenant": lambda slot, request: zlib.crc32(request.tenant.encode()),
+}
 
 
 # The controlled comparison (--experiments): (name, instances, shared state, active instances).
@@ -851,6 +861,9 @@ def main() -> None:
                              "state; 4 shared) on these seeds, e.g. 0,1,2,3, with the engines' "
                              "own TTFT, per-process CPU and run-queue wait, the replicas' loop "
                              "lag and blind decisions")
+    parser.add_argument("--spread", choices=sorted(SPREADS), default="turns",
+                        help="how requests are spread over several instances: taking turns "
+                             "(default) or by tenant (a load balancer with key affinity)")
     parser.add_argument("--configs", metavar="NAMES", default="",
                         type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
                         help="with --pooled: only these configurations, e.g. '1 alone,4 "

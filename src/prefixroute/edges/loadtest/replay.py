@@ -123,11 +123,13 @@ async def replay(url: str | Sequence[str], requests: Sequence[WireRequest], *,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  deadline_s: float | None = None,
                  on_outcome: Callable[[Outcome], None] | None = None,
-                 client: Client | None = None) -> list[Outcome]:
+                 client: Client | None = None,
+                 pick: Callable[[int, WireRequest], int] | None = None) -> list[Outcome]:
     """Open loop: request i leaves at ``arrival_s * time_scale`` wall seconds after the first.
     Past ``deadline_s`` (wall seconds from the start) what has not finished is cancelled and
     counted as failed, so a stuck server cannot hang the caller. Several URLs take turns
-    (a client-side round robin, for the no-router baseline)."""
+    (a client-side round robin, for the no-router baseline), or ``pick(i, request)`` names
+    the index of the URL request i goes to (a load balancer with affinity in front)."""
     urls = [url] if isinstance(url, str) else list(url)
     own = client is None
     client = client or Client(read_timeout=timeout_s)
@@ -135,7 +137,8 @@ async def replay(url: str | Sequence[str], requests: Sequence[WireRequest], *,
     first_arrival = requests[0].arrival_s if requests else 0.0
 
     async def one(slot: int, request: WireRequest) -> None:
-        outcome = await send(client, urls[slot % len(urls)], request, headers_for(request),
+        at = slot if pick is None else pick(slot, request)
+        outcome = await send(client, urls[at % len(urls)], request, headers_for(request),
                              stream=stream, timeout_s=timeout_s)
         outcomes[slot] = outcome
         if on_outcome is not None:
