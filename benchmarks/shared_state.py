@@ -16,7 +16,7 @@ only by where the buckets live. Per configuration it reports:
 * what shared state adds to a request's path, measured inside the gateways under this very
   load: ``prefixroute_shared_state_path_seconds`` (each booking event and each fleet
   rate-limit check, p50/p99 per call, and the sum per request), beside the gateways' own
-  time before sending a request (``prefixroute_gateway_routing_seconds``, mean) with shared
+  time before routing a request (``prefixroute_gateway_routing_seconds``, mean) with shared
   state on and off, and the 1-minute load average;
 * how stale the other instances' bookings are when applied (p50/p99);
 * Redis operations per request (from the instances' metrics);
@@ -33,7 +33,7 @@ of the scenario, to tell a TTFT difference from run-to-run noise.
 seed back to back and pools each configuration's TTFTs over the seeds (a p99 of 150 requests
 is nearly their maximum): the p99 ratio to one instance with a 90% bootstrap interval and
 the median of the per-seed ratios (robust to a run the machine saturated), and per
-configuration the gateways' time before sending, the decisions made blind to a concurrent
+configuration the gateways' time before routing, the decisions made blind to a concurrent
 remote booking and the remote lag. ``--configs`` picks configurations; ``--compare-src
 LABEL=SRC`` (repeatable) makes it an interleaved A/B: each configuration also runs with the
 gateways on another version's code (``SRC``, e.g. a checkout's ``src``), the versions back to
@@ -49,7 +49,7 @@ three idle, without and with shared state; four shared), back to back per seed, 
 per run where the time went: the replicas' own TTFT (placement) beside the clients'
 (everything outside the engines), CPU and run-queue wait per process group from ``/proc``
 (contention), the replicas' ``/health`` round trip (their loops' lag), the gateways' time
-before sending and limit-check waits, the remote lag, the decisions made blind to a
+before routing and limit-check waits, the remote lag, the decisions made blind to a
 concurrent remote booking (herding) and the prefill tokens per replica.
 
 Every process is stopped by its id at the end. Figures and their reading:
@@ -323,24 +323,18 @@ def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instan
     if shared_url:
         extra["shared_state"] = {"redis": shared_url,
                                  "namespace": f"bench-{os.urandom(4).hex()}"}
-    own_path = os.environ.get("PYTHONPATH")
-    if source is not None:  # the gateway processes inherit it
-        os.environ["PYTHONPATH"] = source
-    try:
-        fleet.start_gateway(POLICY, instances=instances, backend_fields={
-            "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
-    finally:
-        if own_path is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = own_path
+    # (The gateway processes run the other version's code: its ``src`` first on their path.)
+    env = None if source is None else {**os.environ, "PYTHONPATH": source}
+    fleet.start_gateway(POLICY, instances=instances, env=env, backend_fields={
+        "prefill_s_per_token": PREFILL_S_PER_TOKEN * args.time_scale}, **extra)
     urls = fleet.gateway_urls
     if probe is not None:
         probe.start()
+    pick, used = SPREADS[args.spread], active or instances
     outcomes = asyncio.run(replay(
-        [u + "/v1/completions" for u in urls[:active or instances]], requests,
+        [u + "/v1/completions" for u in urls[:used]], requests,
         headers_for=lambda r: headers[r.tenant], time_scale=args.time_scale,
-        deadline_s=duration + 60.0, pick=SPREADS[args.spread]))
+        deadline_s=duration + 60.0, pick=pick))
     if probe is not None:
         probe.stop()
     summary = summarize(outcomes, time_scale=args.time_scale)
@@ -348,6 +342,11 @@ def replay_config(fleet: LocalFleet, requests: list, headers: dict, args, instan
     summary["ttft_mean_s"] = (round(statistics.fmean(ttfts) / args.time_scale, 4)
                               if ttfts else None)
     summary["ttfts_s"] = ttfts  # wall seconds
+    # (By tenant, an instance's share follows its tenants' volume: uneven under Zipf.)
+    shares = [0] * used
+    for i, request in enumerate(requests):
+        shares[(i if pick is None else pick(i, request)) % used] += 1
+    summary["requests_per_instance"] = shares
     return urls, summary
 
 
@@ -447,7 +446,7 @@ def run_experiments(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
 
 # --pooled: every configuration of the table, on each seed back to back (shared machine
 # conditions), without the rate-limit runs; TTFTs pooled over the seeds per configuration.
-POOLED_CONFIGS = [(1, False), (2, False), (2, True), (4, False), (4, True)]
+POOLED_CONFIGS = CONFIGS
 BOOTSTRAP_DRAWS = 2000
 
 
@@ -485,6 +484,7 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
     over one instance's with its bootstrap interval."""
     ttfts: dict[str, dict[int, list[float]]] = {}
     tokens: dict[str, list[int]] = {}
+    failed: dict[str, int] = {}
     rows = []
     sides: list[tuple[str, str | None]] = [("", None)]
     sides += [(f" ({label})", source) for label, source in args.compare_src]
@@ -507,7 +507,8 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
                    "ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"],
                    "requests_failed": summary["requests_failed"],
                    "load_average_1m": round(os.getloadavg()[0], 2),
-                   "load_average_1m_before": round(load_before, 2)}
+                   "load_average_1m_before": round(load_before, 2),
+                   "requests_per_instance": summary["requests_per_instance"]}
             routing = histogram(urls, "prefixroute_gateway_routing_seconds")
             row["gateway_time_before_sending_mean_ms"] = round(
                 routing[2] / max(1.0, routing[1]) * 1e3, 3)
@@ -531,6 +532,7 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
             print(json.dumps(row), file=sys.stderr, flush=True)
             ttfts.setdefault(name, {})[seed] = [t / args.time_scale
                                                 for t in summary["ttfts_s"]]
+            failed[name] = failed.get(name, 0) + summary["requests_failed"]
             pair = tokens.setdefault(name, [0, 0])
             pair[0] += summary["cached_tokens"]
             pair[1] += summary["prompt_tokens"]
@@ -540,7 +542,7 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
     pooled = {}
     for name, runs in ttfts.items():
         values = [t for v in runs.values() for t in v]
-        pooled[name] = {"requests": len(values),
+        pooled[name] = {"requests": len(values), "failed": failed[name],
                         "token_hit_rate": round(tokens[name][0] / max(1, tokens[name][1]), 4),
                         "ttft_p50_s": round(percentile(values, 50), 4),
                         "ttft_p99_s": round(percentile(values, 99), 4)}
@@ -697,7 +699,7 @@ def print_table(results: dict) -> None:
           f"policy {s['policy']}, time scale {s['time_scale']:g} (TTFT in engine seconds)")
     print(f"{'gateways':>8} {'shared':>6} {'hit rate':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'failed':>6} {'redis ops/req':>13} {'req limit':>9} {'token limit':>11} "
-          f"{'before send':>11} {'load':>5}")
+          f"{'pre-route':>11} {'load':>5}")
     for r in results["runs"]:
         print(f"{r['gateways']:>8} {'yes' if r['shared_state'] else 'no':>6} "
               f"{(r['token_hit_rate'] or 0):>8.1%} {r['ttft_p50_s'] or 0:>8.3f}s "
@@ -744,7 +746,7 @@ def print_experiments(rows: list[dict]) -> None:
               f"{r['ttft_mean_s']:.3f} (engine {r['engine_ttft_mean_s']:.3f}) s; above 1 / 2 s: "
               f"{'/'.join(map(str, r['client_ttft_above_s'].values()))} (engine "
               f"{'/'.join(map(str, r['engine_ttft_above_s'].values()))}); "
-              f"before send {r['gateway_time_before_sending_mean_ms']:.1f} ms; "
+              f"before routing {r['gateway_time_before_sending_mean_ms']:.1f} ms; "
               f"replica /health p50 {health.get('p50')} p99 {health.get('p99')} ms; "
               + "; ".join(parts)
               + (f"; limit checks waited for mean {r['limits_wait_mean_ms']} ms; remote lag "
@@ -767,7 +769,7 @@ def print_pooled(pooled: dict, args) -> None:
     for name, p in pooled["pooled"].items():
         ratio = p.get("p99_over_1")
         print(f"{name:>22}: hit {p['token_hit_rate']:.1%} TTFT p50 {p['ttft_p50_s']:.3f} "
-              f"p99 {p['ttft_p99_s']:.3f} s ({p['requests']} requests)"
+              f"p99 {p['ttft_p99_s']:.3f} s ({p['requests']} requests, {p['failed']} failed)"
               + (f"; p99 over 1 instance x{ratio[0]:.2f} (90% interval "
                  f"{ratio[1]:.2f}-{ratio[2]:.2f}); per seed median "
                  f"x{p['p99_over_1_median']:.2f}" if ratio else ""))
@@ -776,7 +778,9 @@ def print_pooled(pooled: dict, args) -> None:
         by_config.setdefault(r["config"], []).append(r)
     for name, runs in by_config.items():
         before = statistics.median(r["gateway_time_before_sending_mean_ms"] for r in runs)
-        line = f"{name:>22}: time before sending {before:.2f} ms (mean, median of the runs)"
+        line = f"{name:>22}: time before routing {before:.2f} ms (mean, median of the runs)"
+        if len(runs[0]["requests_per_instance"]) > 1:
+            line += f"; requests per instance {[r['requests_per_instance'] for r in runs]}"
         if runs[0]["shared_state"]:
             blind = [sum(r.get("blind_decisions_by_branch", {}).values()) for r in runs]
             lag = [r["remote_lag_ms"] for r in runs]
@@ -821,7 +825,19 @@ def headline(results: dict) -> list[str]:
 
 def check_configs(args: argparse.Namespace) -> None:
     """Every --configs name is a --pooled configuration of a version run (exit 2 if not,
-    before anything starts)."""
+    before anything starts); --configs and --compare-src go with --pooled, and each version's
+    label is new and fits in a --configs name."""
+    if (args.configs or args.compare_src) and not args.pooled:
+        print("--configs and --compare-src choose among the --pooled runs: add --pooled SEEDS",
+              file=sys.stderr)
+        sys.exit(2)
+    labels = [label for label, _ in args.compare_src]
+    bad = [label for label in labels
+           if labels.count(label) > 1 or any(c in label for c in ",()")]
+    if bad:
+        print(f"--compare-src: label {bad[0]!r} is repeated or holds ',', '(' or ')'",
+              file=sys.stderr)
+        sys.exit(2)
     suffixes = [""] + [f" ({label})" for label, _ in args.compare_src]
     known = {config_name(*c) + suffix for c in POOLED_CONFIGS for suffix in suffixes}
     unknown = [name for name in args.configs if name not in known]
@@ -863,7 +879,8 @@ def main() -> None:
                              "lag and blind decisions")
     parser.add_argument("--spread", choices=sorted(SPREADS), default="turns",
                         help="how requests are spread over several instances: taking turns "
-                             "(default) or by tenant (a load balancer with key affinity)")
+                             "(default) or by tenant (a load balancer with key affinity; an "
+                             "instance's share then follows its tenants' volume)")
     parser.add_argument("--configs", metavar="NAMES", default="",
                         type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
                         help="with --pooled: only these configurations, e.g. '1 alone,4 "

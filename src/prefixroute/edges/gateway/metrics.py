@@ -30,7 +30,7 @@ class GatewayMetrics:
                               "its first token event", ["endpoint"], buckets=LATENCY_BUCKETS,
                               registry=r)
         self.overhead = Histogram(p + "routing_seconds", "Time spent in the gateway before the "
-                                  "request is sent (auth, tokenize, hash, route)",
+                                  "routing decision (auth, limits, tokenize, hash, admission)",
                                   buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens_total", "Prompt tokens the replicas "
                                      "reported", ["replica"], registry=r)

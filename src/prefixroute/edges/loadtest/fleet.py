@@ -131,10 +131,11 @@ class LocalFleet:
 
     def start_gateway(self, policy: str, *, cpu: int | None = None,
                       backend_fields: dict | None = None, instances: int = 1,
-                      **extra) -> ServiceProcess:
+                      env: dict[str, str] | None = None, **extra) -> ServiceProcess:
         """Start ``prefixroute serve`` with ``policy`` (stopping a previous gateway first);
         ``instances`` > 1 starts that many with the same configuration (the first is
-        returned, the others are in :attr:`more_gateways`)."""
+        returned, the others are in :attr:`more_gateways`). ``env``: the processes'
+        environment (for example another version's ``PYTHONPATH``; default: ours)."""
         self.stop_gateway()
         slug = policy.split(":", 1)[0]
         path = self.workdir / f"gateway-{slug}.yaml"
@@ -145,12 +146,12 @@ class LocalFleet:
             return [sys.executable, "-m", "prefixroute", "serve", "--config", str(path),
                     "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
 
-        self.gateway = ServiceProcess("gateway", command, cpu=cpu,
+        self.gateway = ServiceProcess("gateway", command, cpu=cpu, env=env,
                                       log_path=self.workdir / f"gateway-{slug}.log")
         self.gateway.start()
         for i in range(1, instances):
             self.more_gateways.append(ServiceProcess(
-                f"gateway{i + 1}", command, cpu=cpu,
+                f"gateway{i + 1}", command, cpu=cpu, env=env,
                 log_path=self.workdir / f"gateway-{slug}-{i + 1}.log"))
             self.more_gateways[-1].start()
         return self.gateway
