@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from prefixroute.core.routing.base import ReplicaView, RequestView
 from prefixroute.core.routing.registry import create_policy
-from prefixroute.core.routing.section3 import run_section3_trace
+from prefixroute.core.routing.skewed_trace import run_skewed_trace
 
 POLICIES = ["round_robin", "random", "least_loaded", "power_of_two", "consistent_hash",
             "prefix_hash", "affinity_only", "hybrid", "hybrid:max_skew=0",
@@ -90,7 +90,7 @@ def test_same_seed_same_decisions(spec, seed, steps):
        replicas=st.integers(1, 5), capacity=st.integers(0, 4), max_skew=st.integers(0, 4))
 def test_hybrid_skew_never_exceeds_max_skew_plus_one(arrivals, replicas, capacity, max_skew):
     lengths = {family: 100 * (i + 1) for i, family in enumerate("ABCDEF")}
-    run = run_section3_trace("hybrid", arrivals=arrivals, lengths=lengths, replicas=replicas,
+    run = run_skewed_trace("hybrid", arrivals=arrivals, lengths=lengths, replicas=replicas,
                              capacity=capacity, max_skew=max_skew)
     assert run["peak_assignment_skew"] <= max_skew + 1
     assert sum(run["assignments"]) == len(arrivals)
@@ -99,9 +99,9 @@ def test_hybrid_skew_never_exceeds_max_skew_plus_one(arrivals, replicas, capacit
 @settings(max_examples=100, deadline=None)
 @given(arrivals=st.text(alphabet="ABCD", min_size=1, max_size=40),
        spec=st.sampled_from(POLICIES))
-def test_section3_replay_accounts_for_every_prompt_token(arrivals, spec):
+def test_skewed_trace_replay_accounts_for_every_prompt_token(arrivals, spec):
     lengths = {"A": 1000, "B": 800, "C": 600, "D": 400}
-    run = run_section3_trace(spec, arrivals=arrivals, lengths=lengths)
+    run = run_skewed_trace(spec, arrivals=arrivals, lengths=lengths)
     total = sum(lengths[family] for family in arrivals)
     assert run["reused_prefix_tokens"] + run["fresh_prefill_tokens"] == total
     assert run["max_assignment_skew"] <= run["peak_assignment_skew"]

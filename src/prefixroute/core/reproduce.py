@@ -186,13 +186,13 @@ def isolation(prefix_tokens: int = 1024, block_size: int = 16, seed: int = 0) ->
 
 def reproduce_all() -> dict[str, Any]:
     """Every worked-example figure this build can compute."""
-    from prefixroute.core.routing import section3
+    from prefixroute.core.routing import skewed_trace
 
     out: dict[str, Any] = {"conversation": conversation()}
     out["universal_prefix"] = universal_prefix()
-    out["routing"] = {name: section3.run_section3_trace(name)
+    out["routing"] = {name: skewed_trace.run_skewed_trace(name)
                       for name in ("round_robin", "affinity_only", "hybrid")}
-    out["routing_exercises"] = section3.section3_exercises()
+    out["routing_exercises"] = skewed_trace.skewed_trace_exercises()
     try:
         from prefixroute.core.simulator.repro_fleet import repro_fleet
     except ImportError:

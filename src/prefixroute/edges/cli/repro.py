@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(table)
         console.print("   queue penalty: uncached prompt tokens of the requests still on the same "
                       "replica when a request arrives (arrivals evenly spaced; see "
-                      "core/routing/section3.py)")
+                      "core/routing/skewed_trace.py)")
 
     if "fleet" in result:
         fleet = result["fleet"]

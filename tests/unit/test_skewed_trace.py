@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 
 from prefixroute.core.errors import ConfigError
-from prefixroute.core.routing.section3 import run_section3_trace, section3_exercises
+from prefixroute.core.routing.skewed_trace import run_skewed_trace, skewed_trace_exercises
 
 
 @pytest.fixture(scope="module")
 def exercises():
-    return section3_exercises()
+    return skewed_trace_exercises()
 
 
 # -- the trace itself (SPEC section 3 item 3) --------------------------------------------------
@@ -24,9 +24,9 @@ def exercises():
     ("affinity_only", 13_800, [10, 5, 5], 5, 0),
     ("hybrid", 12_000, [7, 7, 6], 1, 0),
 ])
-def test_section3_trace_gives_the_spec_numbers(policy, reused, assignments, final_skew,
+def test_skewed_trace_gives_the_worked_example_numbers(policy, reused, assignments, final_skew,
                                                evictions):
-    run = run_section3_trace(policy)
+    run = run_skewed_trace(policy)
     assert run["reused_prefix_tokens"] == reused
     assert run["assignments"] == assignments
     assert run["max_assignment_skew"] == final_skew
@@ -34,44 +34,44 @@ def test_section3_trace_gives_the_spec_numbers(policy, reused, assignments, fina
     assert run["reused_prefix_tokens"] + run["fresh_prefill_tokens"] == 16_600
 
 
-def test_section3_total_prompt_tokens_is_16600():
+def test_skewed_trace_total_prompt_tokens_is_16600():
     # 10 A x 1000 + 5 B x 800 + 3 C x 600 + 2 D x 400, counted from the arrivals string.
-    run = run_section3_trace("round_robin")
+    run = run_skewed_trace("round_robin")
     assert run["total_prompt_tokens"] == 10 * 1000 + 5 * 800 + 3 * 600 + 2 * 400 == 16_600
 
 
 def test_hybrid_skew_reaches_two_mid_run_and_ends_at_one():
-    run = run_section3_trace("hybrid")
+    run = run_skewed_trace("hybrid")
     assert run["peak_assignment_skew"] == 2
     assert run["assignment_skew_over_time"][-1] == 1
 
 
 def test_round_robin_cycles_0_1_2():
-    assert run_section3_trace("round_robin")["choices"] == [0, 1, 2] * 6 + [0, 1]
+    assert run_skewed_trace("round_robin")["choices"] == [0, 1, 2] * 6 + [0, 1]
 
 
 def test_affinity_only_never_refuses_a_holder():
-    assert "skew_cap" not in run_section3_trace("affinity_only")["branches"]
+    assert "skew_cap" not in run_skewed_trace("affinity_only")["branches"]
 
 
 def test_round_robin_waits_behind_nobody_under_the_queue_model():
     # Window = replicas - 1 = 2 previous arrivals, which round robin sent elsewhere.
-    run = run_section3_trace("round_robin")
+    run = run_skewed_trace("round_robin")
     assert (run["queue_window"], run["queued_ahead"], run["queue_penalty_tokens"]) == (2, 0, 0)
 
 
 def test_max_skew_argument_is_set_on_the_spec():
-    assert run_section3_trace("hybrid", max_skew=2)["policy"] == "hybrid:max_skew=2"
+    assert run_skewed_trace("hybrid", max_skew=2)["policy"] == "hybrid:max_skew=2"
 
 
 def test_max_skew_on_a_policy_without_it_is_a_config_error():
     with pytest.raises(ConfigError, match="max_skew"):
-        run_section3_trace("round_robin", max_skew=1)
+        run_skewed_trace("round_robin", max_skew=1)
 
 
 def test_unknown_family_is_a_config_error():
     with pytest.raises(ConfigError, match="Z"):
-        run_section3_trace("round_robin", arrivals="AZ")
+        run_skewed_trace("round_robin", arrivals="AZ")
 
 
 # -- exercises ---------------------------------------------------------------------------------

@@ -47,11 +47,11 @@ from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import ReplicaView, RequestView
 from prefixroute.core.routing.registry import create_policy, parse_spec
 
-SECTION3_ARRIVALS = "AABACABDAACBADABCABA"
-SECTION3_LENGTHS: Mapping[str, int] = {"A": 1000, "B": 800, "C": 600, "D": 400}
-SECTION3_REPLICAS = 3
-SECTION3_CAPACITY = 2
-SECTION3_POLICIES = ("round_robin", "affinity_only", "hybrid")
+SKEWED_TRACE_ARRIVALS = "AABACABDAACBADABCABA"
+SKEWED_TRACE_LENGTHS: Mapping[str, int] = {"A": 1000, "B": 800, "C": 600, "D": 400}
+SKEWED_TRACE_REPLICAS = 3
+SKEWED_TRACE_CAPACITY = 2
+SKEWED_TRACE_POLICIES = ("round_robin", "affinity_only", "hybrid")
 
 HOT_PREFIX = "E"
 HOT_PREFIX_TOKENS = 1200
@@ -69,9 +69,9 @@ def _with_max_skew(policy_spec: str, max_skew: int | None) -> str:
     return name + ":" + ",".join(f"{k}={v}" for k, v in params.items())
 
 
-def run_section3_trace(policy_spec: str, arrivals: str = SECTION3_ARRIVALS,
-                       lengths: Mapping[str, int] = SECTION3_LENGTHS,
-                       replicas: int = SECTION3_REPLICAS, capacity: int = SECTION3_CAPACITY,
+def run_skewed_trace(policy_spec: str, arrivals: str = SKEWED_TRACE_ARRIVALS,
+                       lengths: Mapping[str, int] = SKEWED_TRACE_LENGTHS,
+                       replicas: int = SKEWED_TRACE_REPLICAS, capacity: int = SKEWED_TRACE_CAPACITY,
                        max_skew: int | None = None, *, queue_window: int | None = None,
                        seed: int = 0) -> dict[str, Any]:
     """Replay ``arrivals`` (one family name per character) through ``policy_spec``.
@@ -175,7 +175,7 @@ def _summary(run: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in run.items() if k not in _SERIES}
 
 
-def section3_exercises(policies: tuple[str, ...] = SECTION3_POLICIES) -> dict[str, Any]:
+def skewed_trace_exercises(policies: tuple[str, ...] = SKEWED_TRACE_POLICIES) -> dict[str, Any]:
     """The exercises on the skewed routing trace, each a full replay.
 
     Returns ``{exercise: {policy spec: run}}`` with three exercises:
@@ -185,18 +185,18 @@ def section3_exercises(policies: tuple[str, ...] = SECTION3_POLICIES) -> dict[st
     * ``hot_burst``: a hot prefix E of 1,200 tokens, an 8-request burst of E appended to the
       arrivals (each run shows its ``arrivals`` and ``lengths``), per policy.
 
-    Each run has the totals of :func:`run_section3_trace` (``reused_prefix_tokens``,
+    Each run has the totals of :func:`run_skewed_trace` (``reused_prefix_tokens``,
     ``assignments``, ``max_assignment_skew``, ``peak_assignment_skew``, ``evictions``, the
     queue-penalty estimate of the module docstring), without the per-step series.
     """
-    hot_arrivals = SECTION3_ARRIVALS + HOT_PREFIX * HOT_BURST_REQUESTS
-    hot_lengths = {**SECTION3_LENGTHS, HOT_PREFIX: HOT_PREFIX_TOKENS}
-    hybrid_runs = (run_section3_trace("hybrid", max_skew=skew) for skew in (0, 1, 2))
+    hot_arrivals = SKEWED_TRACE_ARRIVALS + HOT_PREFIX * HOT_BURST_REQUESTS
+    hot_lengths = {**SKEWED_TRACE_LENGTHS, HOT_PREFIX: HOT_PREFIX_TOKENS}
+    hybrid_runs = (run_skewed_trace("hybrid", max_skew=skew) for skew in (0, 1, 2))
     return {
-        "capacity_1": {name: _summary(run_section3_trace(name, capacity=1))
+        "capacity_1": {name: _summary(run_skewed_trace(name, capacity=1))
                        for name in policies},
         "hybrid_max_skew": {run["policy"]: _summary(run) for run in hybrid_runs},
-        "hot_burst": {name: {**_summary(run_section3_trace(name, arrivals=hot_arrivals,
+        "hot_burst": {name: {**_summary(run_skewed_trace(name, arrivals=hot_arrivals,
                                                            lengths=hot_lengths)),
                              "lengths": hot_lengths}
                       for name in policies},
