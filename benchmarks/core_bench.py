@@ -1,4 +1,4 @@
-"""Core benchmarks (issue 2): block hashing throughput and cache operations per second.
+"""Core benchmarks: block hashing throughput and cache operations per second.
 
 Run: ``python benchmarks/core_bench.py`` (about half a minute). Every comparison is measured
 side by side in this one run and reported as a ratio, since this machine is shared and noisy.
@@ -163,7 +163,7 @@ def bench_routing(requests: int, replicas: int = 4, tenants: int = 50,
                   prefix_blocks: int = 615, own_blocks: int = 10) -> dict:
     """Microseconds per routed request: ``tenants`` shared prefixes of ``prefix_blocks``
     blocks, each request its tenant's prefix plus ``own_blocks`` blocks of its own (625 in
-    all: SPEC section 4's 10,000-token prefixes), 10 ms apart, every replica idle."""
+    all: the design scenario's 10,000-token prefixes), 10 ms apart, every replica idle."""
     rng = random.Random(2)
     prefixes = [[hash(("prefix", t, i)) for i in range(prefix_blocks)] for t in range(tenants)]
     workload = []

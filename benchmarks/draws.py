@@ -1,4 +1,4 @@
-"""Many draws of one policy-comparison setting: how much of a verdict is the draw (issue 4).
+"""Many draws of one policy-comparison setting: how much of a verdict is the draw.
 
 ``benchmarks/policy_comparison.py`` judges each setting on one run and checks it at five time
 scales 0.5% and 1% apart (its stability table). On a fleet run 100% busy through bursts those
@@ -6,7 +6,7 @@ five do not settle a median: a 1% change of the arrival times moves which reques
 burst. This runs ``prefixroute`` and the setting's best peer (from
 ``benchmarks/results/policy_comparison.json``) at ``--draws`` time scales ``--step`` apart
 around the setting's, on the same replicas (in ``--jobs`` worker processes), and reports each
-draw's p99 and mean TTFT ratios, their medians and how many draws meet issue 4's targets.
+draw's p99 and mean TTFT ratios, their medians and how many draws meet the comparison's targets.
 ``--windows S`` also splits the setting's own draw by arrival time into windows of S seconds:
 each window's summed TTFT and token hit rate for both, which shows when in the run a mean is
 won or lost.

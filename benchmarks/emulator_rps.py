@@ -1,4 +1,4 @@
-"""Emulator throughput (issue 7): requests per second one emulator serves on one core.
+"""Emulator throughput: requests per second one emulator serves on one core.
 
 One ``prefixroute replica`` process, pinned to one core with ``taskset``, time model off
 (``--time-scale 0``: no waiting; what is measured is HTTP, JSON, token-id prompts, vLLM block

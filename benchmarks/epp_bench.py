@@ -39,7 +39,7 @@ the router under test (Envoy and its EPP together) on core 1.
   minus Envoy's; each router's CPU per request over the whole run (their idle work
   included).
 
-Part 2, the design scenario (SPEC section 4, the simulator's generator, timestamp fixed):
+Part 2, the design scenario (the simulator's generator, timestamp fixed):
 four replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
 ``--requests`` requests replayed open loop as token ids, once through Envoy+EPP and once
 through ``serve`` (each from cold caches): token hit rate (``cached_tokens`` / prompt

@@ -1,4 +1,4 @@
-"""Gateway benchmark (issue 8): our gateway, sglang-router and vllm-router on the same replicas.
+"""Gateway benchmark: our gateway, sglang-router and vllm-router on the same replicas.
 
 Run: ``python benchmarks/gateway_bench.py`` (about 12 minutes; the first run also installs the
 peer routers, see below). ``--json`` prints the results as JSON; ``--out FILE`` writes the
@@ -93,7 +93,7 @@ that place on this machine. ``tcp``: it only copies bytes between connections (e
 connection tied to one replica), the least any proxy in that place can cost. A target that a
 floor itself misses is out of reach for any router there.
 
-Part 2, the design scenario (SPEC section 4, the simulator's generator, timestamp fixed): four
+Part 2, the design scenario (the simulator's generator, timestamp fixed): four
 replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
 ``--requests`` requests replayed open loop through each router, prompts as text (one word per
 token: sglang-router refuses token-id prompts and matches characters, so all three get text;
@@ -1034,7 +1034,7 @@ def markdown(result: dict) -> str:
             f"{failed} |")
     lines += [
         "",
-        "## The design scenario (SPEC section 4)",
+        "## The design scenario",
         "",
         f"{SCENARIO_REPLICAS} replicas, `llama-3-8b-h100` time model at time scale "
         f"{meta['time_scale']:g}; the first {meta['requests']} requests of the scenario "

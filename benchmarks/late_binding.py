@@ -1,7 +1,7 @@
 """Late binding: the p99 TTFT of a simple router that holds requests until a replica is free.
 
-Issue 4 asks our policy for a p99 TTFT at most 0.9x the best peer's. When every good router
-lands on the same p99 (Mooncake conversation at 3 replicas: 14.11 s ours, 13.85 s
+The policy comparison asks our policy for a p99 TTFT at most 0.9x the best peer's. When every
+good router lands on the same p99 (Mooncake conversation at 3 replicas: 14.11 s ours, 13.85 s
 dynamo_kv_cost), is the rest a routing problem at all? This replays each setting of
 ``benchmarks/results/policy_comparison.json`` through the simulator's engines without
 per-request routing: requests wait in one first-come-first-served queue at the router, and the

@@ -1,6 +1,6 @@
 """Benchmark: ``prefixroute lint`` over 10,000 requests of about 2,000 tokens each.
 
-Target (issue 6): within 30 s on this machine, tokenization included. Timed: reading and parsing
+Target: within 30 s on this machine, tokenization included. Timed: reading and parsing
 the JSONL log, loading the tokenizer, rendering every chat template, tokenizing every request
 (and the rewritten ones for the "after" estimate), the lint itself and the JSON report. Not
 timed: training the tiny tokenizer and writing the log, which are set-up.

@@ -1,6 +1,6 @@
 """The Mooncake conversation trace (12,031 requests) through 8 replicas under every policy.
 
-Target (issue 3): every registered policy completes within 60 s in total on this machine,
+Target: every registered policy completes within 60 s in total on this machine,
 peak memory under 2 GB. The trace is read in place from ``../shared/data/mooncake/``; block
 keys are computed once and shared by every policy; each policy gets fresh replicas
 (llama-3-8b-h100 engine profile: 50 GiB of KV = 800 blocks of 512 tokens per replica unless

@@ -1,7 +1,7 @@
 """Placement with foresight: how far a router can lift the token hit rate on LRU engines.
 
-Issue 4 asks for a token hit rate within 5 points of the workload's ideal (one infinite
-cache). On a finite fleet the engines evict the least recently used (LRU) free blocks, and a
+The policy comparison asks for a token hit rate within 5 points of the workload's ideal (one
+infinite cache). On a finite fleet the engines evict the least recently used (LRU) free blocks, and a
 router cannot change that: vLLM has no request field that keeps a prompt's blocks out of its
 cache (a fresh ``cache_salt`` only makes them unmatchable; they are cached and pushed to the
 recent end all the same). What a router chooses is where each request goes. The policy
@@ -22,7 +22,7 @@ each request by one of:
   out is largest, ties as above.
 
 Both placements keep every replica within 1.25x the mean request count so far, plus one
-(issue 4's balance bound): a replica above it is not a candidate. Blocks enter an LRU in
+(the comparison's balance bound): a replica above it is not a candidate. Blocks enter an LRU in
 prompt order and hits count as ``fleet_lru_bounds`` counts them (the leading cached blocks,
 the last prompt token always recomputed), so the fleet LRU figure is the policy
 comparison's. Where foresight placement stays below the target, a router without more
@@ -53,7 +53,7 @@ from prefixroute.core.simulator.metrics import (cacheable_prompt_blocks,  # noqa
                                                 prompt_blocks)
 from prefixroute.core.simulator.simulation import PreparedWorkload  # noqa: E402
 
-BALANCE = 1.25  # issue 4's busiest-replica bound, on request counts here
+BALANCE = 1.25  # the comparison's busiest-replica bound, on request counts here
 STRATEGIES = ("fleet LRU", "affinity", "foresight")
 
 

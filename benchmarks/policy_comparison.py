@@ -1,4 +1,4 @@
-"""Routing policy comparison (issue 4): ``prefixroute`` against every peer, side by side.
+"""Routing policy comparison: ``prefixroute`` against every peer, side by side.
 
 For each workload:
 
@@ -7,7 +7,7 @@ For each workload:
   the way kv-cache-tester's own trace replay sends them (``--closed-loop``): each turn its
   recorded think time (at most 60 s) after the previous reply; ``--time-scale`` scales the
   think times,
-* the SPEC section 4 design scenario (``--workload design-scenario``, 5,000 requests),
+* the design scenario (``--workload design-scenario``, 5,000 requests),
 
 (and, only when named with ``--workloads``: ``agentic-open-loop``, the same sessions at
 their recorded arrival times, the agentic row until 2026-11-30, which reached its load by
@@ -30,7 +30,7 @@ runs vLLM's default instead. It finds
 then runs every registered policy side by side at both settings (one simulate run per
 workload and setting: ``prefixroute simulate ... --time-scale F --replicas N --policy all``
 gives the same numbers; the runs are spread over worker processes here, each policy with
-fresh replicas as in one run) and checks issue 4's acceptance for ``prefixroute``:
+fresh replicas as in one run) and checks the acceptance targets for ``prefixroute``:
 
 * p99 TTFT at most 0.9x the best peer's and mean TTFT no worse (the best peer is the peer
   with the lowest p99 TTFT in that run; peers are all registered policies but ``prefixroute``);
@@ -62,7 +62,7 @@ will never be asked for again. The search probes the three best peers of its fir
 every reported setting is then run with every policy.
 
 Also (``--no-ablation`` skips it) ``prefixroute`` variants at setting (a), one idea switched
-on or off at a time: the evidence for each candidate idea of issue 4.
+on or off at a time: the evidence for each candidate idea.
 
 And (``--no-stability`` skips it) **stability**: ``prefixroute`` and that setting's best peer
 again at time scales 0.5% and 1% either side of the setting's (``STABILITY_FACTORS``), same
@@ -133,7 +133,7 @@ PROBE_PEERS = 3            # peers the searches probe after the first all-peer r
 MAX_SEARCH_STEPS = 7
 ARRIVAL_QUANTILE = 0.95    # busy fraction over the time until 95% of requests arrived
 
-# Acceptance (issue 4).
+# Acceptance targets.
 P99_RATIO_MAX = 0.9
 HIT_GAP_MAX = 0.05
 # Time scales, relative to a setting's, of the stability runs (1.0 is the setting itself).
@@ -189,7 +189,7 @@ WORKLOADS = [
                  "concurrent, 1,277 requests)",
                  "--trace ../shared/data/kv_cache_tester --trace-format kvtester --closed-loop",
                  lambda: read_trace(DATA / "kv_cache_tester", "kvtester"), closed_loop=True),
-    WorkloadSpec("design-scenario", "SPEC 4 design scenario (200 tenants x 10,000 tokens, "
+    WorkloadSpec("design-scenario", "design scenario (200 tenants x 10,000 tokens, "
                  "5,000 requests)",
                  "--workload design-scenario",
                  lambda: make_workload("design-scenario", {})),
@@ -810,7 +810,7 @@ def main() -> int:
           f"subsampled. Definitions and the "
           f"search are in the script's docstring.",
           "",
-          "## Acceptance (issue 4)",
+          "## Acceptance",
           "",
           summary_table(rows),
           "",

@@ -1,6 +1,6 @@
 """Write a tiny random-weight Llama and a byte-level BPE tokenizer trained here, into DIR.
 
-No model hub is reachable from this machine (SPEC section 5), so the integration suites make
+No model hub need be reachable (tests run offline), so the integration suites make
 their own model: 2 layers, hidden size 128, 2 KV heads of dimension 32, a 4,096-token vocabulary
 learned from the Python standard library's sources, and a one-line-per-message chat template.
 Weights are random (seed 0): outputs are nonsense, which is all a cache test needs.

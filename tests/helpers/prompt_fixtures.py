@@ -1,7 +1,7 @@
 """Realistic request logs for the diagnostics tests and benchmark, made here from a seed.
 
 Each builder returns OpenAI request bodies (dicts) in log order, with a ``tenant`` field, and
-breaks exactly one layout rule of SPEC section 2 (or none, for the clean tenant):
+breaks exactly one prompt-layout rule (or none, for the clean tenant):
 
 - :func:`timestamp_on_top`: the system prompt starts with the current time.
 - :func:`shuffled_tools`: the same tools, in a different order per request (a set or a registry

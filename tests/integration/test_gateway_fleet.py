@@ -3,7 +3,7 @@
 
 ``Fleet`` is imported by the other ``test_gateway_*`` integration modules; the test here only
 checks that a fleet starts, answers and stops cleanly. Everything skips until the emulator's
-``replica`` subcommand exists (issue 7).
+``replica`` subcommand exists.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _replica_help() -> str | None:
 
 REPLICA_HELP = _replica_help()
 needs_emulator = pytest.mark.skipif(REPLICA_HELP is None,
-                                    reason="the emulator ('prefixroute replica', issue 7) is "
+                                    reason="the emulator ('prefixroute replica') is "
                                            "not built yet")
 
 

@@ -1,4 +1,4 @@
-"""Invariants of the SPEC section 2 economics formulas, for any valid prices and traffic."""
+"""Invariants of the prompt-cache economics formulas, for any valid prices and traffic."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The gateway in front of two real vLLM 0.32 CPU replicas with KV events.
 
-What must hold (issue 8): tenant B never gets cached tokens from tenant A's prefix, and tenant
+What must hold: tenant B never gets cached tokens from tenant A's prefix, and tenant
 A's repeat does; the gateway's keys are the ids vLLM publishes, so its predicted cached tokens
 equal what vLLM reports; ``prefixroute doctor`` finds nothing wrong with a correctly configured
 engine. The second replica runs ``--scheduling-policy priority``, and the gateway sends it the

@@ -1,4 +1,4 @@
-"""Provider prompt-cache economics: the SPEC section 2 formulas and section 3 item 5 numbers.
+"""Provider prompt-cache economics: the formulas and the worked example's numbers.
 
 Expected values are written so they can be checked by hand: e.g. break-even of the 5-minute
 preset is (1.25 - 1) / (1.25 - 0.1) = 0.25 / 1.15 = 0.2174.
@@ -183,7 +183,7 @@ def test_cache_policy_rejects_read_above_write():
         CachePolicy("bad", ttl_seconds=300, write_multiplier=1.0, read_multiplier=1.5)
 
 
-# --- the SPEC section 3 item 5 report -------------------------------------------------------------
+# --- the worked example's report -------------------------------------------------------------
 
 
 def _cell(report, rate, policy):

@@ -191,7 +191,7 @@ def _spec_rule(tokens, n):
 
 
 def test_prefix_hash_reproduces_the_spec_prefix_aware_rule():
-    # SPEC section 3 item 4: int(md5(' '.join(first 1,280 tokens)).hexdigest(), 16) % 4.
+    # The worked examples' fleet: int(md5(' '.join(first 1,280 tokens)).hexdigest(), 16) % 4.
     policy = create_policy("prefix_hash:prefix_tokens=1280,hash_token_ids=true")
     views = [replica(i) for i in range(4)]
     for tenant in "ABCDEFGH":

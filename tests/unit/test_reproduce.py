@@ -1,4 +1,5 @@
-"""SPEC section 3 items 1, 2 and 6 come out of the library with the published numbers."""
+"""The worked examples (conversation, universal prefix, fleet) come out of the library with
+the published numbers."""
 
 from prefixroute.core.reproduce import conversation, isolation, universal_prefix
 

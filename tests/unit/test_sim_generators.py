@@ -1,4 +1,4 @@
-"""Workload generators: seeded, and shaped as SPEC sections 3 and 4 say."""
+"""Workload generators: seeded, and shaped as the worked examples and the design scenario say."""
 
 import random
 from collections import Counter

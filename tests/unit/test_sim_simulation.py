@@ -1,4 +1,4 @@
-"""The fleet simulation: SPEC section 3 behaviours through replicas, policies and metrics."""
+"""The fleet simulation: the worked examples' behaviours through replicas, policies and metrics."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""SPEC section 3 item 3: the skewed routing trace through the real policies, and its exercises.
+"""The worked examples' skewed routing trace through the real policies, and its exercises.
 
 Arrivals by position (0-based): 0A 1A 2B 3A 4C 5A 6B 7D 8A 9A 10C 11B 12A 13D 14A 15B 16C 17A
 18B 19A; lengths A=1000, B=800, C=600, D=400; 3 replicas of 2 families each (LRU).
@@ -17,7 +17,7 @@ def exercises():
     return skewed_trace_exercises()
 
 
-# -- the trace itself (SPEC section 3 item 3) --------------------------------------------------
+# -- the trace itself --------------------------------------------------
 
 @pytest.mark.parametrize("policy, reused, assignments, final_skew, evictions", [
     ("round_robin", 10_000, [7, 7, 6], 1, 2),
