@@ -62,7 +62,7 @@ from prefixroute.edges.epp.protocol import (ATTRIBUTES_KEY, DESTINATION, LB_NAME
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.backends import Backend, candidates_for
 from prefixroute.edges.gateway.errors import GatewayError
-from prefixroute.edges.gateway.proxy import PATHS, Job, SSERelay, _usage_of
+from prefixroute.edges.gateway.proxy import PATHS, Job, SSERelay, _usage_of, usage_in
 from prefixroute.edges.gateway.router import Attempt
 from prefixroute.edges.gateway.sanitize import encode_json
 
@@ -535,21 +535,25 @@ class Exchange:
         elif not attempt.finished and self.answer_size < _NON_STREAM_LIMIT:
             self.answer.append(data)
             self.answer_size += len(data)
-            if not body.end_of_stream and _whole_json(self.answer):
+            whole = None if body.end_of_stream else _whole_json(self.answer)
+            if whole is not None:
                 # A non-streamed answer is one JSON object: once it parses, its usage is
                 # known and only the end-of-stream message (empty) would follow.
                 self.complete = True
-                self._end_of_answer()
+                self._end_of_answer(usage_in(whole))
         if body.end_of_stream:
             self._end_of_answer()
         return response
 
-    def _end_of_answer(self) -> None:
+    def _end_of_answer(self, usage: dict | None = None) -> None:
+        """The answer ended; ``usage``: its usage when the caller already parsed it, else
+        it is read from the answer's bytes."""
         attempt, job = self.attempt, self.job
         assert attempt is not None and job is not None
         if not attempt.finished:
             self.picker.router.first_byte(attempt)
-            usage = _usage_of(b"".join(self.answer)) if self.answer else None
+            if usage is None and self.answer:
+                usage = _usage_of(b"".join(self.answer))
             self.picker.router.succeeded(attempt, usage)
             job.cached_tokens = attempt.record.reported_cached_tokens
             job.usage = usage
@@ -598,16 +602,16 @@ class Exchange:
             self.gateway.open_requests -= 1
 
 
-def _whole_json(parts: list[bytes]) -> bool:
-    """The chunks read so far make one whole JSON object (checked only when the last one
-    ends with ``}``, so a long answer's chunks are not parsed over and over)."""
+def _whole_json(parts: list[bytes]) -> object | None:
+    """The chunks read so far parsed, if they make one whole JSON value (tried only when
+    the last one ends with ``}``, so a long answer's chunks are not parsed over and over);
+    else None. Parsed once: its usage is read from this."""
     if not parts[-1].rstrip().endswith(b"}"):
-        return False
+        return None
     try:
-        orjson.loads(b"".join(parts))
+        return orjson.loads(b"".join(parts))
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def _response_attributes(message: ext.ProcessingRequest) -> tuple[int, str | None]:

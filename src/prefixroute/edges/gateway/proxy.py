@@ -774,10 +774,14 @@ def _usage_of(content: bytes) -> dict | None:
     if b'"usage"' not in content:
         return None
     try:
-        obj = orjson.loads(content)
+        return usage_in(orjson.loads(content))
     except ValueError:
         return None
-    usage = obj.get("usage") if isinstance(obj, dict) else None
+
+
+def usage_in(answer: object) -> dict | None:
+    """The ``usage`` object of a parsed non-streamed answer, if it has one."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
     return usage if isinstance(usage, dict) else None
 
 
