@@ -94,6 +94,47 @@ def test_original_dst_needs_a_single_endpoint(tmp_path):
         "x-gateway-destination-endpoint"
 
 
+DNS = {"dns": {"name": "vllm.inference.svc.cluster.local", "port": 8000, "interval_s": 2,
+               "server": "127.0.0.1:5353"}}
+
+
+def test_dns_discovery_makes_envoy_resolve_the_same_name_as_the_epp(tmp_path):
+    done = envoy_config(write_config(tmp_path, discovery=DNS))
+    assert done.returncode == 0, done.stderr
+    cluster = yaml.safe_load(done.stdout)["static_resources"]["clusters"][0]
+    assert cluster["type"] == "STRICT_DNS" and cluster["dns_refresh_rate"] == "2s"
+    addresses = [e["endpoint"]["address"]["socket_address"]
+                 for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert addresses == [{"address": "127.0.0.1", "port_value": 18001},
+                         {"address": "::1", "port_value": 18002},
+                         {"address": "vllm.inference.svc.cluster.local.", "port_value": 8000}]
+    resolver = cluster["typed_dns_resolver_config"]["typed_config"]["resolvers"]
+    assert resolver == [{"socket_address": {"address": "127.0.0.1", "port_value": 5353}}]
+    if ENVOY is not None:
+        (tmp_path / "envoy.yaml").write_text(done.stdout)
+        check = subprocess.run([ENVOY, "--mode", "validate", "-c", str(tmp_path / "envoy.yaml"),
+                                "--disable-hot-restart"], capture_output=True, text=True,
+                               timeout=120)
+        assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+
+
+def test_membership_envoy_cannot_follow_is_refused_unless_original_dst(tmp_path):
+    members = tmp_path / "members.yaml"
+    members.write_text("[]\n")
+    srv = {"dns": {"name": "_http._tcp.vllm.test", "record": "srv"}}
+    for discovery, field in (({"file": str(members)}, "discovery.file"),
+                             (srv, "discovery.dns.record")):
+        path = write_config(tmp_path, discovery=discovery)
+        refused = envoy_config(path)
+        assert refused.returncode == 2, refused.stderr
+        assert field in refused.stderr and "--original-dst" in refused.stderr
+        assert "gateway.yaml" in refused.stderr and "Traceback" not in refused.stderr
+        data = yaml.safe_load(open(path))
+        data["epp"] = {"fallback_endpoints": 0}
+        open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
+        assert envoy_config(path, "--original-dst").returncode == 0
+
+
 def test_a_replica_named_by_host_name_is_refused_naming_the_field(tmp_path):
     path = write_config(tmp_path)
     data = yaml.safe_load(open(path))

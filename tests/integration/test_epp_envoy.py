@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from prefixroute.edges.listen import free_port
+from prefixroute.edges.loadtest.dns import Dnsmasq, dnsmasq_path
 from tests.integration.test_gateway_fleet import (KEYS, SECRET, Fleet, needs_emulator,
                                                   stop_process, wait_healthy)
 
@@ -319,3 +320,72 @@ def test_the_endpoint_subset_a_gateway_sets_restricts_the_epps_pick(tmp_path):
             chat(fleet, "a", "anyone")
         assert refused.value.status_code == 503
         assert refused.value.body["code"] == "replicas_unavailable"
+
+
+class DnsEnvoyFleet(EnvoyFleet):
+    """Replicas on 127.0.0.2, 127.0.0.3, ... at one port, as a headless Service's pods: the
+    EPP and Envoy know them only through the DNS name ``pods.fleet.test``."""
+
+    def __init__(self, directory: Path, dns: Dnsmasq, replicas: int = 2):
+        super().__init__(directory, replicas)
+        self.dns = dns
+        self.ports = [self.ports[0]] * replicas
+
+    def replica_host(self, i: int) -> str:
+        return f"127.0.0.{2 + i}"
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "backends": [], "discovery": {"dns": {
+            "name": "pods.fleet.test", "port": self.ports[0], "interval_s": 0.5,
+            "server": self.dns.server}}}
+
+    def served(self) -> list[float]:
+        """Requests each replica finished, from its own counters."""
+        counts = []
+        for i in range(len(self.ports)):
+            text = httpx.get(self.replica_url(i) + "/metrics", timeout=10).text
+            counts.append(sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+                              if line.startswith("vllm:request_success_total{")))
+        return counts
+
+
+@pytest.mark.skipif(dnsmasq_path() is None, reason="dnsmasq is not installed "
+                    "(scripts/setup_test_services.sh: apt-get install -y dnsmasq)")
+def test_replicas_join_and_leave_through_dns_behind_envoy(tmp_path):
+    """The EPP and Envoy follow the same DNS name: a replica that joins gets requests through
+    Envoy, one that leaves gets none, and no request fails on the way."""
+    with Dnsmasq(tmp_path) as dns:
+        dns.set_records([("127.0.0.2", "pods.fleet.test")])
+        with DnsEnvoyFleet(tmp_path, dns) as fleet:
+            sent = 0
+
+            def ask() -> None:
+                nonlocal sent
+                sent += 1
+                # A new tenant prompt each time: cold, so the fewest recent requests wins.
+                answer = chat(fleet, "a", "hello", system=f"Prompt number {sent}. " * 30)
+                assert answer.choices[0].message.content
+
+            for _ in range(4):
+                ask()
+            assert fleet.served() == [4, 0]
+
+            dns.set_records([("127.0.0.2", "pods.fleet.test"), ("127.0.0.3", "pods.fleet.test")])
+            deadline = time.monotonic() + 60
+            while fleet.served()[1] == 0:
+                assert time.monotonic() < deadline, "the new replica got no request in 60 s"
+                ask()
+                time.sleep(0.2)
+
+            dns.set_records([("127.0.0.3", "pods.fleet.test")])
+            deadline = time.monotonic() + 60
+            while "127.0.0.2" in json.dumps(fleet.debug(1)["replicas"]):
+                assert time.monotonic() < deadline, "the EPP kept the departed replica"
+                time.sleep(0.2)
+            time.sleep(1.5)  # Envoy's own refresh of the name (0.5 s)
+            before = fleet.served()
+            for _ in range(4):
+                ask()
+            after = fleet.served()
+            assert after[0] == before[0] and after[1] == before[1] + 4
+            assert sum(after) == sent  # every request answered by a replica, none lost

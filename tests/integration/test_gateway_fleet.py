@@ -96,15 +96,18 @@ class Fleet:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
+    def replica_host(self, i: int) -> str:
+        return "127.0.0.1"
+
     def replica_url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.ports[i]}"
+        return f"http://{self.replica_host(i)}:{self.ports[i]}"
 
     def log(self, name: str) -> Path:
         return self.directory / f"{name}.log"
 
     # -- lifecycle ----------------------------------------------------------------------
     def start_replica(self, i: int, wait: bool = True) -> None:
-        cmd = [sys.executable, "-m", "prefixroute", "replica", "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "prefixroute", "replica", "--host", self.replica_host(i),
                "--port", str(self.ports[i]), "--block-size", str(self.block_size),
                "--seed", str(i)]
         if self.kv_events:

@@ -392,3 +392,20 @@ def test_an_endpoint_subset_naming_no_known_replica_gets_503(monkeypatch):
                     "replicas_unavailable"
             assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
     run(scenario())
+
+
+def test_discovered_replicas_are_named_by_address_and_a_host_name_never(monkeypatch, tmp_path):
+    """A membership file adds a replica listed by host name (Envoy routes by address, so
+    the EPP cannot name it) and one by IP: least_loaded's first choice, the named one, is
+    passed over for the addressed one, which the static list never had."""
+    members = tmp_path / "members.yaml"
+    members.write_text("- {name: by-name, url: 'http://replica-b.internal:8000', models: [tiny]}\n"
+                       "- {name: by-ip, url: 'http://10.0.0.9:8000', models: [tiny]}\n")
+    config = make_config(monkeypatch, backends=[], discovery={"file": str(members)})
+
+    async def scenario():
+        async with Harness(config, EppSettings(fallback_endpoints=2)) as h:
+            assert [b.name for b in h.gateway.pool.backends] == ["by-name", "by-ip"]
+            _, routed = await h.process(request_headers(), request_body(CHAT))
+            assert set_headers(routed.request_body.response)[DESTINATION] == "10.0.0.9:8000"
+    run(scenario())

@@ -2,8 +2,9 @@
 
 What it sets up, and why:
 
-* **The replicas cluster** is ``STATIC`` (the config's backends) with Envoy's
-  ``override_host`` load balancer: it sends each request to the first endpoint named in the
+* **The replicas cluster** is ``STATIC`` (the config's backends; ``STRICT_DNS`` with DNS
+  discovery, Envoy resolving the same name as the EPP) with Envoy's ``override_host`` load
+  balancer: it sends each request to the first endpoint named in the
   ``x-gateway-destination-endpoint`` header (or the ``envoy.lb`` metadata), and on a retry to
   the next one of the comma-separated list the EPP gave: the Endpoint Picker Protocol's
   fallbacks. A request the EPP named nothing for (only when the filter fails open) goes
@@ -45,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from prefixroute.core.errors import ConfigError
+from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.edges.epp.config import endpoint_of
 from prefixroute.edges.epp.protocol import (DESTINATION, LB_NAMESPACE, RESPONSE_ATTRIBUTES,
                                             SUBSET_NAMESPACE, request_attributes)
@@ -233,11 +234,25 @@ def _fast_route(path: str, action: dict) -> dict[str, Any]:
 
 def _replicas_cluster(config: GatewayConfig, connect_timeout: str,
                       original_dst: bool) -> dict[str, Any]:
+    """The replicas' cluster. Envoy's ``override_host`` picks among the cluster's own hosts,
+    so the cluster must know the replicas the EPP knows: the static backends, plus, with
+    DNS discovery, the same name resolved by Envoy (``STRICT_DNS``: every address of a
+    headless Service is a host). A discovery file Envoy cannot follow; ``--original-dst``
+    connects to whatever address the EPP names instead."""
     if original_dst:
         return {"name": "prefixroute_replicas", "type": "ORIGINAL_DST",
                 "lb_policy": "CLUSTER_PROVIDED", "connect_timeout": connect_timeout,
                 "original_dst_lb_config": {"use_http_header": True,
                                            "http_header_name": DESTINATION}}
+    discovery = config.discovery
+    dns = discovery.dns if discovery is not None else None
+    if discovery is not None and discovery.file is not None:
+        raise InputError("Envoy cannot follow a discovery file, so the replicas it adds would "
+                         "be outside Envoy's cluster; use discovery.dns (Envoy resolves the "
+                         "same name) or --original-dst", config.source, "discovery.file")
+    if dns is not None and dns.record != "a":
+        raise InputError("Envoy resolves A/AAAA records, not SRV; use record: a with a port, "
+                         "or --original-dst", config.source, "discovery.dns.record")
     endpoints = []
     for backend in config.backends:
         endpoint = endpoint_of(backend.url)
@@ -255,11 +270,26 @@ def _replicas_cluster(config: GatewayConfig, connect_timeout: str,
             "name": "envoy.load_balancing_policies.round_robin", "typed_config": {
                 "@type": _TYPE + "load_balancing_policies.round_robin.v3.RoundRobin"}}}]},
     }}
-    return {"name": "prefixroute_replicas", "type": "STATIC",
-            "connect_timeout": connect_timeout,
-            "load_balancing_policy": {"policies": [{"typed_extension_config": lb}]},
-            "load_assignment": {"cluster_name": "prefixroute_replicas",
-                                "endpoints": [{"lb_endpoints": endpoints}]}}
+    cluster: dict[str, Any] = {
+        "name": "prefixroute_replicas", "type": "STATIC", "connect_timeout": connect_timeout,
+        "load_balancing_policy": {"policies": [{"typed_extension_config": lb}]}}
+    if dns is not None:
+        assert dns.port is not None  # the config requires it with A records
+        endpoints.append({"endpoint": {"address": _address(dns.name, dns.port)}})
+        cluster.update({
+            "type": "STRICT_DNS",
+            # Asked as often as the EPP asks, so both see a pod join or leave together.
+            "dns_refresh_rate": f"{dns.interval_s:g}s", "respect_dns_ttl": False,
+            "dns_lookup_family": "V4_PREFERRED"})
+        if dns.server is not None:
+            host, port = split_host_port(dns.server, "discovery.dns.server")
+            cluster["typed_dns_resolver_config"] = {
+                "name": "envoy.network.dns_resolver.cares", "typed_config": {
+                    "@type": _TYPE + "network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+                    "resolvers": [_address(host, port)]}}
+    cluster["load_assignment"] = {"cluster_name": "prefixroute_replicas",
+                                  "endpoints": [{"lb_endpoints": endpoints}]}
+    return cluster
 
 
 def render(config: GatewayConfig, listen: str, epp: str | list[str], **kwargs: Any) -> str:

@@ -119,16 +119,29 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
         self.settings = settings
         self.router = gateway.router
         self.clock = gateway.clock
-        self.endpoints: dict[int, str] = {}
-        self.by_endpoint: dict[str, Backend] = {}
+        # ``ip:port`` by backend URL: the fleet changes (DNS or file discovery, reloads), so
+        # addresses follow the pool's backends as they are first named, not the static list.
+        self._addresses: dict[str, str | None] = {}
         # The streamed answers being read (SSERelay registers with its owner). Envoy, not the
         # picker, holds the caller's connection, so a shutdown has no stream of its own to cut.
         self.streams: set = set()
-        for backend in gateway.pool.backends:
-            endpoint = endpoint_of(backend.url)
-            assert endpoint is not None, "load_epp_config checks every backend url"
-            self.endpoints[backend.index] = endpoint
-            self.by_endpoint[endpoint] = backend
+
+    def address(self, backend: Backend) -> str | None:
+        """The ``ip:port`` Envoy reaches ``backend`` at, or ``None`` when its URL names a
+        host (a member a discovery file lists by name): Envoy routes by address, so such a
+        backend is never picked (logged once)."""
+        url = backend.url
+        try:
+            return self._addresses[url]
+        except KeyError:
+            pass
+        address = self._addresses[url] = endpoint_of(url)
+        if address is None:
+            log.warning("backend url is not http://IP:PORT: the endpoint picker cannot name "
+                        "it to Envoy, so it gets no requests", extra={"fields": {
+                            "event": "backend_not_addressable", "backend": backend.name,
+                            "url": url}})
+        return address
 
     async def Process(self, request_iterator: AsyncIterator[ext.ProcessingRequest],
                       context: Any) -> AsyncIterator[ext.ProcessingResponse]:
@@ -370,11 +383,12 @@ class Exchange:
         gateway.metrics.overhead.observe(self.picker.clock.now() - self.started)
         self.job = job = Job(self.request_id, self.tenant.name, checked, prompt, backends,
                              self.started)
-        candidates = candidates_for(backends, set())
+        address = self.picker.address
+        candidates = [b for b in candidates_for(backends, set()) if address(b) is not None]
         where = "none is available"
         if self.subset is not None:
-            endpoints, subset = self.picker.endpoints, self.subset
-            candidates = [b for b in candidates if endpoints[b.index] in subset]
+            subset = self.subset
+            candidates = [b for b in candidates if address(b) in subset]
             where = "none of the endpoints the gateway allows for it is available"
         if not candidates:
             job.status = "503"
@@ -395,7 +409,7 @@ class Exchange:
         others = sorted((b for b in candidates if b is not attempt.backend),
                         key=lambda b: (b.in_flight, b.index))
         self.tried = [attempt.backend] + others[:self.picker.settings.fallback_endpoints]
-        destination = ",".join(self.picker.endpoints[b.index] for b in self.tried)
+        destination = ",".join(address(b) for b in self.tried)  # type: ignore[misc]
         metadata = struct_pb2.Struct()
         metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
         if not self.via_headers:
@@ -498,8 +512,12 @@ class Exchange:
         attempt, job = self.attempt, self.job
         if not served or attempt is None or job is None:
             return
-        backend = self.picker.by_endpoint.get(served)
-        if backend is None or backend is attempt.backend:
+        address = self.picker.address
+        if served == address(attempt.backend):
+            return
+        # Envoy goes down the list the EPP named, nowhere else.
+        backend = next((b for b in self.tried if address(b) == served), None)
+        if backend is None:
             return
         router = self.picker.router
         for failed in self.tried:
