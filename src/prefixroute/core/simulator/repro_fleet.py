@@ -38,7 +38,7 @@ import random
 
 import numpy as np
 
-from prefixroute.core.caches.id_lru import IdLRU
+from prefixroute.core.caches.lru_replay import replay_lru_hits
 from prefixroute.core.identity.hashing import BlockHasher
 from prefixroute.core.identity.xxh3_rows import chain_blocks
 from prefixroute.core.simulator.generators import (FLEET_DOCUMENTS, FLEET_HEAD_ID_BASE,
@@ -121,10 +121,14 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
         ids = np.hstack([prefix_ids[tenants], ids[prefix.size:].reshape(tail_keys.shape)])
         route = [tenant_route[t] for t in batch.tenants] if prefix_aware else batch.routes
         all_distinct = False  # (a request repeats an id only on a key collision: checked)
-    caches = [IdLRU(capacity, n_ids) for _ in range(replicas)]
+    # Routing never looks at cache state, so each replica's whole sequence is known: replay
+    # it at once.
+    route = np.asarray(route)
     hit_blocks = 0
-    for i, replica in enumerate(route):
-        hit_blocks += caches[replica].access(ids[i], distinct=all_distinct)
+    for replica in range(replicas):
+        served = ids[route == replica]
+        hit_blocks += int(replay_lru_hits(served, np.full(len(served), served.shape[1]),
+                                          capacity).sum())
     total_tokens = requests * (static_len + FLEET_USER_TOKENS + volatile)
     return hit_blocks * block_size / total_tokens
 
