@@ -77,7 +77,8 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
         tenant_route = [md5_route(text, replicas) for text in leading]
     chain = hasher.native_chain
     if volatile:
-        # Every block follows the head: nothing is shared, each prompt is hashed whole.
+        # Every block follows the head: prompts share blocks only when their heads and
+        # tenants are the same, so each prompt is hashed whole.
         # Block-major (token position, then request), as chain_blocks hashes it.
         full = (1 + static_len + FLEET_USER_TOKENS) // block_size * block_size
         tokens = np.empty((full, requests), dtype=np.uint32)
@@ -88,39 +89,35 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
                             np.full(requests, seed, dtype=np.uint64))
         route = [md5_route(f"time={head} ".encode() + leading[tenant], replicas)
                  for head, tenant in zip(batch.head, batch.tenants)]
+        # Number the blocks: each its own position, except keys that occur more than once
+        # (two prompts with the same head and tenant), found from one sort.
         ordered = np.sort(keys, axis=None)
-        all_distinct = not np.any(ordered[1:] == ordered[:-1])
-        if not all_distinct:  # two prompts share a block (same head)
-            distinct, ids = np.unique(keys, return_inverse=True)
-            n_ids = len(distinct)
-            ids = np.ascontiguousarray(ids.reshape(keys.shape).T)
-        else:  # every block distinct, as a volatile head makes them: number them in place
-            n_ids = keys.size
-            ids = np.arange(n_ids).reshape(requests, -1)
+        repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+        ids = np.arange(keys.size).reshape(keys.shape)
+        if len(repeated):
+            which = np.minimum(np.searchsorted(repeated, keys), len(repeated) - 1)
+            shared_key = repeated[which] == keys
+            ids[shared_key] = keys.size + which[shared_key]
+        ids = np.ascontiguousarray(ids.T)
     else:
         # A tenant's static blocks are hashed once; each request hashes the rest of its
         # prompt (the static remainder that does not fill a block, then its user tokens).
         shared = static_len // block_size * block_size
         prefix = np.array([chain(memoryview(static[t, :shared]), seed)
                            for t in range(len(FLEET_TENANTS))], dtype=np.uint64)
-        tail_len = (static_len - shared + FLEET_USER_TOKENS) // block_size * block_size
-        tails = np.empty((requests, static_len - shared + FLEET_USER_TOKENS), dtype=np.uint32)
-        tails[:, :static_len - shared] = static[tenants, shared:]
-        tails[:, static_len - shared:] = user
-        packed = memoryview(np.ascontiguousarray(tails[:, :tail_len])).cast("B")
-        row_bytes = tail_len * 4
-        tail_keys = np.empty((requests, tail_len // block_size), dtype=np.uint64)
-        for i in range(requests):
-            tail_keys[i] = chain(packed[i * row_bytes:(i + 1) * row_bytes],
-                                 int(prefix[batch.tenants[i], -1]))
+        rest = static_len - shared
+        tail_len = (rest + FLEET_USER_TOKENS) // block_size * block_size
+        tail_tokens = np.empty((tail_len, requests), dtype=np.uint32)  # block-major
+        tail_tokens[:rest] = static[:, shared:].T[:, tenants]
+        tail_tokens[rest:] = user.T[:tail_len - rest]
+        tail_keys = chain_blocks(tail_tokens.reshape(-1, block_size, requests),
+                                 prefix[tenants, -1]).T
         # Block ids numbered once over the tenants' prefixes and the requests' tails.
         distinct, ids = np.unique(np.concatenate([prefix.ravel(), tail_keys.ravel()]),
                                   return_inverse=True)
-        n_ids = len(distinct)
         prefix_ids = ids[:prefix.size].reshape(prefix.shape)
         ids = np.hstack([prefix_ids[tenants], ids[prefix.size:].reshape(tail_keys.shape)])
         route = [tenant_route[t] for t in batch.tenants] if prefix_aware else batch.routes
-        all_distinct = False  # (a request repeats an id only on a key collision: checked)
     # Routing never looks at cache state, so each replica's whole sequence is known: replay
     # it at once.
     route = np.asarray(route)
