@@ -44,6 +44,9 @@ import numpy as np
 from prefixroute.core.errors import ConfigError
 
 DEFAULT_WINDOW = 32  # requests looked back at once (any value gives the same answers)
+# Widening the window stops once its counts (requests x window) pass this many per access;
+# the requests still unresolved then scan positions one request at a time.
+_COUNT_BUDGET = 4
 
 
 def replay_lru_hits(ids: np.ndarray, lengths: Sequence[int] | np.ndarray, capacity: int,
@@ -71,14 +74,17 @@ def replay_lru_hits(ids: np.ndarray, lengths: Sequence[int] | np.ndarray, capaci
     starts = np.zeros(requests + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
     request = np.repeat(np.arange(requests), lengths)  # the request of each position
-    previous, following = _neighbours(ids)
-    if not np.any(previous >= 0):
+    earlier, later = _repeats(ids)
+    if not len(later):
         return hits  # no block is accessed twice: nothing can hit
     # The request of each position's next access (``requests`` when none): a position of
     # request j is alive at the start of request b > j exactly while this is >= b.
-    dies_at = np.append(request, requests)[following]
-    cut = _cuts(request, dies_at, lengths, starts, following, capacity, window)
-    present = previous >= cut[request]
+    comes_back = request[later]
+    dies_at = np.full(n, requests, dtype=np.int64)
+    dies_at[earlier] = comes_back
+    cut = _cuts(request, dies_at, earlier, comes_back, lengths, starts, capacity, window)
+    present = np.zeros(n, dtype=bool)
+    present[later] = earlier >= cut[comes_back]
     missed = np.flatnonzero(~present)
     first = np.ones(len(missed), dtype=bool)
     missed_in = request[missed]
@@ -88,9 +94,9 @@ def replay_lru_hits(ids: np.ndarray, lengths: Sequence[int] | np.ndarray, capaci
     return hits
 
 
-def _neighbours(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Position of each access's previous and next access of the same block (``-1`` and
-    ``len(ids)`` when none): one sort of the positions by block, then by position."""
+def _repeats(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of consecutive accesses of one block, as positions ``(earlier, later)``:
+    one sort of the positions by block, then by position."""
     n = len(ids)
     shift = max(1, int(n).bit_length())
     if int(ids.max()) < 1 << (62 - shift):
@@ -102,19 +108,19 @@ def _neighbours(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(ids, kind="stable")
         block = ids[order]
     same = block[1:] == block[:-1]
-    earlier, later = order[:-1][same], order[1:][same]
-    previous = np.full(n, -1, dtype=np.int64)
-    following = np.full(n, n, dtype=np.int64)
-    previous[later] = earlier
-    following[earlier] = later
-    return previous, following
+    return order[:-1][same], order[1:][same]
 
 
-def _cuts(request: np.ndarray, dies_at: np.ndarray, lengths: np.ndarray, starts: np.ndarray,
-          following: np.ndarray, capacity: int, window: int) -> np.ndarray:
-    """For each request, the oldest cached position at its start (0 while fewer than
-    ``capacity`` positions are alive: every earlier access is then cached).
+def _cuts(request: np.ndarray, dies_at: np.ndarray, earlier: np.ndarray,
+          comes_back: np.ndarray, lengths: np.ndarray, starts: np.ndarray, capacity: int,
+          window: int) -> np.ndarray:
+    """For each request, a cut: its previous accesses at or after the cut are cached at its
+    start (0 while fewer than ``capacity`` positions are alive: every earlier access is then
+    cached). ``earlier``: the positions whose block comes back, ``comes_back`` the request
+    where it does.
 
+    The cut is exact (the oldest cached position) where the request's blocks were last
+    accessed in the request that holds it; elsewhere any position of that request serves.
     Requests whose ``window`` latest predecessors hold fewer than ``capacity`` alive
     positions look again over a window four times as long, while the counts stay within a
     few times the number of accesses; the rest scan positions."""
@@ -122,11 +128,13 @@ def _cuts(request: np.ndarray, dies_at: np.ndarray, lengths: np.ndarray, starts:
     cut = np.zeros(requests, dtype=np.int64)
     pending = np.arange(requests)
     window = min(window, requests)
+    last_in = request[earlier]
+    lag = comes_back - last_in
     while len(pending):
         # dead[j, i - 1]: positions of request j whose block comes back within i requests
         # (before request j + i), i = 1 .. window.
-        lag = np.minimum(dies_at - request, window)
-        dead = np.bincount(request * (window + 1) + lag, minlength=requests * (window + 1))
+        dead = np.bincount(last_in * (window + 1) + np.minimum(lag, window),
+                           minlength=requests * (window + 1))
         dead = np.cumsum(dead.reshape(requests, window + 1)[:, :window], axis=1)
         # alive[b, i - 1]: positions of request pending[b] - i alive at its start.
         back = np.arange(1, window + 1)
@@ -139,16 +147,26 @@ def _cuts(request: np.ndarray, dies_at: np.ndarray, lengths: np.ndarray, starts:
         boundary = pending[reached]
         if len(boundary):
             depth = np.argmax(newest[reached] >= capacity, axis=1)  # i - 1 of the holder
-            holder = boundary - depth - 1
-            above = np.where(depth > 0, newest[reached, np.maximum(depth - 1, 0)], 0)
-            need = capacity - above  # the cut is the need-th alive position from its end
-            cut[boundary] = _nth_alive_from_end(holder, boundary, need, lengths, starts,
-                                                dies_at)
+            holder = np.full(requests, -1, dtype=np.int64)
+            holder[boundary] = boundary - depth - 1
+            cut[boundary] = starts[holder[boundary]]
+            # Where the holder is where some block of the request was last accessed, the
+            # cut is the need-th alive position of the holder counted from its end.
+            exact = np.zeros(requests, dtype=bool)
+            exact[comes_back[holder[comes_back] == last_in]] = True
+            exact = exact[boundary]
+            if np.any(exact):
+                depth, boundary = depth[exact], boundary[exact]
+                above = np.where(depth > 0, newest[reached][exact, np.maximum(depth - 1, 0)],
+                                 0)
+                cut[boundary] = _nth_alive_from_end(holder[boundary], boundary,
+                                                    capacity - above, lengths, starts,
+                                                    dies_at)
         # Not reached with every earlier request in the window: fewer than capacity alive.
         pending = pending[~reached & (pending > window)]
-        if len(pending) and requests * window * 4 > 4 * len(request) + (1 << 16):
+        if len(pending) and requests * window * 4 > _COUNT_BUDGET * len(request):
             for b in pending.tolist():
-                cut[b] = _scan_cut(following, int(starts[b]), int(starts[b - window]),
+                cut[b] = _scan_cut(dies_at, b, int(starts[b]), int(starts[b - window]),
                                    capacity)
             break
         window = min(4 * window, requests)
@@ -172,13 +190,14 @@ def _nth_alive_from_end(holder: np.ndarray, boundary: np.ndarray, need: np.ndarr
     return position[alive & (from_end == need[row])]
 
 
-def _scan_cut(following: np.ndarray, start: int, low: int, capacity: int) -> int:
-    """The oldest cached position at ``start``, scanning positions back from ``low`` (known
-    to hold fewer than ``capacity`` alive after it) over ever wider spans."""
+def _scan_cut(dies_at: np.ndarray, b: int, start: int, low: int, capacity: int) -> int:
+    """The oldest cached position at the start of request ``b`` (position ``start``),
+    scanning positions back from ``low`` (known to leave fewer than ``capacity`` alive after
+    it) over ever wider spans."""
     span = max(start - low, 1)
     while True:
         low = max(0, start - 2 * span)
-        alive = low + np.flatnonzero(following[low:start] >= start)
+        alive = low + np.flatnonzero(dies_at[low:start] >= b)
         if len(alive) >= capacity:
             return int(alive[-capacity])
         if low == 0:

@@ -90,14 +90,20 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
         route = [md5_route(f"time={head} ".encode() + leading[tenant], replicas)
                  for head, tenant in zip(batch.head, batch.tenants)]
         # Number the blocks: each its own position, except keys that occur more than once
-        # (two prompts with the same head and tenant), found from one sort.
+        # (two prompts with the same head and tenant), found from one sort. Their places
+        # are looked up by the key's low 16 bits in a table (a few false candidates), then
+        # checked: a binary search of every key would cost several sorts.
         ordered = np.sort(keys, axis=None)
         repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
         ids = np.arange(keys.size).reshape(keys.shape)
         if len(repeated):
-            which = np.minimum(np.searchsorted(repeated, keys), len(repeated) - 1)
-            shared_key = repeated[which] == keys
-            ids[shared_key] = keys.size + which[shared_key]
+            flat, low = keys.ravel(), np.uint64(0xFFFF)
+            table = np.zeros(1 << 16, dtype=bool)
+            table[(repeated & low).astype(np.intp)] = True
+            candidate = np.flatnonzero(table[(flat & low).astype(np.intp)])
+            which = np.minimum(np.searchsorted(repeated, flat[candidate]), len(repeated) - 1)
+            shared_key = repeated[which] == flat[candidate]
+            ids.ravel()[candidate[shared_key]] = keys.size + which[shared_key]
         ids = np.ascontiguousarray(ids.T)
     else:
         # A tenant's static blocks are hashed once; each request hashes the rest of its
