@@ -59,14 +59,22 @@ def _fold(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return lower ^ upper
 
 
-def chain_blocks(tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
+def chain_blocks(tokens: np.ndarray, parents: np.ndarray,
+                 columns: np.ndarray | None = None) -> np.ndarray:
     """Chained ``native`` keys of many prompts' blocks.
 
     ``tokens``: ``(blocks, block_size, rows)`` token ids (uint32 values), block ``b`` of
     prompt ``r`` being ``tokens[b, :, r]``; ``parents``: ``(rows,)`` the parent key of each
     prompt's first block. Returns ``(blocks, rows)`` uint64, ``out[b, r]`` the key of block
-    ``b`` of prompt ``r`` (seeded with ``out[b - 1, r]``, block 0 with ``parents[r]``)."""
+    ``b`` of prompt ``r`` (seeded with ``out[b - 1, r]``, block 0 with ``parents[r]``).
+
+    ``columns``: prompts whose tokens come from a few shared texts (tenants' documents)
+    pass those texts once, ``tokens[b, :, c]`` for text ``c``, and each prompt's text
+    ``columns[r]``: the texts' lanes are read once and copied per prompt, instead of
+    copying every prompt's tokens first."""
     blocks, block_size, rows = tokens.shape
+    if columns is not None:
+        rows = len(columns)
     if not supports(block_size):
         raise ValueError(f"blocks of {block_size} tokens are not hashed in rows (8 to 32, a "
                          f"multiple of 4)")
@@ -86,9 +94,11 @@ def chain_blocks(tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         for b in range(blocks):
             # Lane i is tokens 4i .. 4i+3: two little-endian 64-bit words.
-            block = tokens[b].reshape(lanes, 4, rows).astype(np.uint64)[lane_index]
+            block = tokens[b].reshape(lanes, 4, -1).astype(np.uint64)[lane_index]
             lo = block[:, 0] | (block[:, 1] << _SHIFT32)
             hi = block[:, 2] | (block[:, 3] << _SHIFT32)
+            if columns is not None:
+                lo, hi = lo[:, columns], hi[:, columns]
             acc = _fold(lo ^ (secret_lo + prev), hi ^ (secret_hi - prev)).sum(
                 axis=0, dtype=np.uint64)
             acc += start

@@ -75,10 +75,9 @@ class WordBlock:
     def next_index(self, n: int) -> memoryview:
         out = self._next.get(n)
         if out is None:
-            index = np.full(self.size + 1, self.size, dtype=np.int64)
-            index[:-1] = np.where(self._accept(n), np.arange(self.size), self.size)
-            forward = np.ascontiguousarray(np.minimum.accumulate(index[::-1])[::-1])
-            out = self._next[n] = memoryview(forward)
+            # The first accepted word at or after i is accepted[rank[i]] (size when none).
+            accepted = np.append(self.accepted(n), self.size)
+            out = self._next[n] = memoryview(accepted[np.asarray(self.rank(n))])
         return out
 
     def accepted(self, n: int) -> np.ndarray:

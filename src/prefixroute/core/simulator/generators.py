@@ -257,8 +257,9 @@ def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
         accepted = block.accepted(FLEET_VALUE_BOUND)
         accepted_list = memoryview(accepted.astype(np.int64))
         rank = block.rank(FLEET_VALUE_BOUND)
-        next_value = block.next_index(FLEET_VALUE_BOUND)
         values = block.values(FLEET_VALUE_BOUND)
+        if volatile:
+            next_value = block.next_index(FLEET_VALUE_BOUND)
         if route_replicas:
             next_route = block.next_index(route_replicas)
             route_values = memoryview(block.values(route_replicas))

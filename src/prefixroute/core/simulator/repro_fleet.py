@@ -78,15 +78,25 @@ def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: 
     chain = hasher.native_chain
     if volatile:
         # Every block follows the head: prompts share blocks only when their heads and
-        # tenants are the same, so each prompt is hashed whole.
-        # Block-major (token position, then request), as chain_blocks hashes it.
+        # tenants are the same, so each prompt is hashed whole, block-major (token position,
+        # then request), as chain_blocks hashes it. The blocks that lie inside the static
+        # text read it from the tenants' rows rather than from a copy per request.
         full = (1 + static_len + FLEET_USER_TOKENS) // block_size * block_size
-        tokens = np.empty((full, requests), dtype=np.uint32)
-        tokens[0] = np.asarray(batch.head, dtype=np.uint32) + FLEET_HEAD_ID_BASE
-        np.take(np.ascontiguousarray(static.T), tenants, axis=1, out=tokens[1:1 + static_len])
-        tokens[1 + static_len:] = user.T[:full - 1 - static_len]
-        keys = chain_blocks(tokens.reshape(full // block_size, block_size, requests),
-                            np.full(requests, seed, dtype=np.uint64))
+        inside = (1 + static_len) // block_size  # blocks that end within the static text
+        by_tenant = np.ascontiguousarray(static.T)  # (token position, tenant)
+        head = np.empty((block_size, requests), dtype=np.uint32)
+        head[0] = np.asarray(batch.head, dtype=np.uint32) + FLEET_HEAD_ID_BASE
+        head[1:] = by_tenant[:block_size - 1][:, tenants]
+        end = np.empty((full - inside * block_size, requests), dtype=np.uint32)
+        in_static = 1 + static_len - inside * block_size
+        end[:in_static] = by_tenant[inside * block_size - 1:][:, tenants]
+        end[in_static:] = user.T[:len(end) - in_static]
+        first = chain_blocks(head.reshape(1, block_size, requests),
+                             np.full(requests, seed, dtype=np.uint64))
+        middle = chain_blocks(by_tenant[block_size - 1:inside * block_size - 1].reshape(
+            inside - 1, block_size, len(FLEET_TENANTS)), first[-1], columns=tenants)
+        keys = np.concatenate([first, middle, chain_blocks(
+            end.reshape(-1, block_size, requests), middle[-1])])
         route = [md5_route(f"time={head} ".encode() + leading[tenant], replicas)
                  for head, tenant in zip(batch.head, batch.tenants)]
         # Number the blocks: each its own position, except keys that occur more than once
