@@ -59,11 +59,10 @@ def md5_route(text: bytes, replicas: int) -> int:
     return int.from_bytes(hashlib.md5(text).digest(), "big") % replicas
 
 
-def _run(rng: random.Random, hasher: BlockHasher, prefix_aware: bool, volatile: bool,
-         requests: int, replicas: int, capacity: int) -> float:
+def _run(rng: random.Random, hasher: BlockHasher, static: np.ndarray, prefix_aware: bool,
+         volatile: bool, requests: int, replicas: int, capacity: int) -> float:
     block_size = hasher.block_size
     batch = draw_fleet_batch(rng, requests, volatile, 0 if prefix_aware else replicas)
-    static = np.array([fleet_static_ids(t) for t in FLEET_TENANTS], dtype=np.uint32)
     tenants = np.asarray(batch.tenants, dtype=np.int64)
     user = (batch.user + FLEET_USER_ID_BASE).astype(np.uint32)
     static_len = static.shape[1]
@@ -153,10 +152,13 @@ def repro_fleet(requests: int = FLEET_REQUESTS, replicas: int = FLEET_REPLICAS,
     ``timestamp_at_top`` (prefix-aware routing with a volatile first token)."""
     rng = random.Random(seed)
     hasher = BlockHasher("native", block_size=block_size)
+    # Each tenant's static token ids, one row per tenant.
+    static = np.stack([np.frombuffer(fleet_static_ids(t), dtype=np.uint32)
+                       for t in FLEET_TENANTS])
     out = {}
     for name, prefix_aware, volatile in (("random", False, False),
                                          ("prefix_aware", True, False),
                                          ("timestamp_at_top", True, True)):
-        out[name] = _run(rng, hasher, prefix_aware, volatile, requests, replicas,
+        out[name] = _run(rng, hasher, static, prefix_aware, volatile, requests, replicas,
                          capacity_blocks)
     return out
