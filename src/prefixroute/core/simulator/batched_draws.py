@@ -12,13 +12,14 @@ Why this is exact (CPython's ``Random``, unchanged since 3.2 for these calls):
   value is ``>= n`` (rejection sampling);
 * ``getrandbits(k)`` for ``k <= 32`` consumes exactly one 32-bit Mersenne Twister output ``w``
   and returns ``w >> (32 - k)``;
-* ``getrandbits(32 * m)`` consumes ``m`` outputs and packs them little-endian, the first one
-  least significant.
+* those outputs are MT19937's tempered 32-bit words, and numpy's ``MT19937`` bit generator is
+  the same generator with the same state (624 words and an index): started from the caller's
+  state, its ``random_raw`` yields the next outputs, a block of them at C speed.
 
-So one ``getrandbits(32 * m)`` yields the words the one-at-a-time calls would have seen, and a
-draw of ``_randbelow(n)`` is "the next word whose top ``k`` bits are below ``n``". The caller's
-generator is left exactly where the one-at-a-time calls would have left it (the words that were
-read ahead but not used are given back by restoring the state and skipping the used ones).
+So a draw of ``_randbelow(n)`` is "the next word whose top ``k`` bits are below ``n``", read
+from one block of outputs. The caller's generator is then set exactly where the
+one-at-a-time calls would have left it (the numpy twister's state after the words used,
+handed back as a ``random`` state; the words read ahead but not used are thus given back).
 ``tests/unit/test_batched_draws.py`` checks every claim against ``random`` itself.
 """
 
@@ -51,8 +52,8 @@ class WordBlock:
         self.rng = rng
         self.state = rng.getstate()
         self.size = words
-        raw = rng.getrandbits(32 * words).to_bytes(4 * words, "little") if words else b""
-        self.words = np.frombuffer(raw, dtype="<u4").astype(np.uint32)
+        self._twister = _twister_at(self.state)
+        self.words = self._twister.random_raw(words).astype(np.uint32)
         self._values: dict[int, np.ndarray] = {}
         self._ok: dict[int, np.ndarray] = {}
         self._next: dict[int, memoryview] = {}
@@ -96,9 +97,25 @@ class WordBlock:
 
     def release(self, used: int) -> None:
         """Leave the generator as if only the first ``used`` words had been drawn."""
-        self.rng.setstate(self.state)
-        if used:
-            self.rng.getrandbits(32 * used)
+        twister = _twister_at(self.state)
+        twister.random_raw(used, output=False)
+        position = twister.state["state"]
+        version, _, gauss_next = self.state
+        self.rng.setstate((version, tuple(position["key"].tolist()) + (int(position["pos"]),),
+                           gauss_next))
+
+
+def _twister_at(state: tuple) -> np.random.MT19937:
+    """numpy's Mersenne Twister at the position of a ``random.Random`` state: the same
+    generator (MT19937, same tempering), its state the same 624 words and index, and
+    ``random_raw`` the 32-bit outputs ``getrandbits(32)`` returns, without building one
+    large Python integer of them."""
+    _, internal, _ = state
+    twister = np.random.MT19937()
+    twister.state = {"bit_generator": "MT19937",
+                     "state": {"key": np.array(internal[:-1], dtype=np.uint32),
+                               "pos": internal[-1]}}
+    return twister
 
 
 class ShortBlock(Exception):
