@@ -18,17 +18,20 @@ How it runs fast without changing a single figure:
 * tokens are integer ids in closed form (:func:`fleet_static_ids`, user token ``u{v}`` is
   ``FLEET_USER_ID_BASE + v``), packed per run into one numpy array;
 * keys are the ``native`` block keys of :class:`BlockHasher` (xxh3-64 over packed uint32 ids,
-  chained through the seed): a tenant's 125 static blocks are hashed once, each request then
-  hashes only its own blocks (:meth:`BlockHasher.native_chain`); a prompt with a volatile head
-  shares no block with any other, so all of its 128 blocks are hashed, every prompt's block
-  ``b`` in one numpy pass (:func:`~prefixroute.core.identity.xxh3_rows.chain_blocks`);
-* the keys are numbered once (``numpy.unique``; in place when a sort shows them all
-  distinct) and each replica is an
-  :class:`~prefixroute.core.caches.id_lru.IdLRU` over those numbers: the answers of
-  :meth:`~prefixroute.core.caches.key_lru.KeyLRUCache.access`, a request in a few array
-  operations instead of a dictionary operation per block;
+  chained through the seed): a tenant's 124 whole static blocks are hashed once, each
+  request then hashes only its last 4 blocks, every request's block ``b`` in one numpy pass
+  (:func:`~prefixroute.core.identity.xxh3_rows.chain_blocks`). After a volatile head every
+  block depends on the head, so all 128 blocks of every prompt are hashed, the same way; the
+  blocks that lie inside the static text read their tokens from the tenant's row;
+* the keys are numbered (``numpy.unique``; after a volatile head, each block by its position
+  unless a sort shows its key repeated, as when two prompts draw the same head and tenant);
 * the routing functions are plain functions of the request (neither depends on cache state),
-  computed per request with the leading text of each tenant joined once.
+  computed per request with the leading text of each tenant joined once. So each replica's
+  whole sequence of requests is known before it is served, and its hits are computed from
+  that sequence at once (:func:`~prefixroute.core.caches.lru_replay.replay_lru_hits`, which
+  relies on the inclusion property of LRU): the answers of
+  :meth:`~prefixroute.core.caches.key_lru.KeyLRUCache.access` one request after another,
+  without a step per request.
 """
 
 from __future__ import annotations
@@ -74,7 +77,6 @@ def _run(rng: random.Random, hasher: BlockHasher, static: np.ndarray, prefix_awa
         leading = [" ".join((FLEET_SYSTEM + FLEET_DOCUMENTS[t])[:lead]).encode()
                    for t in FLEET_TENANTS]
         tenant_route = [md5_route(text, replicas) for text in leading]
-    chain = hasher.native_chain
     if volatile:
         # Every block follows the head: prompts share blocks only when their heads and
         # tenants are the same, so each prompt is hashed whole, block-major (token position,
@@ -83,14 +85,14 @@ def _run(rng: random.Random, hasher: BlockHasher, static: np.ndarray, prefix_awa
         full = (1 + static_len + FLEET_USER_TOKENS) // block_size * block_size
         inside = (1 + static_len) // block_size  # blocks that end within the static text
         by_tenant = np.ascontiguousarray(static.T)  # (token position, tenant)
-        head = np.empty((block_size, requests), dtype=np.uint32)
-        head[0] = np.asarray(batch.head, dtype=np.uint32) + FLEET_HEAD_ID_BASE
-        head[1:] = by_tenant[:block_size - 1][:, tenants]
+        head_block = np.empty((block_size, requests), dtype=np.uint32)
+        head_block[0] = np.asarray(batch.head, dtype=np.uint32) + FLEET_HEAD_ID_BASE
+        head_block[1:] = by_tenant[:block_size - 1][:, tenants]
         end = np.empty((full - inside * block_size, requests), dtype=np.uint32)
         in_static = 1 + static_len - inside * block_size
         end[:in_static] = by_tenant[inside * block_size - 1:][:, tenants]
         end[in_static:] = user.T[:len(end) - in_static]
-        first = chain_blocks(head.reshape(1, block_size, requests),
+        first = chain_blocks(head_block.reshape(1, block_size, requests),
                              np.full(requests, seed, dtype=np.uint64))
         middle = chain_blocks(by_tenant[block_size - 1:inside * block_size - 1].reshape(
             inside - 1, block_size, len(FLEET_TENANTS)), first[-1], columns=tenants)
@@ -118,7 +120,7 @@ def _run(rng: random.Random, hasher: BlockHasher, static: np.ndarray, prefix_awa
         # A tenant's static blocks are hashed once; each request hashes the rest of its
         # prompt (the static remainder that does not fill a block, then its user tokens).
         shared = static_len // block_size * block_size
-        prefix = np.array([chain(memoryview(static[t, :shared]), seed)
+        prefix = np.array([hasher.native_chain(memoryview(static[t, :shared]), seed)
                            for t in range(len(FLEET_TENANTS))], dtype=np.uint64)
         rest = static_len - shared
         tail_len = (rest + FLEET_USER_TOKENS) // block_size * block_size
@@ -128,8 +130,8 @@ def _run(rng: random.Random, hasher: BlockHasher, static: np.ndarray, prefix_awa
         tail_keys = chain_blocks(tail_tokens.reshape(-1, block_size, requests),
                                  prefix[tenants, -1]).T
         # Block ids numbered once over the tenants' prefixes and the requests' tails.
-        distinct, ids = np.unique(np.concatenate([prefix.ravel(), tail_keys.ravel()]),
-                                  return_inverse=True)
+        _, ids = np.unique(np.concatenate([prefix.ravel(), tail_keys.ravel()]),
+                           return_inverse=True)
         prefix_ids = ids[:prefix.size].reshape(prefix.shape)
         ids = np.hstack([prefix_ids[tenants], ids[prefix.size:].reshape(tail_keys.shape)])
         route = [tenant_route[t] for t in batch.tenants] if prefix_aware else batch.routes
