@@ -29,10 +29,14 @@ until the request of its block's next access. A histogram per request of how man
 later its positions die gives the alive count of request ``j`` at the start of any later
 request; summing those counts over the ``window`` requests before ``b``, newest first, finds
 the request that holds the cut, and within it the cut is the right alive position counted
-from its end. A request whose window holds fewer than ``capacity`` alive positions while
-older requests exist is resolved apart by scanning positions (rare: it takes requests that
-leave almost nothing alive, the same prompt over and over). Cost: a sort of the positions by
-block and a few passes over ``requests x window`` counts, with no step per request.
+from its end (worked out only where ``b`` last accessed some block in that request; anywhere
+else in it gives the same answers). Requests that keep re-reading the same blocks leave
+little alive each, so the cut can lie further back: a request whose window holds fewer than
+``capacity`` alive positions while older requests exist looks again over a window four times
+as long (the fleet example's prefix-aware run needs about 60 requests), and once the counts
+would pass a few per access, the rest scan positions one request at a time. Cost: a sort of
+the positions by block and a few passes over ``requests x window`` counts, with no step per
+request.
 """
 
 from __future__ import annotations
