@@ -42,7 +42,7 @@ class WordBlock:
     """A block of raw 32-bit outputs read ahead from a ``random.Random``, with fast lookups for
     "the next accepted draw of ``_randbelow(n)`` at or after word ``i``".
 
-    Lookups are memoryviews over int64 arrays (Python ints on indexing, no list copies).
+    Lookups are memoryviews over integer arrays (Python ints on indexing, no list copies).
     ``next_index(n)``: entry ``i`` is the first word index ``>= i`` accepted for
     bound ``n`` (``len(block)`` when none); ``accepted(n)`` lists the accepted indices in order
     and ``rank(n)[i]`` how many of them come before ``i``, so "the next ``c`` draws from ``i``"
@@ -64,7 +64,7 @@ class WordBlock:
         """``getrandbits(k)`` of every word for bound ``n`` (accepted or not)."""
         out = self._values.get(n)
         if out is None:
-            out = self._values[n] = (self.words >> np.uint32(_check_bound(n))).astype(np.int64)
+            out = self._values[n] = self.words >> np.uint32(_check_bound(n))  # uint32
         return out
 
     def _accept(self, n: int) -> np.ndarray:
@@ -90,7 +90,7 @@ class WordBlock:
     def rank(self, n: int) -> memoryview:
         out = self._rank.get(n)
         if out is None:
-            counts = np.zeros(self.size + 1, dtype=np.int64)
+            counts = np.zeros(self.size + 1, dtype=np.int32 if self.size < 2**31 else np.int64)
             np.cumsum(self._accept(n), out=counts[1:])
             out = self._rank[n] = memoryview(counts)
         return out

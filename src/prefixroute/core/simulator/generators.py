@@ -255,7 +255,7 @@ def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
         next_tenant = block.next_index(n_tenants)
         tenant_values = block.values(n_tenants)
         accepted = block.accepted(FLEET_VALUE_BOUND)
-        accepted_list = memoryview(accepted.astype(np.int64))
+        accepted_list = memoryview(accepted)
         rank = block.rank(FLEET_VALUE_BOUND)
         values = block.values(FLEET_VALUE_BOUND)
         if volatile:
