@@ -42,11 +42,11 @@ class WordBlock:
     """A block of raw 32-bit outputs read ahead from a ``random.Random``, with fast lookups for
     "the next accepted draw of ``_randbelow(n)`` at or after word ``i``".
 
-    Lookups are memoryviews over integer arrays (Python ints on indexing, no list copies).
-    ``next_index(n)``: entry ``i`` is the first word index ``>= i`` accepted for
-    bound ``n`` (``len(block)`` when none); ``accepted(n)`` lists the accepted indices in order
-    and ``rank(n)[i]`` how many of them come before ``i``, so "the next ``c`` draws from ``i``"
-    is ``accepted[rank[i]:rank[i] + c]`` when nothing else draws in between."""
+    ``accepted(n)`` lists the word indices accepted for bound ``n`` in order and ``rank(n)[i]``
+    (a memoryview: Python ints on indexing, no list copy) how many of them come before word
+    ``i``, so the next draw at or after word ``i`` reads word ``accepted[rank[i]]`` (none when
+    that rank is past the end) and "the next ``c`` draws from ``i``" are
+    ``accepted[rank[i]:rank[i] + c]`` when nothing else draws in between."""
 
     def __init__(self, rng: random.Random, words: int):
         self.rng = rng
@@ -56,7 +56,6 @@ class WordBlock:
         self.words = self._twister.random_raw(words).astype(np.uint32)
         self._values: dict[int, np.ndarray] = {}
         self._ok: dict[int, np.ndarray] = {}
-        self._next: dict[int, memoryview] = {}
         self._accepted: dict[int, np.ndarray] = {}
         self._rank: dict[int, memoryview] = {}
 
@@ -72,14 +71,6 @@ class WordBlock:
         if ok is None:
             ok = self._ok[n] = self.values(n) < n
         return ok
-
-    def next_index(self, n: int) -> memoryview:
-        out = self._next.get(n)
-        if out is None:
-            # The first accepted word at or after i is accepted[rank[i]] (size when none).
-            accepted = np.append(self.accepted(n), self.size)
-            out = self._next[n] = memoryview(accepted[np.asarray(self.rank(n))])
-        return out
 
     def accepted(self, n: int) -> np.ndarray:
         out = self._accepted.get(n)

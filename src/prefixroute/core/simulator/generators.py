@@ -252,45 +252,50 @@ def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
     words = read_ahead if read_ahead else requests * 72 + 256
     while True:
         block = WordBlock(rng, words)
-        next_tenant = block.next_index(n_tenants)
-        tenant_values = block.values(n_tenants)
+        # The next accepted draw for bound n at or after word p is accepted(n)[rank(n)[p]]
+        # (none when that rank is past the end).
+        tenant_rank, tenant_at = block.rank(n_tenants), memoryview(block.accepted(n_tenants))
+        tenant_list = memoryview(block.values(n_tenants))
         accepted = block.accepted(FLEET_VALUE_BOUND)
         accepted_list = memoryview(accepted)
         rank = block.rank(FLEET_VALUE_BOUND)
         values = block.values(FLEET_VALUE_BOUND)
-        if volatile:
-            next_value = block.next_index(FLEET_VALUE_BOUND)
+        head_values = memoryview(values)
         if route_replicas:
-            next_route = block.next_index(route_replicas)
+            route_rank = block.rank(route_replicas)
+            route_at = memoryview(block.accepted(route_replicas))
             route_values = memoryview(block.values(route_replicas))
         tenants, starts, heads, routes = [], [], [], []
-        pos, end, short = 0, block.size, False
-        tenant_list = memoryview(tenant_values)
-        head_values = memoryview(values) if volatile else None
+        pos, short = 0, False
+        n_tenant_draws, n_values = len(tenant_at), len(accepted_list)
         for _ in range(requests):
-            t = next_tenant[pos]
-            if t >= end:
+            k = tenant_rank[pos]
+            if k >= n_tenant_draws:
                 short = True
                 break
+            t = tenant_at[k]
             tenants.append(tenant_list[t])
             r = rank[t + 1]
-            if r + n_user > len(accepted_list):
+            if r + n_user > n_values:
                 short = True
                 break
             starts.append(r)
-            pos = accepted_list[r + n_user - 1] + 1
+            r += n_user
             if volatile:
-                v = next_value[pos]
-                if v >= end:
+                if r >= n_values:
                     short = True
                     break
+                v = accepted_list[r]
                 heads.append(head_values[v])
                 pos = v + 1
+            else:
+                pos = accepted_list[r - 1] + 1
             if route_replicas:
-                q = next_route[pos]
-                if q >= end:
+                k = route_rank[pos]
+                if k >= len(route_at):
                     short = True
                     break
+                q = route_at[k]
                 routes.append(route_values[q])
                 pos = q + 1
         if not short:
