@@ -52,8 +52,7 @@ class WordBlock:
         self.rng = rng
         self.state = rng.getstate()
         self.size = words
-        self._twister = _twister_at(self.state)
-        self.words = self._twister.random_raw(words).astype(np.uint32)
+        self.words = _twister_at(self.state).random_raw(words).astype(np.uint32)
         self._values: dict[int, np.ndarray] = {}
         self._ok: dict[int, np.ndarray] = {}
         self._accepted: dict[int, np.ndarray] = {}

@@ -306,7 +306,7 @@ def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
     if requests:
         user = values[accepted[np.asarray(starts)[:, None] + np.arange(n_user)]]
     else:
-        user = np.zeros((0, n_user), dtype=np.int64)
+        user = np.zeros((0, n_user), dtype=values.dtype)
     return FleetBatch(tenants, user, heads if volatile else None,
                       routes if route_replicas else None)
 
