@@ -103,7 +103,13 @@ def _repeats(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     one sort of the positions by block, then by position."""
     n = len(ids)
     shift = max(1, int(n).bit_length())
-    if int(ids.max()) < 1 << (62 - shift):
+    top = int(ids.max())
+    if top < 1 << 16:
+        # Few distinct blocks: numpy's stable sort of 16-bit keys is a radix sort.
+        small = ids.astype(np.uint16)
+        order = np.argsort(small, kind="stable")
+        block = small[order]
+    elif top < 1 << (62 - shift):
         # One int64 key per access (block, then position): a plain sort, fast in numpy.
         keys = np.sort((ids << shift) | np.arange(n))
         order = keys & ((1 << shift) - 1)
