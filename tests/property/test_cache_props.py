@@ -183,16 +183,17 @@ def test_the_hash_memo_never_changes_a_digest(prompts, memo_blocks):
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 14), min_size=0, max_size=10), min_size=0, max_size=40),
-       st.integers(0, 10), st.sampled_from([1, 2, 3, 32]))
+       st.integers(0, 10), st.sampled_from([1, 2, 3, 32]), st.sampled_from([0, 1 << 20, 1 << 61]))
 def test_replaying_a_whole_sequence_gives_the_hits_of_key_lru_access(requests, capacity,
-                                                                       window):
+                                                                       window, offset):
     """Hits computed at once from the sequence (inclusion property of LRU) equal the
     key-at-a-time cache's, whatever the request shapes (repeated ids, empty requests,
-    evictions reaching a block the same request uses later) and however far back the
-    cut lies behind the window looked at first (small windows widen, then scan)."""
+    evictions reaching a block the same request uses later), however far back the cut lies
+    behind the window looked at first (small windows widen, then scan) and whatever the
+    size of the ids (each way of sorting them)."""
     keys = KeyLRUCache(capacity)
     expected = [keys.access(request) for request in requests]
-    ids = [block for request in requests for block in request]
+    ids = [block + offset for request in requests for block in request]
     assert replay_lru_hits(ids, [len(r) for r in requests], capacity, window).tolist() == \
         expected
 

@@ -53,6 +53,14 @@ def test_the_cut_is_found_far_behind_a_run_of_repeated_requests():
         assert replay(requests, capacity=3, window=window) == [0] + [0] + [1] * 5 + [1, 0]
 
 
+def test_block_ids_of_any_size_give_the_same_hits():
+    # Small ids, ids that need a 64-bit key per access, ids too large to pack with positions.
+    requests = [[0, 1, 2], [0, 9, 1], [3], [0], [2]]
+    for offset in (0, 1 << 20, 1 << 61):
+        shifted = [[block + offset for block in request] for request in requests]
+        assert replay(shifted, capacity=4) == [0, 1, 0, 1, 0]
+
+
 def test_zero_capacity_holds_nothing_and_bad_arguments_are_refused():
     assert replay([[1, 2], [1, 2]], capacity=0) == [0, 0]
     with pytest.raises(ConfigError):
