@@ -109,12 +109,13 @@ def chain_blocks(tokens: np.ndarray, parents: np.ndarray,
     prev = np.asarray(parents, dtype=np.uint64)
     lo_seeded, hi_seeded, lo_rows, hi_rows, *work = (
         np.empty((len(lane_index), rows), dtype=np.uint64) for _ in range(8))
+    # Lane i is tokens 4i .. 4i+3: two little-endian 64-bit words; every block's at once.
+    words = tokens.reshape(blocks, lanes, 4, -1).astype(np.uint64)[:, lane_index]
+    lo_lanes = words[:, :, 0] | (words[:, :, 1] << _SHIFT32)
+    hi_lanes = words[:, :, 2] | (words[:, :, 3] << _SHIFT32)
     with np.errstate(over="ignore"):
         for b in range(blocks):
-            # Lane i is tokens 4i .. 4i+3: two little-endian 64-bit words.
-            block = tokens[b].reshape(lanes, 4, -1).astype(np.uint64)[lane_index]
-            lo = block[:, 0] | (block[:, 1] << _SHIFT32)
-            hi = block[:, 2] | (block[:, 3] << _SHIFT32)
+            lo, hi = lo_lanes[b], hi_lanes[b]
             if columns is not None:
                 lo = np.take(lo, columns, axis=1, out=lo_rows)
                 hi = np.take(hi, columns, axis=1, out=hi_rows)
