@@ -106,16 +106,16 @@ def _run(rng: random.Random, hasher: BlockHasher, static: np.ndarray, prefix_awa
         # checked: a binary search of every key would cost several sorts.
         ordered = np.sort(keys, axis=None)
         repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
-        ids = np.arange(keys.size).reshape(keys.shape)
+        ids = np.arange(keys.size).reshape(requests, -1)  # request-major
         if len(repeated):
             flat, low = keys.ravel(), np.uint64(0xFFFF)
             table = np.zeros(1 << 16, dtype=bool)
             table[(repeated & low).astype(np.intp)] = True
             candidate = np.flatnonzero(table[(flat & low).astype(np.intp)])
             which = np.minimum(np.searchsorted(repeated, flat[candidate]), len(repeated) - 1)
-            shared_key = repeated[which] == flat[candidate]
-            ids.ravel()[candidate[shared_key]] = keys.size + which[shared_key]
-        ids = np.ascontiguousarray(ids.T)
+            shared = repeated[which] == flat[candidate]
+            block, request = np.divmod(candidate[shared], requests)  # keys are block-major
+            ids[request, block] = keys.size + which[shared]
     else:
         # A tenant's static blocks are hashed once; each request hashes the rest of its
         # prompt (the static remainder that does not fill a block, then its user tokens).
