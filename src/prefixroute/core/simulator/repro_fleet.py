@@ -24,7 +24,8 @@ How it runs fast without changing a single figure:
   block depends on the head, so all 128 blocks of every prompt are hashed, the same way; the
   blocks that lie inside the static text read their tokens from the tenant's row;
 * the keys are numbered (``numpy.unique``; after a volatile head, each block by its position
-  unless a sort shows its key repeated, as when two prompts draw the same head and tenant);
+  unless a sort shows its key repeated: prompts that draw the same head share their
+  system-prompt blocks, whatever their tenants);
 * the routing functions are plain functions of the request (neither depends on cache state),
   computed per request with the leading text of each tenant joined once. So each replica's
   whole sequence of requests is known before it is served, and its hits are computed from
@@ -78,10 +79,10 @@ def _run(rng: random.Random, hasher: BlockHasher, static: np.ndarray, prefix_awa
                    for t in FLEET_TENANTS]
         tenant_route = [md5_route(text, replicas) for text in leading]
     if volatile:
-        # Every block follows the head: prompts share blocks only when their heads and
-        # tenants are the same, so each prompt is hashed whole, block-major (token position,
-        # then request), as chain_blocks hashes it. The blocks that lie inside the static
-        # text read it from the tenants' rows rather than from a copy per request.
+        # Every block follows the head: prompts share blocks only when they draw the same
+        # head, so each prompt is hashed whole, block-major (token position, then request),
+        # as chain_blocks hashes it. The blocks that lie inside the static text read it
+        # from the tenants' rows rather than from a copy per request.
         full = (1 + static_len + FLEET_USER_TOKENS) // block_size * block_size
         inside = (1 + static_len) // block_size  # blocks that end within the static text
         by_tenant = np.ascontiguousarray(static.T)  # (token position, tenant)
@@ -101,9 +102,9 @@ def _run(rng: random.Random, hasher: BlockHasher, static: np.ndarray, prefix_awa
         route = [md5_route(f"time={head} ".encode() + leading[tenant], replicas)
                  for head, tenant in zip(batch.head, batch.tenants)]
         # Number the blocks: each its own position, except keys that occur more than once
-        # (two prompts with the same head and tenant), found from one sort. Their places
-        # are looked up by the key's low 16 bits in a table (a few false candidates), then
-        # checked: a binary search of every key would cost several sorts.
+        # (prompts with the same head share the system prompt's blocks), found from one
+        # sort. Their places are looked up by the key's low 16 bits in a table (a few false
+        # candidates), then checked: a binary search of every key would cost several sorts.
         ordered = np.sort(keys, axis=None)
         repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
         ids = np.arange(keys.size).reshape(requests, -1)  # request-major
