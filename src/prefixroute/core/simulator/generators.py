@@ -252,63 +252,44 @@ def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
     words = read_ahead if read_ahead else requests * 72 + 256
     while True:
         block = WordBlock(rng, words)
-        # The next accepted draw for bound n at or after word p is accepted(n)[rank(n)[p]]
-        # (none when that rank is past the end).
-        tenant_rank, tenant_at = block.rank(n_tenants), memoryview(block.accepted(n_tenants))
-        tenant_list = memoryview(block.values(n_tenants))
+        # The next accepted draw for bound n at or after word p is accepted(n)[rank(n)[p]];
+        # the loop only follows where each prompt starts (lookups past the end of the block
+        # raise IndexError: read a larger block), the values are gathered afterwards.
+        tenant_rank = block.rank(n_tenants)
+        tenant_at = memoryview(block.accepted(n_tenants))
         accepted = block.accepted(FLEET_VALUE_BOUND)
-        accepted_list = memoryview(accepted)
-        rank = block.rank(FLEET_VALUE_BOUND)
-        values = block.values(FLEET_VALUE_BOUND)
-        head_values = memoryview(values)
+        value_at, rank = memoryview(accepted), block.rank(FLEET_VALUE_BOUND)
         if route_replicas:
             route_rank = block.rank(route_replicas)
             route_at = memoryview(block.accepted(route_replicas))
-            route_values = memoryview(block.values(route_replicas))
-        tenants, starts, heads, routes = [], [], [], []
-        pos, short = 0, False
-        n_tenant_draws, n_values = len(tenant_at), len(accepted_list)
-        for _ in range(requests):
-            k = tenant_rank[pos]
-            if k >= n_tenant_draws:
-                short = True
-                break
-            t = tenant_at[k]
-            tenants.append(tenant_list[t])
-            r = rank[t + 1]
-            if r + n_user > n_values:
-                short = True
-                break
-            starts.append(r)
-            r += n_user
-            if volatile:
-                if r >= n_values:
-                    short = True
-                    break
-                v = accepted_list[r]
-                heads.append(head_values[v])
-                pos = v + 1
-            else:
-                pos = accepted_list[r - 1] + 1
-            if route_replicas:
-                k = route_rank[pos]
-                if k >= len(route_at):
-                    short = True
-                    break
-                q = route_at[k]
-                routes.append(route_values[q])
-                pos = q + 1
-        if not short:
+        begin = [0] * requests
+        pos = 0
+        try:
+            for i in range(requests):
+                begin[i] = pos
+                # The tenant, then 60 user values (and the head, the next value drawn).
+                past_user = rank[tenant_at[tenant_rank[pos]] + 1] + n_user
+                pos = value_at[past_user if volatile else past_user - 1] + 1
+                if route_replicas:
+                    pos = route_at[route_rank[pos]] + 1
             break
-        block.release(0)
-        words *= 2
+        except IndexError:
+            block.release(0)
+            words *= 2
     block.release(pos)
-    if requests:
-        user = values[accepted[np.asarray(starts)[:, None] + np.arange(n_user)]]
-    else:
-        user = np.zeros((0, n_user), dtype=values.dtype)
-    return FleetBatch(tenants, user, heads if volatile else None,
-                      routes if route_replicas else None)
+    values = block.values(FLEET_VALUE_BOUND)
+    tenant_word = block.accepted(n_tenants)[np.asarray(tenant_rank)[begin]]
+    user_from = np.asarray(rank)[tenant_word + 1]
+    user = values[accepted[user_from[:, None] + np.arange(n_user)]]
+    next_word = accepted[user_from + n_user - 1] + 1
+    heads = routes = None
+    if volatile:
+        heads = values[accepted[user_from + n_user]].tolist()
+        next_word = accepted[user_from + n_user] + 1
+    if route_replicas:
+        route_word = block.accepted(route_replicas)[np.asarray(route_rank)[next_word]]
+        routes = block.values(route_replicas)[route_word].tolist()
+    return FleetBatch(block.values(n_tenants)[tenant_word].tolist(), user, heads, routes)
 
 
 class FleetEncoder:
