@@ -7,8 +7,9 @@ MD5 routing, prefix-aware with a timestamp at the top) on one ``random.Random(3)
 
 * **library**: :func:`prefixroute.core.simulator.repro_fleet.repro_fleet` (the random stream
   drawn in one block, integer token ids, native xxh3 block keys with each tenant's static
-  blocks hashed once and volatile prompts hashed a block position at a time in numpy, keys
-  numbered once and replayed on :class:`~prefixroute.core.caches.id_lru.IdLRU`);
+  blocks hashed once and every prompt's own blocks hashed a block position at a time in
+  numpy, keys numbered, and each replica's known sequence of requests replayed at once by
+  :func:`~prefixroute.core.caches.lru_replay.replay_lru_hits`);
 * **baseline** (the headline): the seed's own script: token strings, one ``OrderedDict`` per
   replica, and for every block a chained key, the SHA-256 of ``parent + "|" + block`` (the
   previous key, then the block's joined tokens);

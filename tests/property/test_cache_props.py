@@ -3,8 +3,8 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from prefixroute.core.caches.id_lru import IdLRU
 from prefixroute.core.caches.key_lru import KeyLRUCache
+from prefixroute.core.caches.lru_replay import replay_lru_hits
 from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.caches.radix_tree import RadixCache
 from prefixroute.core.identity.hashing import BlockHasher
@@ -181,33 +181,21 @@ def test_the_hash_memo_never_changes_a_digest(prompts, memo_blocks):
         assert memo.block_hashes(tokens, identity) == plain.block_hashes(tokens, identity)
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 14), min_size=0, max_size=10), min_size=1, max_size=40),
-       st.integers(0, 10))
-def test_id_lru_answers_as_key_lru_access(requests, capacity):
-    """The numpy LRU over block ids (runs of present and absent blocks at once) gives the
-    hits, contents and LRU order of the key-at-a-time cache, whatever the request shapes
-    (repeated ids, evictions reaching a block the same request uses later)."""
-    ids = IdLRU(capacity, 15)
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 14), min_size=0, max_size=10), min_size=0, max_size=40),
+       st.integers(0, 10), st.sampled_from([1, 2, 3, 32]), st.sampled_from([0, 1 << 20, 1 << 61]))
+def test_replaying_a_whole_sequence_gives_the_hits_of_key_lru_access(requests, capacity,
+                                                                       window, offset):
+    """Hits computed at once from the sequence (inclusion property of LRU) equal the
+    key-at-a-time cache's, whatever the request shapes (repeated ids, empty requests,
+    evictions reaching a block the same request uses later), however far back the cut lies
+    behind the window looked at first (small windows widen, then scan) and whatever the
+    size of the ids (each way of sorting them)."""
     keys = KeyLRUCache(capacity)
-    for request in requests:
-        assert ids.access(np.array(request, dtype=np.int64)) == keys.access(request)
-        assert ids.keys() == keys.keys()
-        assert len(ids) == len(keys)
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 14), min_size=0, max_size=10, unique=True),
-                min_size=1, max_size=40), st.integers(0, 10))
-def test_id_lru_told_ids_are_distinct_answers_as_key_lru_access(requests, capacity):
-    """A caller that knows a request names no id twice may skip the check for it: the
-    answers stay those of the key-at-a-time cache."""
-    ids = IdLRU(capacity, 15)
-    keys = KeyLRUCache(capacity)
-    for request in requests:
-        assert ids.access(np.array(request, dtype=np.int64), distinct=True) == \
-            keys.access(request)
-        assert ids.keys() == keys.keys()
+    expected = [keys.access(request) for request in requests]
+    ids = [block + offset for request in requests for block in request]
+    assert replay_lru_hits(ids, [len(r) for r in requests], capacity, window).tolist() == \
+        expected
 
 
 @settings(max_examples=40, deadline=None)
@@ -215,7 +203,8 @@ def test_id_lru_told_ids_are_distinct_answers_as_key_lru_access(requests, capaci
        st.integers(0, 2 ** 64 - 1), st.randoms(use_true_random=False))
 def test_block_major_hashing_gives_the_native_keys(block_size, blocks, rows, parent, rnd):
     """xxh3 in numpy, one block position for every prompt at once, equals the ``native``
-    profile's one-call-per-block chain (the xxhash package)."""
+    profile's one-call-per-block chain (the xxhash package); so does reading the prompts'
+    tokens from a few shared texts by column."""
     tokens = np.array([[rnd.getrandbits(32) for _ in range(blocks * block_size)]
                        for _ in range(rows)], dtype=np.uint32)
     by_block = np.ascontiguousarray(tokens.reshape(rows, blocks, block_size).transpose(1, 2, 0))
@@ -223,3 +212,9 @@ def test_block_major_hashing_gives_the_native_keys(block_size, blocks, rows, par
     hasher = BlockHasher("native", block_size=block_size)
     for r in range(rows):
         assert keys[:, r].tolist() == hasher.native_chain(tokens[r].tobytes(), parent)
+    columns = [rnd.randrange(rows) for _ in range(5)]
+    parents = [rnd.getrandbits(64) for _ in range(5)]
+    by_column = chain_blocks(by_block, np.array(parents, dtype=np.uint64),
+                             columns=np.array(columns))
+    for i, (column, seed) in enumerate(zip(columns, parents)):
+        assert by_column[:, i].tolist() == hasher.native_chain(tokens[column].tobytes(), seed)

@@ -22,12 +22,10 @@ def test_a_block_of_words_is_the_stream_of_32_bit_draws():
 def test_next_accepted_word_is_randbelow_and_release_restores_the_state(seed, bound, used):
     rng, spec = random.Random(seed), random.Random(seed)
     block = WordBlock(rng, 64)
-    nxt, values = block.next_index(bound), block.values(bound)
+    accepted, rank, values = block.accepted(bound), block.rank(bound), block.values(bound)
     pos = 0
-    while True:
-        i = nxt[pos]
-        if i >= block.size or i >= used:
-            break
+    while rank[pos] < len(accepted) and accepted[rank[pos]] < used:
+        i = int(accepted[rank[pos]])  # the next accepted word at or after pos
         assert int(values[i]) == spec._randbelow(bound)  # the call randint/choice make
         pos = i + 1
     block.release(pos)

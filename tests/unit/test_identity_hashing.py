@@ -4,6 +4,7 @@ import hashlib
 import pickle
 
 import cbor2
+import numpy as np
 import pytest
 
 from prefixroute.core.errors import ConfigError
@@ -11,6 +12,7 @@ from prefixroute.core.identity.hashing import (BlockHasher, mm_extra_keys,
                                               resolve_vllm_none_hash_seed, vllm_event_block_hash)
 from prefixroute.core.identity.identity import (Adapter, CacheIdentity, MediaItem,
                                                derive_trust_group_salt)
+from prefixroute.core.identity.xxh3_rows import chain_blocks, supports
 
 TOKENS = list(range(100, 170))  # 70 tokens: 2 full blocks of 32, 6 left over
 
@@ -152,3 +154,9 @@ def test_the_memo_gives_the_same_digests_and_hashes_only_new_blocks(monkeypatch)
     assert len(calls) == 7
     # Bounded: at most two generations of memo_blocks entries.
     assert len(memo._memo_new) + len(memo._memo_old) <= 8
+
+
+def test_block_major_hashing_supports_whole_16_byte_lanes_only():
+    assert [b for b in range(1, 40) if supports(b)] == [8, 12, 16, 20, 24, 28, 32]
+    with pytest.raises(ValueError):
+        chain_blocks(np.zeros((1, 10, 2), dtype=np.uint32), np.zeros(2, dtype=np.uint64))

@@ -47,26 +47,50 @@ def supports(block_size: int) -> bool:
     return block_size % 4 == 0 and 16 < block_size * 4 <= 128
 
 
-def _fold(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``low64(a * b) ^ high64(a * b)`` of the 128-bit products, elementwise."""
-    a_lo, a_hi = a & _MASK32, a >> _SHIFT32
-    b_lo, b_hi = b & _MASK32, b >> _SHIFT32
-    lo_lo = a_lo * b_lo
-    hi_lo = a_hi * b_lo
-    cross = (lo_lo >> _SHIFT32) + (hi_lo & _MASK32) + a_lo * b_hi  # < 2^64: no carry lost
-    upper = (hi_lo >> _SHIFT32) + (cross >> _SHIFT32) + a_hi * b_hi
-    lower = (cross << _SHIFT32) | (lo_lo & _MASK32)
-    return lower ^ upper
+def _fold_into(a: np.ndarray, b: np.ndarray, work: list[np.ndarray]) -> np.ndarray:
+    """``low64(a * b) ^ high64(a * b)`` of the 128-bit products, elementwise, written over
+    ``a`` (``b`` and the four ``work`` arrays of the same shape are overwritten too). Every
+    operation writes into an existing array: at a few thousand elements, allocating each
+    intermediate costs about as much as computing it."""
+    a_lo, a_hi, b_lo, cross = work
+    np.bitwise_and(a, _MASK32, out=a_lo)
+    np.right_shift(a, _SHIFT32, out=a_hi)
+    np.bitwise_and(b, _MASK32, out=b_lo)
+    np.multiply(a, b, out=a)  # the low 64 bits: uint64 products wrap
+    np.right_shift(b, _SHIFT32, out=b)  # b_hi
+    # cross = (lo_lo >> 32) + low32(hi_lo) + a_lo * b_hi  (< 2^64: no carry lost)
+    np.multiply(a_lo, b, out=cross)
+    np.multiply(a_lo, b_lo, out=a_lo)  # lo_lo
+    np.right_shift(a_lo, _SHIFT32, out=a_lo)
+    np.add(cross, a_lo, out=cross)
+    np.multiply(a_hi, b_lo, out=b_lo)  # hi_lo
+    np.multiply(a_hi, b, out=b)  # hi_hi
+    np.bitwise_and(b_lo, _MASK32, out=a_lo)
+    np.add(cross, a_lo, out=cross)
+    # high 64 bits = hi_hi + (hi_lo >> 32) + (cross >> 32)
+    np.right_shift(b_lo, _SHIFT32, out=b_lo)
+    np.add(b, b_lo, out=b)
+    np.right_shift(cross, _SHIFT32, out=cross)
+    np.add(b, cross, out=b)
+    return np.bitwise_xor(a, b, out=a)
 
 
-def chain_blocks(tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
+def chain_blocks(tokens: np.ndarray, parents: np.ndarray,
+                 columns: np.ndarray | None = None) -> np.ndarray:
     """Chained ``native`` keys of many prompts' blocks.
 
     ``tokens``: ``(blocks, block_size, rows)`` token ids (uint32 values), block ``b`` of
     prompt ``r`` being ``tokens[b, :, r]``; ``parents``: ``(rows,)`` the parent key of each
     prompt's first block. Returns ``(blocks, rows)`` uint64, ``out[b, r]`` the key of block
-    ``b`` of prompt ``r`` (seeded with ``out[b - 1, r]``, block 0 with ``parents[r]``)."""
+    ``b`` of prompt ``r`` (seeded with ``out[b - 1, r]``, block 0 with ``parents[r]``).
+
+    ``columns``: prompts whose tokens come from a few shared texts (tenants' documents)
+    pass those texts once, ``tokens[b, :, c]`` for text ``c``, and each prompt's text
+    ``columns[r]``: the texts' lanes are read once and copied per prompt, instead of
+    copying every prompt's tokens first."""
     blocks, block_size, rows = tokens.shape
+    if columns is not None:
+        rows = len(columns)
     if not supports(block_size):
         raise ValueError(f"blocks of {block_size} tokens are not hashed in rows (8 to 32, a "
                          f"multiple of 4)")
@@ -83,14 +107,23 @@ def chain_blocks(tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
     start = np.uint64(length * _PRIME64_1 & 0xFFFFFFFFFFFFFFFF)
     out = np.empty((blocks, rows), dtype=np.uint64)
     prev = np.asarray(parents, dtype=np.uint64)
+    lo_seeded, hi_seeded, lo_rows, hi_rows, *work = (
+        np.empty((len(lane_index), rows), dtype=np.uint64) for _ in range(8))
+    # Lane i is tokens 4i .. 4i+3: two little-endian 64-bit words; every block's at once.
+    words = tokens.reshape(blocks, lanes, 4, -1).astype(np.uint64)[:, lane_index]
+    lo_lanes = words[:, :, 0] | (words[:, :, 1] << _SHIFT32)
+    hi_lanes = words[:, :, 2] | (words[:, :, 3] << _SHIFT32)
     with np.errstate(over="ignore"):
         for b in range(blocks):
-            # Lane i is tokens 4i .. 4i+3: two little-endian 64-bit words.
-            block = tokens[b].reshape(lanes, 4, rows).astype(np.uint64)[lane_index]
-            lo = block[:, 0] | (block[:, 1] << _SHIFT32)
-            hi = block[:, 2] | (block[:, 3] << _SHIFT32)
-            acc = _fold(lo ^ (secret_lo + prev), hi ^ (secret_hi - prev)).sum(
-                axis=0, dtype=np.uint64)
+            lo, hi = lo_lanes[b], hi_lanes[b]
+            if columns is not None:
+                lo = np.take(lo, columns, axis=1, out=lo_rows)
+                hi = np.take(hi, columns, axis=1, out=hi_rows)
+            np.add(secret_lo, prev, out=lo_seeded)
+            np.bitwise_xor(lo_seeded, lo, out=lo_seeded)
+            np.subtract(secret_hi, prev, out=hi_seeded)
+            np.bitwise_xor(hi_seeded, hi, out=hi_seeded)
+            acc = _fold_into(lo_seeded, hi_seeded, work).sum(axis=0, dtype=np.uint64)
             acc += start
             acc ^= acc >> _SHIFT37
             acc *= _PRIME_MX1

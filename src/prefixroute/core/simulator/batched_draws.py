@@ -12,13 +12,14 @@ Why this is exact (CPython's ``Random``, unchanged since 3.2 for these calls):
   value is ``>= n`` (rejection sampling);
 * ``getrandbits(k)`` for ``k <= 32`` consumes exactly one 32-bit Mersenne Twister output ``w``
   and returns ``w >> (32 - k)``;
-* ``getrandbits(32 * m)`` consumes ``m`` outputs and packs them little-endian, the first one
-  least significant.
+* those outputs are MT19937's tempered 32-bit words, and numpy's ``MT19937`` bit generator is
+  the same generator with the same state (624 words and an index): started from the caller's
+  state, its ``random_raw`` yields the next outputs, a block of them at C speed.
 
-So one ``getrandbits(32 * m)`` yields the words the one-at-a-time calls would have seen, and a
-draw of ``_randbelow(n)`` is "the next word whose top ``k`` bits are below ``n``". The caller's
-generator is left exactly where the one-at-a-time calls would have left it (the words that were
-read ahead but not used are given back by restoring the state and skipping the used ones).
+So a draw of ``_randbelow(n)`` is "the next word whose top ``k`` bits are below ``n``", read
+from one block of outputs. The caller's generator is then set exactly where the
+one-at-a-time calls would have left it (the numpy twister's state after the words used,
+handed back as a ``random`` state; the words read ahead but not used are thus given back).
 ``tests/unit/test_batched_draws.py`` checks every claim against ``random`` itself.
 """
 
@@ -41,21 +42,19 @@ class WordBlock:
     """A block of raw 32-bit outputs read ahead from a ``random.Random``, with fast lookups for
     "the next accepted draw of ``_randbelow(n)`` at or after word ``i``".
 
-    Lookups are memoryviews over int64 arrays (Python ints on indexing, no list copies).
-    ``next_index(n)``: entry ``i`` is the first word index ``>= i`` accepted for
-    bound ``n`` (``len(block)`` when none); ``accepted(n)`` lists the accepted indices in order
-    and ``rank(n)[i]`` how many of them come before ``i``, so "the next ``c`` draws from ``i``"
-    is ``accepted[rank[i]:rank[i] + c]`` when nothing else draws in between."""
+    ``accepted(n)`` lists the word indices accepted for bound ``n`` in order and ``rank(n)[i]``
+    (a memoryview: Python ints on indexing, no list copy) how many of them come before word
+    ``i``, so the next draw at or after word ``i`` reads word ``accepted[rank[i]]`` (none when
+    that rank is past the end) and "the next ``c`` draws from ``i``" are
+    ``accepted[rank[i]:rank[i] + c]`` when nothing else draws in between."""
 
     def __init__(self, rng: random.Random, words: int):
         self.rng = rng
         self.state = rng.getstate()
         self.size = words
-        raw = rng.getrandbits(32 * words).to_bytes(4 * words, "little") if words else b""
-        self.words = np.frombuffer(raw, dtype="<u4").astype(np.uint32)
+        self.words = _twister_at(self.state).random_raw(words).astype(np.uint32)
         self._values: dict[int, np.ndarray] = {}
         self._ok: dict[int, np.ndarray] = {}
-        self._next: dict[int, memoryview] = {}
         self._accepted: dict[int, np.ndarray] = {}
         self._rank: dict[int, memoryview] = {}
 
@@ -63,7 +62,7 @@ class WordBlock:
         """``getrandbits(k)`` of every word for bound ``n`` (accepted or not)."""
         out = self._values.get(n)
         if out is None:
-            out = self._values[n] = (self.words >> np.uint32(_check_bound(n))).astype(np.int64)
+            out = self._values[n] = self.words >> np.uint32(_check_bound(n))  # uint32
         return out
 
     def _accept(self, n: int) -> np.ndarray:
@@ -71,15 +70,6 @@ class WordBlock:
         if ok is None:
             ok = self._ok[n] = self.values(n) < n
         return ok
-
-    def next_index(self, n: int) -> memoryview:
-        out = self._next.get(n)
-        if out is None:
-            index = np.full(self.size + 1, self.size, dtype=np.int64)
-            index[:-1] = np.where(self._accept(n), np.arange(self.size), self.size)
-            forward = np.ascontiguousarray(np.minimum.accumulate(index[::-1])[::-1])
-            out = self._next[n] = memoryview(forward)
-        return out
 
     def accepted(self, n: int) -> np.ndarray:
         out = self._accepted.get(n)
@@ -90,16 +80,32 @@ class WordBlock:
     def rank(self, n: int) -> memoryview:
         out = self._rank.get(n)
         if out is None:
-            counts = np.zeros(self.size + 1, dtype=np.int64)
+            counts = np.zeros(self.size + 1, dtype=np.int32 if self.size < 2**31 else np.int64)
             np.cumsum(self._accept(n), out=counts[1:])
             out = self._rank[n] = memoryview(counts)
         return out
 
     def release(self, used: int) -> None:
         """Leave the generator as if only the first ``used`` words had been drawn."""
-        self.rng.setstate(self.state)
-        if used:
-            self.rng.getrandbits(32 * used)
+        twister = _twister_at(self.state)
+        twister.random_raw(used, output=False)
+        position = twister.state["state"]
+        version, _, gauss_next = self.state
+        self.rng.setstate((version, tuple(position["key"].tolist()) + (int(position["pos"]),),
+                           gauss_next))
+
+
+def _twister_at(state: tuple) -> np.random.MT19937:
+    """numpy's Mersenne Twister at the position of a ``random.Random`` state: the same
+    generator (MT19937, same tempering), its state the same 624 words and index, and
+    ``random_raw`` the 32-bit outputs ``getrandbits(32)`` returns, without building one
+    large Python integer of them."""
+    _, internal, _ = state
+    twister = np.random.MT19937()
+    twister.state = {"bit_generator": "MT19937",
+                     "state": {"key": np.array(internal[:-1], dtype=np.uint32),
+                               "pos": internal[-1]}}
+    return twister
 
 
 class ShortBlock(Exception):

@@ -252,57 +252,44 @@ def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
     words = read_ahead if read_ahead else requests * 72 + 256
     while True:
         block = WordBlock(rng, words)
-        next_tenant = block.next_index(n_tenants)
-        tenant_values = block.values(n_tenants)
+        # The next accepted draw for bound n at or after word p is accepted(n)[rank(n)[p]];
+        # the loop only follows where each prompt starts (lookups past the end of the block
+        # raise IndexError: read a larger block), the values are gathered afterwards.
+        tenant_rank = block.rank(n_tenants)
+        tenant_at = memoryview(block.accepted(n_tenants))
         accepted = block.accepted(FLEET_VALUE_BOUND)
-        accepted_list = memoryview(accepted.astype(np.int64))
-        rank = block.rank(FLEET_VALUE_BOUND)
-        next_value = block.next_index(FLEET_VALUE_BOUND)
-        values = block.values(FLEET_VALUE_BOUND)
+        value_at, rank = memoryview(accepted), block.rank(FLEET_VALUE_BOUND)
         if route_replicas:
-            next_route = block.next_index(route_replicas)
-            route_values = memoryview(block.values(route_replicas))
-        tenants, starts, heads, routes = [], [], [], []
-        pos, end, short = 0, block.size, False
-        tenant_list = memoryview(tenant_values)
-        head_values = memoryview(values) if volatile else None
-        for _ in range(requests):
-            t = next_tenant[pos]
-            if t >= end:
-                short = True
-                break
-            tenants.append(tenant_list[t])
-            r = rank[t + 1]
-            if r + n_user > len(accepted_list):
-                short = True
-                break
-            starts.append(r)
-            pos = accepted_list[r + n_user - 1] + 1
-            if volatile:
-                v = next_value[pos]
-                if v >= end:
-                    short = True
-                    break
-                heads.append(head_values[v])
-                pos = v + 1
-            if route_replicas:
-                q = next_route[pos]
-                if q >= end:
-                    short = True
-                    break
-                routes.append(route_values[q])
-                pos = q + 1
-        if not short:
+            route_rank = block.rank(route_replicas)
+            route_at = memoryview(block.accepted(route_replicas))
+        begin = [0] * requests
+        pos = 0
+        try:
+            for i in range(requests):
+                begin[i] = pos
+                # The tenant, then 60 user values (and the head, the next value drawn).
+                past_user = rank[tenant_at[tenant_rank[pos]] + 1] + n_user
+                pos = value_at[past_user if volatile else past_user - 1] + 1
+                if route_replicas:
+                    pos = route_at[route_rank[pos]] + 1
             break
-        block.release(0)
-        words *= 2
+        except IndexError:
+            block.release(0)
+            words *= 2
     block.release(pos)
-    if requests:
-        user = values[accepted[np.asarray(starts)[:, None] + np.arange(n_user)]]
-    else:
-        user = np.zeros((0, n_user), dtype=np.int64)
-    return FleetBatch(tenants, user, heads if volatile else None,
-                      routes if route_replicas else None)
+    values = block.values(FLEET_VALUE_BOUND)
+    tenant_word = block.accepted(n_tenants)[np.asarray(tenant_rank)[begin]]
+    user_from = np.asarray(rank)[tenant_word + 1]
+    user = values[accepted[user_from[:, None] + np.arange(n_user)]]
+    next_word = accepted[user_from + n_user - 1] + 1
+    heads = routes = None
+    if volatile:
+        heads = values[accepted[user_from + n_user]].tolist()
+        next_word = accepted[user_from + n_user] + 1
+    if route_replicas:
+        route_word = block.accepted(route_replicas)[np.asarray(route_rank)[next_word]]
+        routes = block.values(route_replicas)[route_word].tolist()
+    return FleetBatch(block.values(n_tenants)[tenant_word].tolist(), user, heads, routes)
 
 
 class FleetEncoder:
