@@ -384,11 +384,16 @@ class PrefixRoute(BasePolicy):
         pending = self._pending.pop(request.request_id, None)
         if pending is not None and pending.replica == index:
             stamps, cached = pending.stamps, pending.cached_tokens
+            counted = max(0.0, request.num_tokens - cached)
         else:  # routed elsewhere than we said (or by someone else): predict afresh
             hit = self._expected(state, keys, hit_limit(request), _TRUST_MIRROR)
             stamps, cached = hit.stamps, hit.expected_blocks * request.block_size
+            # The replica's pending prefill counts it as the router that sent it predicted
+            # (another instance's booking): the queue's units must add up to that figure, or
+            # the reconciliation misplaces it (and reads a surplus as whole prompts counted).
+            counted = max(0.0, request.num_tokens - decision.predicted_cached_tokens)
         uncached = max(0.0, request.num_tokens - cached)
-        units = request.num_tokens if self._pending_counts_prompt else uncached
+        units = request.num_tokens if self._pending_counts_prompt else counted
         work = self.costs.prefill_work(uncached, cached)
         # Its place in the replica's order: the deadline sent as priority, else its arrival.
         order = request.now if decision.priority is None else decision.priority / 1000.0
