@@ -134,3 +134,18 @@ def test_a_peer_s_smaller_hit_estimate_does_not_inflate_the_wait(monkeypatch):
     # that count and its wait is B's own estimate of the work: 1,008 new tokens after 8,000
     # cached. (Counted at B's 1,008, the surplus read as unknown work, 8,000 tokens more.)
     assert abs(scores[0]["wait_s"] - work(1_008, 8_000) * S_PER_TOKEN) < 1e-9
+
+
+def test_a_streamed_answer_tells_its_first_byte_and_a_whole_one_only_its_end(monkeypatch):
+    router, shared, backends, _ = instance_b(monkeypatch)
+    streamed = route(router, backends, "s", 1_008, 0)
+    router.first_byte(streamed)
+    router.succeeded(streamed, {"prompt_tokens": 1_008,
+                                "prompt_tokens_details": {"cached_tokens": 0}})
+    whole = route(router, backends, "w", 1_008, 5_000)
+    router.first_byte(whole, whole=True)
+    router.succeeded(whole, {"prompt_tokens": 1_008,
+                             "prompt_tokens_details": {"cached_tokens": 0}})
+    told = [(type(e).__name__, e.request_id) for e in map(decode, shared.bookings.outbox)]
+    assert told == [("Routed", "s"), ("Prefilled", "s"), ("Completed", "s"),
+                    ("Routed", "w"), ("Completed", "w")]

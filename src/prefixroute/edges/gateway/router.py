@@ -221,12 +221,15 @@ class GatewayRouter:
             return round(arrived * 1000.0) + offset_ms
         return priority + offset_ms
 
-    def first_byte(self, attempt: Attempt) -> None:
+    def first_byte(self, attempt: Attempt, whole: bool = False) -> None:
+        """The replica's first byte came back: the request's prefill is over. ``whole``: it
+        is the whole answer (not streamed), whose end follows at once and tells the other
+        instances as much."""
         if attempt.prefill_pending:
             attempt.prefill_pending = False
             attempt.backend.prefill_done(attempt.ticket)
-            if self.observer is not None and not attempt.finished:
-                self.observer.prefilled(attempt.booking)  # (an end tells it otherwise)
+            if self.observer is not None and not (whole or attempt.finished):
+                self.observer.prefilled(attempt.booking)
             if attempt.span is not None and not attempt.finished:
                 self.tracing.first_token(attempt.span)
 
