@@ -43,6 +43,11 @@ back on each seed in an order that turns from seed to seed:
         --configs '1 alone,4 shared,1 alone (main),4 shared (main)' \
         --compare-src main=/tmp/main/src
 
+``--beliefs PATH`` (with ``--pooled``) adds, per run, what each deciding instance believed
+about every replica's pending prefill (its decisions' scores, ``/debug/decisions``) against
+what was pending there (every instance's decisions and the replicas' own arrival and
+first-byte times, ``/debug/timings``), and the raw records to PATH.
+
 ``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
 several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
 three idle, without and with shared state; four shared), back to back per seed, and reports
@@ -925,9 +930,9 @@ def check_configs(args: argparse.Namespace) -> None:
     """Every --configs name is a --pooled configuration of a version run (exit 2 if not,
     before anything starts); --configs and --compare-src go with --pooled, and each version's
     label is new and fits in a --configs name."""
-    if (args.configs or args.compare_src) and not args.pooled:
-        print("--configs and --compare-src choose among the --pooled runs: add --pooled SEEDS",
-              file=sys.stderr)
+    if (args.configs or args.compare_src or args.beliefs) and not args.pooled:
+        print("--configs, --compare-src and --beliefs go with the --pooled runs: add --pooled "
+              "SEEDS", file=sys.stderr)
         sys.exit(2)
     labels = [label for label, _ in args.compare_src]
     bad = [label for label in labels
