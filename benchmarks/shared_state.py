@@ -43,6 +43,11 @@ back on each seed in an order that turns from seed to seed:
         --configs '1 alone,4 shared,1 alone (main),4 shared (main)' \
         --compare-src main=/tmp/main/src
 
+``--beliefs PATH`` (with ``--pooled``) adds, per run, what each deciding instance believed
+about every replica's pending prefill (its decisions' scores, ``/debug/decisions``) against
+what was pending there (every instance's decisions and the replicas' own arrival and
+first-byte times, ``/debug/timings``), and the raw records to PATH.
+
 ``--experiments SEEDS`` runs, instead, the controlled comparison behind the TTFT p99 of
 several instances (:data:`EXPERIMENTS`: one instance; one with shared state; one active and
 three idle, without and with shared state; four shared), back to back per seed, and reports
@@ -444,6 +449,93 @@ def run_experiments(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
     return rows
 
 
+# --beliefs: what the deciding instances believed against what was true (diagnostic).
+TIMINGS_ENV = "PREFIXROUTE_EMULATOR_TIMINGS"
+BELIEFS_ADMIN = "beliefs-admin"  # a tenant that may read every tenant's decisions
+
+
+def collect_beliefs(fleet: LocalFleet, urls: list[str], seed: int, name: str,
+                    args) -> tuple[list, dict]:
+    """Every instance's decisions (``/debug/decisions``) and the replicas' own per-request
+    arrival and first-event times (``/debug/timings``, emptied for the next run); the raw
+    records are kept for ``--beliefs PATH``."""
+    headers = {"authorization": f"Bearer {fleet.api_keys[BELIEFS_ADMIN]}"}
+    decisions = []
+    for i, u in enumerate(urls):
+        answer = httpx.get(u + "/debug/decisions?n=100000", headers=headers, timeout=30).json()
+        for d in answer["decisions"]:
+            d["instance"] = i
+            decisions.append(d)
+    timings = {}
+    for r, u in enumerate(fleet.replica_urls):
+        for t in httpx.get(u + "/debug/timings", timeout=30).json()["records"]:
+            timings[t["request_id"]] = (r, t["received_ns"] / 1e9, t["first_event_ns"] / 1e9)
+        httpx.delete(u + "/debug/timings", timeout=30)
+    args.beliefs_raw.append({"seed": seed, "config": name, "decisions": decisions,
+                             "timings": {k: list(v) for k, v in timings.items()}})
+    return decisions, timings
+
+
+def belief_figures(decisions: list[dict], timings: dict) -> dict:
+    """Per decision and candidate replica: the prefill the deciding instance believed
+    pending there (``wait_s / s_per_token``, token-equivalents) against the uncached tokens
+    truly pending there at that moment: requests routed there before it (by any instance,
+    ``fleet``; by the deciding one, ``own``) whose first token the replica had not yet
+    written. And the placement: the chosen replica's true pending less the least truly
+    pending candidate's (``regret``, tokens)."""
+    names = {}
+    sent = []  # (replica index, decided at, first token at, uncached, instance)
+    for d in decisions:
+        t = timings.get(d["request_id"])
+        if t is None or d.get("reported_cached_tokens") is None:
+            continue
+        for c in d["candidates"]:
+            names[c["replica"]] = c["index"]
+        sent.append((names[d["replica"]], d["time"], t[2], d["num_tokens"]
+                     - d["reported_cached_tokens"], d["instance"], d["request_id"]))
+    believed, fleet_true, own_true, regrets, cold_regrets = [], [], [], [], []
+    over = under = 0
+    for d in decisions:
+        now, inst, rid = d["time"], d["instance"], d["request_id"]
+        pend = {}
+        for c in d["candidates"]:
+            s = c["scores"]
+            if "wait_s" not in s:
+                continue
+            r = c["index"]
+            fleet = sum(u for rr, at, first, u, _, other in sent
+                        if rr == r and at < now and first > now and other != rid)
+            own = sum(u for rr, at, first, u, i, other in sent
+                      if rr == r and at < now and first > now and i == inst and other != rid)
+            b = s["wait_s"] / s["s_per_token"]
+            believed.append(b)
+            fleet_true.append(fleet)
+            own_true.append(own)
+            over += b > fleet + 2000
+            under += b < fleet - 2000
+            pend[c["replica"]] = fleet
+        if pend and d["replica"] in pend:
+            regret = pend[d["replica"]] - min(pend.values())
+            regrets.append(regret)
+            if d["branch"] in ("cold_spread", "cold_balance"):
+                cold_regrets.append(regret)
+    n = max(1, len(believed))
+
+    def mean(values):
+        return round(statistics.fmean(values), 1) if values else None
+
+    return {"pairs": len(believed), "believed_mean": mean(believed),
+            "true_fleet_mean": mean(fleet_true), "true_own_mean": mean(own_true),
+            "believed_over_true_by_2k": round(over / n, 3),
+            "believed_under_true_by_2k": round(under / n, 3),
+            "mean_abs_error_vs_fleet": mean([abs(b - f) for b, f in zip(believed, fleet_true)]),
+            "mean_abs_error_vs_own": mean([abs(b - o) for b, o in zip(believed, own_true)]),
+            "regret_mean": mean(regrets),
+            "regret_share_over_5k": round(sum(r > 5000 for r in regrets)
+                                          / max(1, len(regrets)), 3),
+            "cold_regret_mean": mean(cold_regrets), "cold_decisions": len(cold_regrets)}
+
+
 # --pooled: every configuration of the table, on each seed back to back (shared machine
 # conditions), without the rate-limit runs; TTFTs pooled over the seeds per configuration.
 POOLED_CONFIGS = CONFIGS
@@ -528,6 +620,8 @@ def run_pooled(args: argparse.Namespace, fleet: LocalFleet, headers: dict,
                             branch = head.split('branch="', 1)[1].split('"', 1)[0]
                             row["decisions_by_branch"][branch] = (
                                 row["decisions_by_branch"].get(branch, 0) + int(value))
+            if args.beliefs:
+                row["beliefs"] = belief_figures(*collect_beliefs(fleet, urls, seed, name, args))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
             ttfts.setdefault(name, {})[seed] = [t / args.time_scale
@@ -566,6 +660,10 @@ def run(args: argparse.Namespace) -> dict:
     if redis_bin is None:
         sys.exit("redis-server is not installed: scripts/setup_test_services.sh")
 
+    if args.beliefs:  # the replicas keep per-request arrival and first-token times
+        os.environ[TIMINGS_ENV] = "5000"
+        args.beliefs_raw = []
+
     def scenario(seed: int) -> tuple[list, float]:
         requests = design_requests(args.requests, replicas=args.replicas, model="emulated",
                                    rate_per_replica=RATE_PER_REPLICA,
@@ -600,7 +698,8 @@ def run(args: argparse.Namespace) -> dict:
     try:
         time.sleep(0.3)
         with LocalFleet(workdir, args.replicas, replica_args,
-                        tenants=[*tenants, "limited", "token-limited"]) as fleet:
+                        tenants=[*tenants, "limited", "token-limited", BELIEFS_ADMIN]
+                        ) as fleet:
             fleet.start_replicas()
             tenant_entries = [{"name": t, "api_key_sha256": hash_api_key(k),
                                "rate_limit": dict(SCENARIO_LIMIT)}
@@ -609,6 +708,8 @@ def run(args: argparse.Namespace) -> dict:
                 if entry["name"] == "limited":
                     entry["rate_limit"] = {"requests_per_second": LIMIT_RPS,
                                            "burst": LIMIT_BURST}
+                elif entry["name"] == BELIEFS_ADMIN:
+                    entry["admin"] = True
                 elif entry["name"] == "token-limited":
                     entry["rate_limit"] = {"prompt_tokens_per_second": LIMIT_TPS,
                                            "prompt_tokens_burst": LIMIT_TOKEN_BURST}
@@ -618,6 +719,8 @@ def run(args: argparse.Namespace) -> dict:
             if args.pooled:
                 results["pooled"] = run_pooled(args, fleet, headers, tenant_entries, url,
                                                scenario)
+                if args.beliefs:
+                    Path(args.beliefs).write_text(json.dumps(args.beliefs_raw))
                 return results
             if args.experiments:
                 results["experiments"] = run_experiments(args, fleet, headers, tenant_entries,
@@ -827,9 +930,9 @@ def check_configs(args: argparse.Namespace) -> None:
     """Every --configs name is a --pooled configuration of a version run (exit 2 if not,
     before anything starts); --configs and --compare-src go with --pooled, and each version's
     label is new and fits in a --configs name."""
-    if (args.configs or args.compare_src) and not args.pooled:
-        print("--configs and --compare-src choose among the --pooled runs: add --pooled SEEDS",
-              file=sys.stderr)
+    if (args.configs or args.compare_src or args.beliefs) and not args.pooled:
+        print("--configs, --compare-src and --beliefs go with the --pooled runs: add --pooled "
+              "SEEDS", file=sys.stderr)
         sys.exit(2)
     labels = [label for label, _ in args.compare_src]
     bad = [label for label in labels
@@ -892,6 +995,12 @@ def main() -> None:
                              "gateways on the code in SRC (another version's src directory), "
                              "reported as '... (LABEL)', the versions back to back on each "
                              "seed; each against its own single instance if it ran one")
+    parser.add_argument("--beliefs", metavar="PATH", default="",
+                        help="with --pooled: per run, what each deciding instance believed "
+                             "about every replica's pending prefill (its decisions' scores) "
+                             "against what was pending there (every instance's decisions "
+                             "and the replicas' own arrival and first-token times); raw "
+                             "records to PATH")
     parser.add_argument("--pooled", metavar="SEEDS", default="",
                         type=seed_list,
                         help="instead of the table: 1, 2 and 4 instances with and without "

@@ -80,6 +80,24 @@ def test_instances_see_each_others_bookings_and_follow_the_same_prefix(tmp_path)
         assert fleet.decisions(1, late)[0]["replica"] in first_replicas
 
 
+def test_a_streamed_request_s_first_byte_reaches_the_other_instances(tmp_path):
+    # The others count its prefill as pending on its replica from its booking to this
+    # message (a non-streamed answer sends none: its end says it).
+    with RedisServer(tmp_path) as redis, fleet_with_redis(tmp_path, redis) as fleet:
+        second = fleet.start_another_gateway()
+        with httpx.stream("POST", f"{fleet.url}/v1/completions", timeout=30,
+                          headers={"authorization": f"Bearer {KEYS['a']}"},
+                          json={"model": fleet.model, "prompt": PREFIX + "streamed",
+                                "max_tokens": 4, "stream": True}) as response:
+            assert response.status_code == 200
+            assert b"[DONE]" in response.read()
+        assert complete(fleet.url, PREFIX + "not streamed", fleet.model).status_code == 200
+        wait_for(lambda: metric(second, "prefixroute_shared_state_remote_events_total",
+                                kind="completed") == 2, what="2 remote completions")
+        assert metric(second, "prefixroute_shared_state_remote_events_total",
+                      kind="prefilled") == 1
+
+
 async def hammer(urls: list[str], model: str, seconds: float, prompt_for,
                  weight: int) -> tuple[int, int, list[httpx.Response]]:
     """Tenant a's completions, six at a time over the instances in turn, for ``seconds``: what

@@ -484,6 +484,21 @@ def test_speed_is_learned_only_where_the_runner_states_none_by_default():
     assert unknown.replica == 0
 
 
+def test_a_replica_first_met_in_another_router_s_booking_keeps_its_stated_speed():
+    # Another router's booking on replica 1 reaches this policy before it has routed anything
+    # (a gateway instance applying its peers' bookings at start). Its first view states 1 ms
+    # a token, as for replica 0: the booking must not make replica 1 a replica of unknown
+    # speed, priced at the policy's default 4e-5 and learning (busy seconds over work done:
+    # on a live gateway up to twice that, while its peers' prefill showed as 1 ms).
+    policy = plain()
+    other = req(blocks("O", 10), "another router's")
+    policy.on_routed(other, Decision(1, "another router", predicted_cached_tokens=0))
+    decision = policy.route(req(blocks("n", 4), "first", now=1.0), fleet(pending=[0, 160]))
+    assert [decision.scores[i]["s_per_token"] for i in (0, 1)] == [MS, MS]
+    # The booking's 160 tokens are still pending there: 0.16 s of wait at that speed.
+    assert decision.scores[1]["wait_s"] == pytest.approx(0.16)
+
+
 def test_a_full_kv_makes_the_request_wait_for_running_ones():
     policy = plain()
     replicas = fleet()

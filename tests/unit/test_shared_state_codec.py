@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixroute.edges.shared_state.codec import (CodecError, Completed, Ended, Routed, decode,
-                                                  encode)
+from prefixroute.edges.shared_state.codec import (CodecError, Completed, Ended, Prefilled,
+                                                  Routed, decode, encode)
 
 KEY64 = st.integers(min_value=0, max_value=2**64 - 1)
 TEXT = st.text(max_size=40)
@@ -16,11 +16,12 @@ routed = st.builds(Routed, TEXT, TEXT, TEXT, TEXT, st.integers(0, 10**7), st.int
                    st.lists(KEY64, max_size=50).map(tuple),
                    st.floats(0, 2e9, allow_nan=False), TEXT, st.integers(0, 10**7),
                    st.one_of(st.none(), st.integers(0, 2**53)))
+prefilled = st.builds(Prefilled, TEXT, TEXT)
 completed = st.builds(Completed, TEXT, TEXT, st.integers(0, 10**7))
 ended = st.builds(Ended, TEXT, TEXT, st.booleans())
 
 
-@given(st.one_of(routed, completed, ended))
+@given(st.one_of(routed, prefilled, completed, ended))
 def test_every_event_decodes_to_itself(event):
     assert decode(encode(event)) == event
 
@@ -40,6 +41,7 @@ def test_a_routed_booking_of_three_blocks_is_small_on_the_wire():
     (msgpack.packb([1, "x", "i", "r"]), "unknown booking message kind 'x'"),
     (msgpack.packb([1, "c", "i", "r", "many"]), "malformed 'c'"),
     (msgpack.packb([1, "e", 7, "r", True]), "strings"),
+    (msgpack.packb([1, "p", "i", "r", 3]), "unknown booking message kind 'p' with 3"),
 ])
 def test_anything_else_is_refused_with_a_reason(data, message):
     with pytest.raises(CodecError, match=message):

@@ -315,7 +315,7 @@ class Proxy:
             reason = "timeout" if isinstance(exc, RequestTimeout) else "read"
             self._failed(job, attempt, reason, f"response broke: {type(exc).__name__}")
             return None
-        self.router.first_byte(attempt)
+        self.router.first_byte(attempt, whole=True)
         usage = _usage_of(content)
         self.router.succeeded(attempt, usage)
         job.cached_tokens = attempt.record.reported_cached_tokens

@@ -137,7 +137,8 @@ class GatewayRouter:
         self._wall = wall_clock
         self.decisions: deque[DecisionRecord] = deque(maxlen=decisions_kept)
         self.tracing: Any = None  # a GatewayTracing, set by the gateway when configured
-        # Told each booking and its end (shared state across gateway instances:
+        # Told each booking, the end of its prefill and its end, and asked for the other
+        # instances' pending prefill per replica (shared state across gateway instances:
         # :class:`prefixroute.edges.shared_state.shared.SharedState`), or None.
         self.observer: Any = None
         for backend in backends:
@@ -170,8 +171,11 @@ class GatewayRouter:
                               now=self._clock.now(), arrival=arrival)
         by_index = {}
         snapshot = []  # the candidates as they were at the decision
+        shared = self.observer
         for b in candidates:
-            b.replica_view()
+            view = b.replica_view()
+            if shared is not None:  # the other instances' requests are pending there too
+                view.pending_prefill_tokens += shared.pending_prefill_tokens(b.index)
             by_index[b.index] = b
             snapshot.append((b, b.in_flight, b.queued, b.running, b.kv_usage, b.assignments))
         booking = self.runner.route(request, by_index)
@@ -217,10 +221,15 @@ class GatewayRouter:
             return round(arrived * 1000.0) + offset_ms
         return priority + offset_ms
 
-    def first_byte(self, attempt: Attempt) -> None:
+    def first_byte(self, attempt: Attempt, whole: bool = False) -> None:
+        """The replica's first byte came back: the request's prefill is over. ``whole``: it
+        is the whole answer (not streamed), whose end follows at once and tells the other
+        instances as much."""
         if attempt.prefill_pending:
             attempt.prefill_pending = False
             attempt.backend.prefill_done(attempt.ticket)
+            if self.observer is not None and not (whole or attempt.finished):
+                self.observer.prefilled(attempt.booking)
             if attempt.span is not None and not attempt.finished:
                 self.tracing.first_token(attempt.span)
 

@@ -7,6 +7,19 @@ assignment counts, the router's cache view), and its end the runner's
 calls, in the same order, as for a local request, so every instance's policy state reflects
 the whole fleet's traffic. The bookings are marked remote (``Booking.remote``).
 
+Pending prefill. A replica's pending prefill is what a gateway measures itself: the uncached
+tokens of the requests it sent there whose first byte has not come back
+(``ReplicaView.pending_prefill_tokens``). The policy reconciles its record of a replica's
+queue with that figure at every decision, taking the entries beyond it as done; so without
+the others' share a remote booking left the queue record at this instance's next decision and
+its prefill never counted in the wait there (measured on four instances: each believed about
+a third of what was pending, its own share). Each open remote booking therefore counts its
+uncached tokens (the prompt less what its router predicted cached, the figure that router
+counts) in :meth:`RemoteBookings.pending_prefill_tokens` of its replica, from its
+:class:`~prefixroute.edges.shared_state.codec.Routed` to its
+:class:`~prefixroute.edges.shared_state.codec.Prefilled` or its end; the body adds that to
+what it measures.
+
 Invariants: a booking is applied once (a repeated message, e.g. after a bootstrap overlaps the
 live stream, changes nothing); an end without its booking (its ``Routed`` is older than what
 this instance read) is ignored; a remote booking whose end never arrives (its instance died)
@@ -22,7 +35,7 @@ from typing import Callable
 
 from prefixroute.core.routing.base import Decision, RequestView
 from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
-from prefixroute.edges.shared_state.codec import Completed, Ended, Event, Routed
+from prefixroute.edges.shared_state.codec import Completed, Ended, Event, Prefilled, Routed
 
 # A remote request that has not ended after this long is taken as ended (its instance went
 # away without telling): the gateway's default read timeout is 600 s, so no live request
@@ -48,7 +61,22 @@ class RemoteBookings:
         self.stale_after_s = stale_after_s
         # (instance, request_id) -> (booking, local time booked); oldest first.
         self.open: OrderedDict[tuple[str, str], tuple[Booking, float]] = OrderedDict()
-        self.applied = {"routed": 0, "completed": 0, "ended": 0, "expired": 0, "ignored": 0}
+        # Uncached tokens of the open bookings whose prefill is not over, by replica index
+        # and by booking (module docstring).
+        self._pending: dict[int, int] = {}
+        self._prefilling: dict[tuple[str, str], int] = {}
+        self.applied = {"routed": 0, "prefilled": 0, "completed": 0, "ended": 0,
+                        "expired": 0, "ignored": 0}
+
+    def pending_prefill_tokens(self, index: int) -> int:
+        """Uncached tokens the other instances sent to replica ``index`` whose prefill is not
+        known to be over."""
+        return self._pending.get(index, 0)
+
+    def _prefill_over(self, key: tuple[str, str], booking: Booking) -> None:
+        tokens = self._prefilling.pop(key, 0)
+        if tokens:
+            self._pending[booking.replica] -= tokens
 
     def apply(self, event: Event) -> bool:
         """Apply one event; False if it changed nothing (our own, a duplicate, an unknown
@@ -76,12 +104,24 @@ class RemoteBookings:
             if booking is None:
                 return self._ignored()
             self.open[key] = (booking, now)
+            uncached = max(0, event.num_tokens - event.predicted_cached_tokens)
+            if uncached:
+                self._prefilling[key] = uncached
+                self._pending[index] = self._pending.get(index, 0) + uncached
             self.applied["routed"] += 1
+            return True
+        if isinstance(event, Prefilled):
+            entry = self.open.get(key)
+            if entry is None or key not in self._prefilling:
+                return self._ignored()
+            self._prefill_over(key, entry[0])
+            self.applied["prefilled"] += 1
             return True
         entry = self.open.pop(key, None)
         if entry is None:
             return self._ignored()
         booking = entry[0]
+        self._prefill_over(key, booking)
         if isinstance(event, Completed):
             self.runner.completed(booking, event.cached_tokens)
             self.applied["completed"] += 1
@@ -101,6 +141,7 @@ class RemoteBookings:
             if booked_at > limit:
                 break
             del self.open[key]
+            self._prefill_over(key, booking)
             self.runner.ended(booking, ran=True)
             expired += 1
         self.applied["expired"] += expired
@@ -116,6 +157,7 @@ class RemoteBookings:
         keys = [key for key in self.open if key[0] == instance]
         for key in keys:
             booking, _ = self.open.pop(key)
+            self._prefill_over(key, booking)
             self.runner.ended(booking, ran=True)
         self.applied["expired"] += len(keys)
         return len(keys)

@@ -1,10 +1,14 @@
 """The booking messages router instances exchange, and their wire form.
 
-A booking is told in up to two messages: :class:`Routed` when an instance sends a request to a
-replica, then one end, :class:`Completed` (the replica reported ``cached_tokens``) or
-:class:`Ended` (no report; ``ran``: the engine ran it). These are exactly the lifecycle
+A booking is told in up to three messages: :class:`Routed` when an instance sends a request to
+a replica, :class:`Prefilled` when its prefill is over (the first streamed byte came back),
+then one end, :class:`Completed` (the replica reported ``cached_tokens``) or :class:`Ended`
+(no report; ``ran``: the engine ran it). The booking and its end are exactly the lifecycle
 runner's events (:mod:`prefixroute.core.routing.lifecycle`), so a peer that applies them feeds
-its policy as it would have fed it had it routed the request itself.
+its policy as it would have fed it had it routed the request itself; :class:`Prefilled` is
+what the instance's own replica load learns at the first byte (the replica's pending
+prefill), so every instance counts the fleet's pending prefill, not only its own. A request
+that ends before any byte sends no :class:`Prefilled` (its end says it).
 
 Replicas travel by name, not index: instances may list their backends in different orders.
 Times travel as wall-clock seconds (each instance's routing clock is its own monotonic one);
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 import msgpack
 
 VERSION = 1
-ROUTED, COMPLETED, ENDED = "r", "c", "e"
+ROUTED, PREFILLED, COMPLETED, ENDED = "r", "p", "c", "e"
 
 
 class CodecError(ValueError):
@@ -47,6 +51,14 @@ class Routed:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefilled:
+    """The prefill of ``request_id`` is over: its replica sent the first byte."""
+
+    instance: str
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Completed:
     """The replica answered ``request_id`` and reported ``cached_tokens`` (in the units the
     request was routed in)."""
@@ -65,7 +77,7 @@ class Ended:
     ran: bool
 
 
-Event = Routed | Completed | Ended
+Event = Routed | Prefilled | Completed | Ended
 
 
 def encode(event: Event) -> bytes:
@@ -73,6 +85,8 @@ def encode(event: Event) -> bytes:
         body = [VERSION, ROUTED, event.instance, event.request_id, event.replica, event.tenant,
                 event.num_tokens, event.block_size, list(event.block_keys), event.wall_time,
                 event.branch, event.predicted_cached_tokens, event.priority_wall_ms]
+    elif isinstance(event, Prefilled):
+        body = [VERSION, PREFILLED, event.instance, event.request_id]
     elif isinstance(event, Completed):
         body = [VERSION, COMPLETED, event.instance, event.request_id, event.cached_tokens]
     elif isinstance(event, Ended):
@@ -105,6 +119,8 @@ def decode(data: bytes) -> Event:
                                   int(block_size), tuple(keys), float(wall),
                                   branch, int(predicted),
                                   None if priority is None else int(priority))
+        elif kind == PREFILLED and len(fields) == 2:
+            event = Prefilled(fields[0], fields[1])
         elif kind == COMPLETED and len(fields) == 3:
             event = Completed(fields[0], fields[1], int(fields[2]))
         elif kind == ENDED and len(fields) == 3:

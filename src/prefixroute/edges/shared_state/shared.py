@@ -1,9 +1,11 @@
 """Shared routing state for several router instances: the piece a router body plugs in.
 
 A body (the gateway, an Envoy Endpoint Picker) creates one :class:`SharedState` beside its
-:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, tells it each local booking and
-its end (:meth:`routed`, :meth:`completed`, :meth:`ended`), asks it for rate limits
-(:meth:`take`), and starts and stops it with itself. Everything else (the booking stream,
+:class:`~prefixroute.core.routing.lifecycle.LifecycleRunner`, tells it each local booking, the
+end of its prefill and its end (:meth:`routed`, :meth:`prefilled`, :meth:`completed`,
+:meth:`ended`), adds the other instances' pending prefill to each replica's own
+(:meth:`pending_prefill_tokens`) when it fills in the views for a decision, asks it for rate
+limits (:meth:`take`), and starts and stops it with itself. Everything else (the booking stream,
 applying the other instances' bookings to the runner, bootstrap, outages) happens inside.
 """
 
@@ -19,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from prefixroute.core.routing.lifecycle import Booking, LifecycleRunner
 from prefixroute.edges.shared_state.apply import DEFAULT_STALE_AFTER_S, RemoteBookings
-from prefixroute.edges.shared_state.codec import Completed, Ended, Routed
+from prefixroute.edges.shared_state.codec import Completed, Ended, Prefilled, Routed
 from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink, SharedStateMetrics
 from prefixroute.edges.shared_state.ratelimit import SharedRateLimiter
 from prefixroute.edges.shared_state.stream import SharedBookings
@@ -78,6 +80,15 @@ class SharedState:
             self.instance, request.request_id, booking.view.name, request.tenant,
             request.num_tokens, request.block_size, tuple(request.block_keys),
             wall_time, decision.branch, predicted_cached_tokens, priority))
+
+    def prefilled(self, booking: Booking) -> None:
+        """The booking's prefill is over (its first byte came back)."""
+        self._publish(Prefilled(self.instance, booking.request.request_id))
+
+    def pending_prefill_tokens(self, index: int) -> int:
+        """Uncached tokens the other instances sent to replica ``index`` whose prefill is not
+        known to be over (:mod:`~prefixroute.edges.shared_state.apply`)."""
+        return self.remote.pending_prefill_tokens(index)
 
     def completed(self, booking: Booking, cached_tokens: int) -> None:
         self._publish(Completed(self.instance, booking.request.request_id, cached_tokens))

@@ -75,14 +75,17 @@ def _position(candidates: Sequence[Candidate], index: int) -> int:
 
 
 class ReplicaState:
-    """What the router believes about one replica."""
+    """What the router believes about one replica. ``viewed``: its speed is the one of its
+    kind, taken from a view of it (a replica first met in a booking this router did not
+    decide has a provisional one until then)."""
 
-    __slots__ = ("mirror", "queue", "load")
+    __slots__ = ("mirror", "queue", "load", "viewed")
 
-    def __init__(self, speed: SpeedEstimate) -> None:
+    def __init__(self, speed: SpeedEstimate, viewed: bool = True) -> None:
         self.mirror = BlockMirror()
         self.queue = PrefillQueue(speed)
         self.load = RecentLoad()
+        self.viewed = viewed
 
 
 class PendingRoute(NamedTuple):
@@ -158,15 +161,28 @@ class PrefixRoute(BasePolicy):
     # -- state ----------------------------------------------------------------------------------
     def _new_state(self, replica: ReplicaView | None) -> ReplicaState:
         """A replica's state, its speed estimate the one of its kind (:mod:`.speed`): the
-        stated speed, or the policy's default, as the anchor; a replica routed to without a
-        view first is taken to be of the fleet's first kind."""
+        stated speed, or the policy's default, as the anchor. A replica routed to without a
+        view first (another router's booking, applied before this router decided anything)
+        is provisionally taken to be of the fleet's first kind, or at the policy's default
+        speed, which is not registered as a kind: the first view of it sets its kind
+        (:meth:`_viewed`). Registered, a default that learns would be every such replica's
+        kind for good, however the runner states the speeds: a gateway that met the fleet
+        through another instance's bookings priced those replicas at twice to four times
+        their stated speed."""
         if replica is None:
-            speed = next(iter(self._speeds.values()), None) or self._speed_for(
-                self.params.prefill_s_per_token, True)
-        else:
-            anchor = replica.prefill_s_per_token or self.params.prefill_s_per_token
-            speed = self._speed_for(anchor, self._learns_speed(replica))
-        return ReplicaState(speed)
+            speed = next(iter(self._speeds.values()), None) or SpeedEstimate(
+                self.params.prefill_s_per_token, self.params.chunk_tokens, False)
+            return ReplicaState(speed, viewed=False)
+        return ReplicaState(self._kind(replica))
+
+    def _kind(self, replica: ReplicaView) -> SpeedEstimate:
+        anchor = replica.prefill_s_per_token or self.params.prefill_s_per_token
+        return self._speed_for(anchor, self._learns_speed(replica))
+
+    def _viewed(self, state: ReplicaState, replica: ReplicaView) -> None:
+        """The first view of a replica met in a booking: its speed becomes its kind's."""
+        state.queue.speed = self._kind(replica)
+        state.viewed = True
 
     def _speed_for(self, anchor: float, learns: bool) -> SpeedEstimate:
         speed = self._speeds.get((anchor, learns))
@@ -212,6 +228,8 @@ class PrefixRoute(BasePolicy):
             state = known.get(replica.index)
             if state is None:
                 state = known[replica.index] = self._new_state(replica)
+            elif not state.viewed:
+                self._viewed(state, replica)
             if replica.capacity_blocks:
                 state.mirror.capacity = replica.capacity_blocks
             queue = state.queue
@@ -384,11 +402,16 @@ class PrefixRoute(BasePolicy):
         pending = self._pending.pop(request.request_id, None)
         if pending is not None and pending.replica == index:
             stamps, cached = pending.stamps, pending.cached_tokens
+            counted = max(0.0, request.num_tokens - cached)
         else:  # routed elsewhere than we said (or by someone else): predict afresh
             hit = self._expected(state, keys, hit_limit(request), _TRUST_MIRROR)
             stamps, cached = hit.stamps, hit.expected_blocks * request.block_size
+            # The replica's pending prefill counts it as the router that sent it predicted
+            # (another instance's booking): the queue's units must add up to that figure, or
+            # the reconciliation misplaces it (and reads a surplus as whole prompts counted).
+            counted = max(0.0, request.num_tokens - decision.predicted_cached_tokens)
         uncached = max(0.0, request.num_tokens - cached)
-        units = request.num_tokens if self._pending_counts_prompt else uncached
+        units = request.num_tokens if self._pending_counts_prompt else counted
         work = self.costs.prefill_work(uncached, cached)
         # Its place in the replica's order: the deadline sent as priority, else its arrival.
         order = request.now if decision.priority is None else decision.priority / 1000.0
