@@ -32,6 +32,27 @@ def test_next_accepted_word_is_randbelow_and_release_restores_the_state(seed, bo
     assert rng.getstate() == spec.getstate()
 
 
+class OpaqueState(random.Random):
+    """A generator whose state is not CPython's layout, as another interpreter's may be."""
+
+    def getstate(self):
+        return ("opaque", super().getstate())
+
+    def setstate(self, state):
+        super().setstate(state[1])
+
+
+def test_a_state_of_another_layout_draws_through_random_itself():
+    rng, spec = OpaqueState(11), random.Random(11)
+    block = WordBlock(rng, 10)
+    assert block.words.tolist() == [spec.getrandbits(32) for _ in range(10)]
+    block.release(4)
+    spec.seed(11)
+    for _ in range(4):
+        spec.getrandbits(32)
+    assert rng.getrandbits(32) == spec.getrandbits(32)
+
+
 def test_fleet_batch_matches_the_one_at_a_time_prompts_of_all_three_runs():
     rng, spec = random.Random(3), random.Random(3)
     for volatile, route in ((False, 4), (False, 0), (True, 0)):

@@ -499,6 +499,26 @@ def test_a_replica_first_met_in_another_router_s_booking_keeps_its_stated_speed(
     assert decision.scores[1]["wait_s"] == pytest.approx(0.16)
 
 
+def test_a_request_sent_elsewhere_than_chosen_queues_at_what_that_replica_holds():
+    # Replica 1 holds 10 blocks of A, replica 0 those and 2 of B. A request of all 12 is
+    # chosen for replica 0, then sent to replica 1 anyway (a runner overriding the choice,
+    # with no prediction of its own): it queues there at its 2 uncached blocks, as
+    # estimated afresh, not at its whole prompt. Only another router's booking queues at
+    # the tokens that router predicted.
+    policy = plain()
+    send(policy, req(blocks("A", 10), "a"), 1, fleet(), cached_tokens=0)
+    send(policy, req(blocks("A", 10) + blocks("B", 2), "b"), 0, fleet(), cached_tokens=0)
+    request = req(blocks("A", 10) + blocks("B", 2), "r", now=1.0)
+    assert policy.route(request, fleet()).replica == 0
+    policy.on_routed(request, Decision(1, "fixture"))
+    [entry] = [e for e in policy._replicas[1].queue.entries if e.request_id == "r"]
+    assert entry.units == 2 * B
+    other = req(blocks("C", 3), "another router's", now=1.0)
+    policy.on_routed(other, Decision(1, "another router", predicted_cached_tokens=B))
+    [entry] = [e for e in policy._replicas[1].queue.entries if e.request_id == other.request_id]
+    assert entry.units == 2 * B
+
+
 def test_a_full_kv_makes_the_request_wait_for_running_ones():
     policy = plain()
     replicas = fleet()

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixroute.edges.shared_state.codec import (CodecError, Completed, Ended, Prefilled,
-                                                  Routed, decode, encode)
+                                                  Routed, UnknownKind, decode, encode)
 
 KEY64 = st.integers(min_value=0, max_value=2**64 - 1)
 TEXT = st.text(max_size=40)
@@ -41,8 +41,17 @@ def test_a_routed_booking_of_three_blocks_is_small_on_the_wire():
     (msgpack.packb([1, "x", "i", "r"]), "unknown booking message kind 'x'"),
     (msgpack.packb([1, "c", "i", "r", "many"]), "malformed 'c'"),
     (msgpack.packb([1, "e", 7, "r", True]), "strings"),
-    (msgpack.packb([1, "p", "i", "r", 3]), "unknown booking message kind 'p' with 3"),
+    (msgpack.packb([1, "p", "i", "r", 3]), "booking message kind 'p' with 3 fields"),
 ])
 def test_anything_else_is_refused_with_a_reason(data, message):
     with pytest.raises(CodecError, match=message):
         decode(data)
+
+
+def test_a_kind_of_a_newer_version_is_told_apart_from_a_broken_message():
+    with pytest.raises(UnknownKind) as newer:
+        decode(msgpack.packb([1, "x", "i", "r"]))
+    assert newer.value.kind == "x"
+    with pytest.raises(CodecError) as broken:
+        decode(msgpack.packb([1, "p", "i", "r", 3]))
+    assert not isinstance(broken.value, UnknownKind)

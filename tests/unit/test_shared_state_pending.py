@@ -149,3 +149,43 @@ def test_a_streamed_answer_tells_its_first_byte_and_a_whole_one_only_its_end(mon
     told = [(type(e).__name__, e.request_id) for e in map(decode, shared.bookings.outbox)]
     assert told == [("Routed", "s"), ("Prefilled", "s"), ("Completed", "s"),
                     ("Routed", "w"), ("Completed", "w")]
+
+
+def test_a_peer_s_non_streamed_prefill_ends_when_the_replica_shows_nothing_waiting(
+        monkeypatch):
+    """A peer's non-streamed answer sends no first byte before its end. The rule a gateway
+    applies to its own such requests releases the peer's too: a scrape that finds nothing
+    waiting on the replica ends the prefill of everything routed there before the previous
+    scrape."""
+    import asyncio
+
+    import httpx
+
+    _, shared, backends, clock = instance_b(monkeypatch)
+    metrics = httpx.MockTransport(lambda request: httpx.Response(
+        200, text="vllm:num_requests_waiting 0\nvllm:num_requests_running 1\n"))
+    clock.advance(0.01)
+    from_a(shared, booked_by_a("a1", "r0", 4_000, 1, 0, clock.now() + 1000.0))
+
+    async def scrape():
+        async with httpx.AsyncClient(transport=metrics) as client:
+            await backends[0].scrape_metrics(client, 1.0)
+
+    clock.advance(0.5)
+    asyncio.run(scrape())  # the previous scrape (at start) came before A's booking
+    assert shared.pending_prefill_tokens(0) == 4_000
+    clock.advance(0.5)
+    asyncio.run(scrape())  # nothing waited at the scrape after the booking: it ran
+    assert shared.pending_prefill_tokens(0) == 0
+    assert list(shared.remote.open) == [("A", "a1")]  # still in flight, only prefilled
+
+
+def test_a_replica_that_left_and_came_back_takes_the_peers_bookings(monkeypatch):
+    router, shared, _, _ = instance_b(monkeypatch)
+    runner = router.runner
+    old = runner.replicas[0]
+    runner.remove_replica(0)
+    back = runner.add_replica(type(old)(2, name=old.name))  # the same name, a new index
+    assert from_a(shared, booked_by_a("a1", "r0", 4_000, 1, 0, 1100.0))
+    assert back.in_flight == 1 and old.in_flight == 0
+    assert shared.pending_prefill_tokens(2) == 4_000

@@ -33,7 +33,7 @@ from its end (worked out only where ``b`` last accessed some block in that reque
 else in it gives the same answers). Requests that keep re-reading the same blocks leave
 little alive each, so the cut can lie further back: a request whose window holds fewer than
 ``capacity`` alive positions while older requests exist looks again over a window four times
-as long (the fleet example's prefix-aware run needs about 75 requests), and once the counts
+as long, and once the counts
 would pass a few per access, the rest scan positions one request at a time. Cost: a sort of
 the positions by block and a few passes over ``requests x window`` counts, with no step per
 request.

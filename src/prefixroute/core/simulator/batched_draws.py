@@ -52,7 +52,12 @@ class WordBlock:
         self.rng = rng
         self.state = rng.getstate()
         self.size = words
-        self.words = _twister_at(self.state).random_raw(words).astype(np.uint32)
+        twister = _twister_at(self.state)
+        if twister is not None:
+            self.words = twister.random_raw(words).astype(np.uint32)
+        else:  # not CPython's state layout: the generator's own words, as one integer
+            raw = rng.getrandbits(32 * words).to_bytes(4 * words, "little") if words else b""
+            self.words = np.frombuffer(raw, dtype="<u4").astype(np.uint32)
         self._values: dict[int, np.ndarray] = {}
         self._ok: dict[int, np.ndarray] = {}
         self._accepted: dict[int, np.ndarray] = {}
@@ -88,6 +93,11 @@ class WordBlock:
     def release(self, used: int) -> None:
         """Leave the generator as if only the first ``used`` words had been drawn."""
         twister = _twister_at(self.state)
+        if twister is None:
+            self.rng.setstate(self.state)
+            if used:
+                self.rng.getrandbits(32 * used)
+            return
         twister.random_raw(used, output=False)
         position = twister.state["state"]
         version, _, gauss_next = self.state
@@ -95,12 +105,17 @@ class WordBlock:
                            gauss_next))
 
 
-def _twister_at(state: tuple) -> np.random.MT19937:
+def _twister_at(state: tuple) -> np.random.MT19937 | None:
     """numpy's Mersenne Twister at the position of a ``random.Random`` state: the same
     generator (MT19937, same tempering), its state the same 624 words and index, and
     ``random_raw`` the 32-bit outputs ``getrandbits(32)`` returns, without building one
-    large Python integer of them."""
-    _, internal, _ = state
+    large Python integer of them. The state's layout, ``(3, 624 words + index, gauss)``, is
+    CPython's (``getstate`` documents it as opaque): any other gives ``None``, and the
+    caller draws through ``random`` itself."""
+    if not (isinstance(state, tuple) and len(state) == 3 and state[0] == 3
+            and isinstance(state[1], tuple) and len(state[1]) == 625):
+        return None
+    internal = state[1]
     twister = np.random.MT19937()
     twister.state = {"bit_generator": "MT19937",
                      "state": {"key": np.array(internal[:-1], dtype=np.uint32),

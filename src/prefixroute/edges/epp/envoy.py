@@ -71,6 +71,12 @@ def split_host_port(text: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _duration(seconds: float) -> str:
+    """A protobuf JSON duration: decimal seconds with at most nine fractional digits (``:g``
+    would write large values in exponent form, which Envoy refuses)."""
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
+
+
 def _address(host: str, port: int) -> dict:
     return {"socket_address": {"address": host, "port_value": port}}
 
@@ -94,13 +100,13 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         raise ConfigError(f"--request-body must be one of {', '.join(REQUEST_BODY_MODES)}, "
                           f"got {request_body!r}")
     streamed = request_body == "streamed"
-    read_timeout = f"{config.timeouts.read_s:g}s"
-    connect_timeout = f"{config.timeouts.connect_s:g}s"
+    read_timeout = _duration(config.timeouts.read_s)
+    connect_timeout = _duration(config.timeouts.connect_s)
 
     ext_proc = {
         "@type": _TYPE + "filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "prefixroute_epp"},
-                         "timeout": f"{MESSAGE_TIMEOUT_S:g}s"},
+                         "timeout": _duration(MESSAGE_TIMEOUT_S)},
         "failure_mode_allow": fail_open,
         # Failing closed, the caller gets 503 (retry later) rather than Envoy's default 500.
         "status_on_error": {"code": "ServiceUnavailable"},
@@ -112,7 +118,7 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         "response_attributes": list(RESPONSE_ATTRIBUTES),
         # A request may wait in the EPP's admission queue before its body message is
         # answered: Envoy waits that long too, plus the message's own time.
-        "message_timeout": f"{config.limits.queue_timeout_s + MESSAGE_TIMEOUT_S:g}s",
+        "message_timeout": _duration(config.limits.queue_timeout_s + MESSAGE_TIMEOUT_S),
         # The EPP's endpoint metadata lands in envoy.lb, where override_host reads it.
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]},
                              # The endpoint subset a gateway in front allows, to the EPP.
@@ -279,7 +285,7 @@ def _replicas_cluster(config: GatewayConfig, connect_timeout: str,
         cluster.update({
             "type": "STRICT_DNS",
             # Asked as often as the EPP asks, so both see a pod join or leave together.
-            "dns_refresh_rate": f"{dns.interval_s:g}s", "respect_dns_ttl": False,
+            "dns_refresh_rate": _duration(dns.interval_s), "respect_dns_ttl": False,
             "dns_lookup_family": "V4_PREFERRED"})
         if dns.server is not None:
             host, port = split_host_port(dns.server, "discovery.dns.server")

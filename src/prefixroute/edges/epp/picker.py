@@ -135,6 +135,8 @@ class EndpointPicker(ext_grpc.ExternalProcessorServicer):
             return self._addresses[url]
         except KeyError:
             pass
+        if len(self._addresses) > 2 * len(self.gateway.pool.backends) + 64:
+            self._addresses.clear()  # replicas that left long ago (pods come and go)
         address = self._addresses[url] = endpoint_of(url)
         if address is None:
             log.warning("backend url is not http://IP:PORT: the endpoint picker cannot name "
@@ -569,7 +571,7 @@ class Exchange:
         attempt, job = self.attempt, self.job
         assert attempt is not None and job is not None
         if not attempt.finished:
-            self.picker.router.first_byte(attempt)
+            self.picker.router.first_byte(attempt, whole=True)
             if usage is None and self.answer:
                 usage = _usage_of(b"".join(self.answer))
             self.picker.router.succeeded(attempt, usage)

@@ -112,7 +112,7 @@ class Gateway:
             tracer_provider = provider_from_config(config.tracing)
         if tracer_provider is not None:
             self.tracing = self.router.tracing = GatewayTracing(tracer_provider)
-        self.fleet = Fleet(config, self.pool, self.router.runner, self.clock, self.metrics)
+        self.fleet = Fleet(config, self.pool, self.router, self.clock, self.metrics)
         self.admin = AdminAPI(self)
         self.shared = None  # shared routing state and rate limits (several instances)
         if config.shared_state is not None:

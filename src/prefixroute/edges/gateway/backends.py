@@ -107,6 +107,9 @@ class Backend:
         # Called with this replica's index when its cache is known to be empty (set by the
         # GatewayRouter: the lifecycle runner clears the view and tells the policy).
         self.on_reset: Callable[[int], None] | None = None
+        # Told (index, time of the previous scrape) when a scrape shows nothing waiting, so
+        # the other gateway instances' requests sent before then count as prefilled too.
+        self.on_scheduled: Callable[[int, float], None] | None = None
         # Uncached prompt tokens of requests whose prefill is not known to be done, by
         # dispatch ticket: (tokens, dispatch time). See prefill_done and scrape_metrics.
         self._prefills: dict[int, tuple[int, float]] = {}
@@ -344,6 +347,8 @@ class Backend:
             # first byte, so this is how its prefill is seen to end before the whole answer.
             for ticket in [t for t, (_, sent) in self._prefills.items() if sent <= previous]:
                 self._prefill_total -= self._prefills.pop(ticket)[0]
+        if values.get("vllm:num_requests_waiting") == 0 and self.on_scheduled is not None:
+            self.on_scheduled(self.index, previous)
         self.queued = int(values.get("vllm:num_requests_waiting", self.queued))
         self.running = int(values.get("vllm:num_requests_running", self.running))
         self.kv_usage = float(values.get("vllm:kv_cache_usage_perc", self.kv_usage))

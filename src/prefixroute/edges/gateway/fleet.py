@@ -64,11 +64,12 @@ class UnknownBackend(KeyError):
 class Fleet:
     """The gateway's replicas as they come and go (module docstring)."""
 
-    def __init__(self, config: GatewayConfig, pool: BackendPool, runner: Any, clock: Clock,
+    def __init__(self, config: GatewayConfig, pool: BackendPool, router: Any, clock: Clock,
                  metrics: GatewayMetrics):
         self.config = config
         self.pool = pool
-        self.runner = runner
+        self.router = router  # wires each new backend's signals (GatewayRouter.watch)
+        self.runner = router.runner
         self.clock = clock
         self.metrics = metrics
         self.entries: dict[str, Entry] = {}
@@ -173,7 +174,7 @@ class Fleet:
         backend = Backend(pool.next_index, member.backend, self.config, self.clock,
                           self.metrics)
         pool.next_index += 1
-        backend.on_reset = self.runner.reset_replica
+        self.router.watch(backend)
         backend.loop = asyncio.get_running_loop()
         if member.backend.kv_events is not None:
             self._subscribe(backend)

@@ -143,8 +143,17 @@ class GatewayRouter:
         self.observer: Any = None
         for backend in backends:
             self.runner.add_replica(backend.state)
-            # A backend that learns its replica restarted resets it in the runner at once.
-            backend.on_reset = self.runner.reset_replica
+            self.watch(backend)
+
+    def watch(self, backend: Backend) -> None:
+        """Wire ``backend``'s signals to the runner: a restart it learns of resets its
+        replica at once; its queue seen empty ends the other instances' prefills there."""
+        backend.on_reset = self.runner.reset_replica
+        backend.on_scheduled = self._scheduled
+
+    def _scheduled(self, index: int, before: float) -> None:
+        if self.observer is not None:
+            self.observer.scheduled(index, before)
 
     def replace_policy(self, policy: Any) -> None:
         """Route with ``policy`` from the next request on (a configuration reload)."""

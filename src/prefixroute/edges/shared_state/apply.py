@@ -12,13 +12,15 @@ tokens of the requests it sent there whose first byte has not come back
 (``ReplicaView.pending_prefill_tokens``). The policy reconciles its record of a replica's
 queue with that figure at every decision, taking the entries beyond it as done; so without
 the others' share a remote booking left the queue record at this instance's next decision and
-its prefill never counted in the wait there (measured on four instances: each believed about
-a third of what was pending, its own share). Each open remote booking therefore counts its
+its prefill never counted in the wait there: each instance priced the queues at its own
+share of the traffic. Each open remote booking therefore counts its
 uncached tokens (the prompt less what its router predicted cached, the figure that router
 counts) in :meth:`RemoteBookings.pending_prefill_tokens` of its replica, from its
 :class:`~prefixroute.edges.shared_state.codec.Routed` to its
-:class:`~prefixroute.edges.shared_state.codec.Prefilled` or its end; the body adds that to
-what it measures.
+:class:`~prefixroute.edges.shared_state.codec.Prefilled`, its end, or until this instance sees
+the replica with nothing waiting after it was routed (:meth:`RemoteBookings.scheduled`: a
+non-streamed answer has no first byte before its end); the body adds that to what it
+measures.
 
 Invariants: a booking is applied once (a repeated message, e.g. after a bootstrap overlaps the
 live stream, changes nothing); an end without its booking (its ``Routed`` is older than what
@@ -73,6 +75,22 @@ class RemoteBookings:
         known to be over."""
         return self._pending.get(index, 0)
 
+    def scheduled(self, index: int, before: float) -> int:
+        """Replica ``index`` was seen with nothing waiting: the other instances' requests
+        routed there at or before ``before`` (local time) have been scheduled and, at one
+        chunk per step, prefilled. The same rule ends a gateway's own non-streamed
+        requests' prefill, whose first byte is the whole answer; for the other instances'
+        it is the only sign before their end. Returns how many were released."""
+        done = []
+        for key in self._prefilling:
+            entry = self.open.get(key)
+            if entry is not None and entry[0].replica == index \
+                    and entry[0].request.now <= before:
+                done.append((key, entry[0]))
+        for key, booking in done:
+            self._prefill_over(key, booking)
+        return len(done)
+
     def _prefill_over(self, key: tuple[str, str], booking: Booking) -> None:
         tokens = self._prefilling.pop(key, 0)
         if tokens:
@@ -112,9 +130,9 @@ class RemoteBookings:
             return True
         if isinstance(event, Prefilled):
             entry = self.open.get(key)
-            if entry is None or key not in self._prefilling:
+            if entry is None:
                 return self._ignored()
-            self._prefill_over(key, entry[0])
+            self._prefill_over(key, entry[0])  # (nothing to release when all was cached)
             self.applied["prefilled"] += 1
             return True
         entry = self.open.pop(key, None)

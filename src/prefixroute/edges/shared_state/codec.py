@@ -30,6 +30,15 @@ class CodecError(ValueError):
     """A message that is not a booking event of a version this instance reads."""
 
 
+class UnknownKind(CodecError):
+    """A message of a kind this version does not know (written by a newer instance): skipped,
+    its kind logged once."""
+
+    def __init__(self, kind: object):
+        super().__init__(f"unknown booking message kind {kind!r}")
+        self.kind = kind
+
+
 @dataclass(frozen=True, slots=True)
 class Routed:
     """``instance`` sent ``request_id`` to ``replica`` at ``wall_time``; the router's view
@@ -125,8 +134,10 @@ def decode(data: bytes) -> Event:
             event = Completed(fields[0], fields[1], int(fields[2]))
         elif kind == ENDED and len(fields) == 3:
             event = Ended(fields[0], fields[1], bool(fields[2]))
+        elif kind not in (ROUTED, PREFILLED, COMPLETED, ENDED):
+            raise UnknownKind(kind)
         else:
-            raise CodecError(f"unknown booking message kind {kind!r} with {len(fields)} fields")
+            raise CodecError(f"booking message kind {kind!r} with {len(fields)} fields")
     except (TypeError, ValueError) as exc:
         if isinstance(exc, CodecError):
             raise

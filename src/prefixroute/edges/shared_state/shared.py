@@ -62,8 +62,11 @@ class SharedState:
         return local_time + (self._wall() - self._now())
 
     def _replica_index(self, name: str) -> int | None:
-        for index, view in self.runner.replicas.items():
-            if view.name == name:
+        """The index of the fleet's current replica named ``name`` (a replica that left and
+        came back under the same name has a new index; the runner keeps the old view)."""
+        replicas = self.runner.replicas
+        for index in self.runner.states:
+            if replicas[index].name == name:
                 return index
         return None
 
@@ -84,6 +87,12 @@ class SharedState:
     def prefilled(self, booking: Booking) -> None:
         """The booking's prefill is over (its first byte came back)."""
         self._publish(Prefilled(self.instance, booking.request.request_id))
+
+    def scheduled(self, index: int, before: float) -> None:
+        """This instance saw replica ``index`` with nothing waiting: the other instances'
+        requests routed there by ``before`` (local time) are past their prefill
+        (:meth:`RemoteBookings.scheduled`)."""
+        self.remote.scheduled(index, before)
 
     def pending_prefill_tokens(self, index: int) -> int:
         """Uncached tokens the other instances sent to replica ``index`` whose prefill is not

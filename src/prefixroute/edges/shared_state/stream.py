@@ -27,7 +27,8 @@ from collections import deque
 from typing import Callable
 
 from prefixroute.edges.shared_state.apply import RemoteBookings
-from prefixroute.edges.shared_state.codec import CodecError, Event, Routed, decode, encode
+from prefixroute.edges.shared_state.codec import (CodecError, Event, Routed, UnknownKind,
+                                                 decode, encode)
 from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink
 
 log = logging.getLogger("prefixroute.shared_state")
@@ -71,6 +72,7 @@ class SharedBookings:
         self.bootstrapped = False
         self.namespace = namespace
         self._missing_once: set[str] = set()
+        self._unknown_kinds: set = set()  # message kinds of newer peers, logged once each
         # (wall time, replica, branch) of this instance's bookings in the last BLIND_WINDOW_S.
         self.recent: deque[tuple[float, str, str]] = deque()
         self._wake = asyncio.Event()
@@ -242,6 +244,14 @@ class SharedBookings:
                 continue
             try:
                 event = decode(data)
+            except UnknownKind as exc:
+                if exc.kind not in self._unknown_kinds:  # a newer peer's: once per kind
+                    self._unknown_kinds.add(exc.kind)
+                    log.warning("booking messages of an unknown kind skipped (a newer "
+                                "instance wrote them)", extra={"fields": {
+                                    "event": "shared_state_unknown_kind",
+                                    "kind": repr(exc.kind)}})
+                continue
             except CodecError as exc:
                 log.warning("unreadable booking message skipped", extra={"fields": {
                     "event": "shared_state_bad_message", "id": entry_id.decode(),

@@ -75,17 +75,17 @@ def _position(candidates: Sequence[Candidate], index: int) -> int:
 
 
 class ReplicaState:
-    """What the router believes about one replica. ``viewed``: its speed is the one of its
-    kind, taken from a view of it (a replica first met in a booking this router did not
-    decide has a provisional one until then)."""
+    """What the router believes about one replica. ``provisional_speed``: its speed is a
+    stand-in until the first view of it (a replica first met in a booking this router did
+    not decide); otherwise it is the one of its kind."""
 
-    __slots__ = ("mirror", "queue", "load", "viewed")
+    __slots__ = ("mirror", "queue", "load", "provisional_speed")
 
-    def __init__(self, speed: SpeedEstimate, viewed: bool = True) -> None:
+    def __init__(self, speed: SpeedEstimate, provisional_speed: bool = False) -> None:
         self.mirror = BlockMirror()
         self.queue = PrefillQueue(speed)
         self.load = RecentLoad()
-        self.viewed = viewed
+        self.provisional_speed = provisional_speed
 
 
 class PendingRoute(NamedTuple):
@@ -165,14 +165,12 @@ class PrefixRoute(BasePolicy):
         view first (another router's booking, applied before this router decided anything)
         is provisionally taken to be of the fleet's first kind, or at the policy's default
         speed, which is not registered as a kind: the first view of it sets its kind
-        (:meth:`_viewed`). Registered, a default that learns would be every such replica's
-        kind for good, however the runner states the speeds: a gateway that met the fleet
-        through another instance's bookings priced those replicas at twice to four times
-        their stated speed."""
+        (:meth:`_viewed`). Registered, a default that learns would stay every such replica's
+        kind, whatever speed the runner states for it later."""
         if replica is None:
             speed = next(iter(self._speeds.values()), None) or SpeedEstimate(
                 self.params.prefill_s_per_token, self.params.chunk_tokens, False)
-            return ReplicaState(speed, viewed=False)
+            return ReplicaState(speed, provisional_speed=True)
         return ReplicaState(self._kind(replica))
 
     def _kind(self, replica: ReplicaView) -> SpeedEstimate:
@@ -182,7 +180,7 @@ class PrefixRoute(BasePolicy):
     def _viewed(self, state: ReplicaState, replica: ReplicaView) -> None:
         """The first view of a replica met in a booking: its speed becomes its kind's."""
         state.queue.speed = self._kind(replica)
-        state.viewed = True
+        state.provisional_speed = False
 
     def _speed_for(self, anchor: float, learns: bool) -> SpeedEstimate:
         speed = self._speeds.get((anchor, learns))
@@ -228,7 +226,7 @@ class PrefixRoute(BasePolicy):
             state = known.get(replica.index)
             if state is None:
                 state = known[replica.index] = self._new_state(replica)
-            elif not state.viewed:
+            elif state.provisional_speed:
                 self._viewed(state, replica)
             if replica.capacity_blocks:
                 state.mirror.capacity = replica.capacity_blocks
@@ -406,10 +404,12 @@ class PrefixRoute(BasePolicy):
         else:  # routed elsewhere than we said (or by someone else): predict afresh
             hit = self._expected(state, keys, hit_limit(request), _TRUST_MIRROR)
             stamps, cached = hit.stamps, hit.expected_blocks * request.block_size
-            # The replica's pending prefill counts it as the router that sent it predicted
-            # (another instance's booking): the queue's units must add up to that figure, or
-            # the reconciliation misplaces it (and reads a surplus as whole prompts counted).
-            counted = max(0.0, request.num_tokens - decision.predicted_cached_tokens)
+            # Another instance's booking (nothing pending here): the replica's pending
+            # prefill counts it as that router predicted, and the queue's units must add up
+            # to that figure, or the reconciliation misplaces it (and reads a surplus as
+            # whole prompts counted). Our own decision replaced by the runner: afresh.
+            counted = max(0.0, request.num_tokens - (
+                decision.predicted_cached_tokens if pending is None else cached))
         uncached = max(0.0, request.num_tokens - cached)
         units = request.num_tokens if self._pending_counts_prompt else counted
         work = self.costs.prefill_work(uncached, cached)
