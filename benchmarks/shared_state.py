@@ -27,7 +27,8 @@ only by where the buckets live. Per configuration it reports:
   shared state each instance lets its own share through: N x).
 
 ``--repeats K`` then runs one instance and four shared instances back to back on K more seeds
-of the scenario, to tell a TTFT difference from run-to-run noise.
+of the scenario; the TTFT p99 target is judged on all these seeds' requests pooled (one
+run's p99 of 150 requests is nearly their maximum), with a 90% bootstrap interval.
 
 ``--pooled SEEDS`` runs, instead, 1, 2 and 4 instances with and without shared state on each
 seed back to back and pools each configuration's TTFTs over the seeds (a p99 of 150 requests
@@ -748,7 +749,8 @@ def run(args: argparse.Namespace) -> dict:
                         routing[2] / max(1.0, routing[1]) * 1e3, 3),
                     "redis_operations_per_request": round(ops / max(1, len(requests)), 2),
                     "rate_limit_redis_operations_per_request": round(
-                        limit_ops / max(1, len(requests)), 2)}
+                        limit_ops / max(1, len(requests)), 2),
+                    "ttfts_s": [t / args.time_scale for t in summary["ttfts_s"]]}
                 if shared:
                     run_result["shared_state_path"] = path_figures(urls, len(requests))
                 ok, sent, seconds = asyncio.run(hammer_limit(
@@ -779,7 +781,8 @@ def run(args: argparse.Namespace) -> dict:
                            "ttft_p50_s": summary["ttft_p50_s"],
                            "ttft_p99_s": summary["ttft_p99_s"],
                            "requests_failed": summary["requests_failed"],
-                           "load_average_1m": round(os.getloadavg()[0], 2)}
+                           "load_average_1m": round(os.getloadavg()[0], 2),
+                           "ttfts_s": [t / args.time_scale for t in summary["ttfts_s"]]}
                     if shared:
                         row["remote_lag_p99_ms"] = path_figures(
                             urls, len(more))["remote_lag_p99_ms"]
@@ -910,11 +913,22 @@ def headline(results: dict) -> list[str]:
              f"({hit4 - hit1:+.1f} points, target within 2); TTFT p99 "
              f"{four['ttft_p99_s']:.3f} s vs {one['ttft_p99_s']:.3f} s "
              f"(x{four['ttft_p99_s'] / one['ttft_p99_s']:.2f}, target <= x1.10)"]
-    ratios = [r["ttft_p99_s"] for r in results.get("repeats", [])]
+    repeats = results.get("repeats", [])
+    ratios = [r["ttft_p99_s"] for r in repeats]
     pairs = list(zip(ratios[0::2], ratios[1::2]))  # (1 instance, 4 shared) per seed
     if pairs:
         lines.append("TTFT p99, 4 shared over 1 instance, per repeat seed: "
-                     + ", ".join(f"x{b / a:.2f}" for a, b in pairs) + " (target <= x1.10)")
+                     + ", ".join(f"x{b / a:.2f}" for a, b in pairs))
+    if pairs and "ttfts_s" in one:
+        # One run's p99 of 150 requests is nearly their maximum: the target is judged on
+        # every seed's requests pooled (the first run's seed and the repeats).
+        base = {results["scenario"]["seed"]: one["ttfts_s"]}
+        other = {results["scenario"]["seed"]: four["ttfts_s"]}
+        for r in repeats:
+            (other if r["shared_state"] else base)[r["seed"]] = r["ttfts_s"]
+        ratio, low, high = pooled_p99_ratio(base, other)
+        lines.append(f"TTFT p99, 4 shared over 1 instance, {len(base)} seeds pooled: "
+                     f"x{ratio:.2f} (90% interval {low:.2f}-{high:.2f}, target <= x1.10)")
     lines.append(f"rate limits across 4 instances: requests "
                  f"{four['rate_limit']['accepted_over_allowed']:.2f}, prompt tokens "
                  f"{four['token_limit']['accepted_over_allowed']:.2f} of allowed (target <= 1.05)")
