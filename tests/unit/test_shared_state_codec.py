@@ -52,6 +52,7 @@ def test_a_kind_of_a_newer_version_is_told_apart_from_a_broken_message():
     with pytest.raises(UnknownKind) as newer:
         decode(msgpack.packb([1, "x", "i", "r"]))
     assert newer.value.kind == "x"
-    with pytest.raises(CodecError) as broken:
-        decode(msgpack.packb([1, "p", "i", "r", 3]))
-    assert not isinstance(broken.value, UnknownKind)
+    for broken_message in ([1, "p", "i", "r", 3], [1, [1], "i", "r"], [1, {"k": 1}, "i"]):
+        with pytest.raises(CodecError) as broken:
+            decode(msgpack.packb(broken_message))
+        assert not isinstance(broken.value, UnknownKind)  # (a kind that is not a name)

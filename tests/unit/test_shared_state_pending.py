@@ -189,3 +189,27 @@ def test_a_replica_that_left_and_came_back_takes_the_peers_bookings(monkeypatch)
     assert from_a(shared, booked_by_a("a1", "r0", 4_000, 1, 0, 1100.0))
     assert back.in_flight == 1 and old.in_flight == 0
     assert shared.pending_prefill_tokens(2) == 4_000
+
+
+def test_a_peer_clock_behind_ours_releases_nothing_before_its_booking_arrived(monkeypatch):
+    """A peer whose clock runs 5 s behind stamps its booking 5 s early: a scrape taken before
+    the booking arrived here cannot speak for it, whatever the stamp says."""
+    import asyncio
+
+    import httpx
+
+    _, shared, backends, clock = instance_b(monkeypatch)
+    metrics = httpx.MockTransport(lambda request: httpx.Response(
+        200, text="vllm:num_requests_waiting 0\n"))
+
+    async def scrape():
+        async with httpx.AsyncClient(transport=metrics) as client:
+            await backends[0].scrape_metrics(client, 1.0)
+
+    clock.advance(0.5)
+    from_a(shared, booked_by_a("a1", "r0", 4_000, 1, 0, clock.now() + 1000.0 - 5.0))
+    asyncio.run(scrape())  # the previous scrape, at start, came before it arrived
+    assert shared.pending_prefill_tokens(0) == 4_000
+    clock.advance(0.5)
+    asyncio.run(scrape())
+    assert shared.pending_prefill_tokens(0) == 0

@@ -276,9 +276,9 @@ def draw_fleet_batch(rng: random.Random, requests: int, volatile: bool = False,
         except IndexError:
             block.release(0)
             words *= 2
-            # Every draw is accepted with odds of at least one half: 64 times the estimate
+            # Every draw is accepted with odds of at least one half: 4 times the estimate
             # is never needed, and an IndexError of another kind must not grow forever.
-            if words > 64 * (requests * 72 + 256):
+            if words > 4 * (requests * 72 + 256):
                 raise RuntimeError(f"fleet draws: {words} words read ahead for {requests} "
                                    "requests; a lookup failed for another reason") from None
     block.release(pos)

@@ -55,11 +55,13 @@ class RemoteBookings:
     def __init__(self, runner: LifecycleRunner, instance: str,
                  replica_index: Callable[[str], int | None],
                  local_time: Callable[[float], float],
-                 stale_after_s: float = DEFAULT_STALE_AFTER_S):
+                 stale_after_s: float = DEFAULT_STALE_AFTER_S,
+                 now: Callable[[], float] | None = None):
         self.runner = runner
         self.instance = instance
         self._replica_index = replica_index
         self._local_time = local_time
+        self._now = now  # this instance's clock (local time), for when a booking arrived
         self.stale_after_s = stale_after_s
         # (instance, request_id) -> (booking, local time booked); oldest first.
         self.open: OrderedDict[tuple[str, str], tuple[Booking, float]] = OrderedDict()
@@ -67,6 +69,9 @@ class RemoteBookings:
         # and by booking (module docstring).
         self._pending: dict[int, int] = {}
         self._prefilling: dict[tuple[str, str], int] = {}
+        # When each of those became known here: a scrape can speak only for bookings that
+        # were made (and had time to reach the engine) before it, on either host's clock.
+        self._arrived: dict[tuple[str, str], float] = {}
         self.applied = {"routed": 0, "prefilled": 0, "completed": 0, "ended": 0,
                         "expired": 0, "ignored": 0}
 
@@ -77,15 +82,16 @@ class RemoteBookings:
 
     def scheduled(self, index: int, before: float) -> int:
         """Replica ``index`` was seen with nothing waiting: the other instances' requests
-        routed there at or before ``before`` (local time) have been scheduled and, at one
-        chunk per step, prefilled. The same rule ends a gateway's own non-streamed
-        requests' prefill, whose first byte is the whole answer; for the other instances'
-        it is the only sign before their end. Returns how many were released."""
+        routed there, and known here, at or before ``before`` (local time; the later of the
+        two, so a peer whose clock runs behind releases nothing early) have been scheduled
+        and, at one chunk per step, prefilled. The same rule ends a gateway's own
+        non-streamed requests' prefill, whose first byte is the whole answer; for the other
+        instances' it is the only sign before their end. Returns how many were released."""
         done = []
         for key in self._prefilling:
             entry = self.open.get(key)
             if entry is not None and entry[0].replica == index \
-                    and entry[0].request.now <= before:
+                    and max(entry[0].request.now, self._arrived.get(key, 0.0)) <= before:
                 done.append((key, entry[0]))
         for key, booking in done:
             self._prefill_over(key, booking)
@@ -93,6 +99,7 @@ class RemoteBookings:
 
     def _prefill_over(self, key: tuple[str, str], booking: Booking) -> None:
         tokens = self._prefilling.pop(key, 0)
+        self._arrived.pop(key, None)
         if tokens:
             self._pending[booking.replica] -= tokens
 
@@ -125,6 +132,8 @@ class RemoteBookings:
             uncached = max(0, event.num_tokens - event.predicted_cached_tokens)
             if uncached:
                 self._prefilling[key] = uncached
+                if self._now is not None:
+                    self._arrived[key] = self._now()
                 self._pending[index] = self._pending.get(index, 0) + uncached
             self.applied["routed"] += 1
             return True

@@ -134,7 +134,7 @@ def decode(data: bytes) -> Event:
             event = Completed(fields[0], fields[1], int(fields[2]))
         elif kind == ENDED and len(fields) == 3:
             event = Ended(fields[0], fields[1], bool(fields[2]))
-        elif kind not in (ROUTED, PREFILLED, COMPLETED, ENDED):
+        elif isinstance(kind, str) and kind not in (ROUTED, PREFILLED, COMPLETED, ENDED):
             raise UnknownKind(kind)
         else:
             raise CodecError(f"booking message kind {kind!r} with {len(fields)} fields")

@@ -48,7 +48,7 @@ class SharedState:
         self._wall = wall
         self.runner = runner
         self.remote = RemoteBookings(runner, self.instance, self._replica_index,
-                                     self.local_time, stale_after_s)
+                                     self.local_time, stale_after_s, now=now)
         self.bookings = SharedBookings(self.link, self.remote, namespace=namespace, now=now)
         self.limiter = SharedRateLimiter(self.link, namespace, now=now)
         self._booking_time = self.metrics.path.labels("booking")

@@ -245,7 +245,8 @@ class SharedBookings:
             try:
                 event = decode(data)
             except UnknownKind as exc:
-                if exc.kind not in self._unknown_kinds:  # a newer peer's: once per kind
+                # A newer peer's: logged once per kind (a few kinds at most are remembered).
+                if exc.kind not in self._unknown_kinds and len(self._unknown_kinds) < 16:
                     self._unknown_kinds.add(exc.kind)
                     log.warning("booking messages of an unknown kind skipped (a newer "
                                 "instance wrote them)", extra={"fields": {
