@@ -82,13 +82,17 @@ def test_instances_see_each_others_bookings_and_follow_the_same_prefix(tmp_path)
 
 def test_a_streamed_request_s_first_byte_reaches_the_other_instances(tmp_path):
     # The others count its prefill as pending on its replica from its booking to this
-    # message (a non-streamed answer sends none: its end says it).
-    with RedisServer(tmp_path) as redis, fleet_with_redis(tmp_path, redis) as fleet:
+    # message (a non-streamed answer sends none: its end says it). The replicas take modelled
+    # time to decode, so the stream is still running when its first byte is seen (an answer
+    # that has ended by then needs no such message either).
+    with RedisServer(tmp_path) as redis, \
+            Fleet(tmp_path, replicas=2, replica_args=["--time-scale", "0.5"],
+                  gateway={"shared_state": {"redis": redis.url}}) as fleet:
         second = fleet.start_another_gateway()
         with httpx.stream("POST", f"{fleet.url}/v1/completions", timeout=30,
                           headers={"authorization": f"Bearer {KEYS['a']}"},
                           json={"model": fleet.model, "prompt": PREFIX + "streamed",
-                                "max_tokens": 4, "stream": True}) as response:
+                                "max_tokens": 32, "stream": True}) as response:
             assert response.status_code == 200
             assert b"[DONE]" in response.read()
         assert complete(fleet.url, PREFIX + "not streamed", fleet.model).status_code == 200
