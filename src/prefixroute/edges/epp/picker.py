@@ -51,7 +51,6 @@ from typing import Any, AsyncIterator
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 import orjson
@@ -110,7 +109,7 @@ _CONTINUE_REQUEST_BODY = ext.ProcessingResponse(
     request_body=ext.BodyResponse(response=ext.CommonResponse()))
 
 
-class EndpointPicker(ext_grpc.ExternalProcessorServicer):
+class EndpointPicker:
     """The ext_proc service over one :class:`Gateway` (its tenants, prompt preparer, backend
     pool, router and metrics; started and stopped by the caller)."""
 
