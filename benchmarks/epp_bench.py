@@ -320,7 +320,13 @@ def trivial_replicas_config(ports: list[int]) -> dict:
                        answer("/metrics", "\n", "text/plain"),
                        answer("/health", "", "text/plain"),
                        answer("/", completion, "application/json")]}]},
-               "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+               # The whole request first, as a real server reads it: answered before its
+               # body ended (a body the EPP replaced goes out chunked), Envoy would close
+               # the connection after each answer, and the front would pay a new one.
+               "http_filters": [{"name": "envoy.filters.http.buffer", "typed_config": {
+                   "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3."
+                            "Buffer", "max_request_bytes": 1 << 20}},
+                                {"name": "envoy.filters.http.router", "typed_config": {
                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3."
                             "Router"}}]}
         listeners.append({"name": f"replica-{port}", "address": {"socket_address": {
@@ -595,7 +601,7 @@ def run_in_process(count: int = 2000) -> dict:
                     picked = named.fields["x-gateway-destination-endpoint"].string_value
                     yield answers[picked.split(",")[0]]
                     yield end
-                async for reply in picker.Process(stream(), None):
+                async for reply in picker.Process(stream()):
                     replies.append(reply)
             return time.process_time() - started
         finally:

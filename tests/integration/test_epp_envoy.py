@@ -278,6 +278,70 @@ def test_a_stopped_epp_drains_its_open_streams_and_answers_meanwhile(tmp_path):
         assert stopped and stopped[0]["unfinished_requests"] == 0
 
 
+def test_past_the_grace_open_and_new_exchanges_end_and_the_epp_exits_in_time(tmp_path):
+    """Traffic that never stops, and a stream still open when the grace ends: the grace is
+    not waited twice (requests Envoy keeps sending on its open connections are refused
+    UNAVAILABLE, not taken on), the stream ends at once rather than at Envoy's message
+    timeout, and the EPP exits 0."""
+    grace = 5.0
+    with EnvoyFleet(tmp_path, replica_args=["--time-scale", "10"],
+                    gateway={"shutdown_grace_s": grace}) as fleet:
+        chunks: list[Any] = []
+        ended: list[str] = []
+        stop = threading.Event()
+
+        def read() -> None:
+            try:
+                for chunk in chat(fleet, "a", "a very long story", max_tokens=600,
+                                  stream=True):
+                    chunks.append(chunk)
+                ended.append("whole")
+            except openai.OpenAIError as exc:
+                ended.append(type(exc).__name__)
+
+        def steady() -> None:  # long streams, one after another: never nothing open
+            client = fleet.client("a").with_options(max_retries=0, timeout=60)
+            for i in range(20):  # (bounded: each ends at the shutdown at the latest)
+                if stop.is_set():
+                    return
+                try:
+                    for _ in client.completions.create(model=fleet.model, stream=True,
+                                                       prompt=f"steady {i}", max_tokens=600):
+                        pass
+                except openai.OpenAIError:
+                    time.sleep(0.05)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while not chunks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert chunks, ended
+        load = [threading.Thread(target=steady) for _ in range(3)]
+        for each in load:
+            each.start()
+        try:
+            time.sleep(0.5)
+            signalled = time.monotonic()
+            fleet.gateway.send_signal(signal.SIGTERM)
+            assert fleet.gateway.wait(timeout=60) == 0
+            exited = time.monotonic() - signalled
+            reader.join(timeout=60)
+            read_for = time.monotonic() - signalled
+        finally:
+            stop.set()
+            for each in load:
+                each.join(timeout=60)
+        assert not reader.is_alive()
+        assert exited < grace + 3.5, exited  # (twice the grace would be 10 s)
+        assert read_for < grace + 5, read_for
+        assert ended != ["whole"]
+        logged = [json.loads(line) for line in fleet.log("epp").read_text().splitlines()
+                  if line.startswith("{")]
+        stopped = [r for r in logged if r.get("event") == "stopped"]
+        assert stopped and stopped[0]["unfinished_requests"] == 0
+
+
 def test_a_replica_killed_mid_run_loses_nothing_envoy_retries_the_fallback(tmp_path):
     # Health checks far apart: the EPP keeps naming the dead replica for a while, so
     # Envoy's retries on the fallback endpoints are what saves the requests. Round robin

@@ -103,7 +103,7 @@ class Harness:
         async def stream():
             for message in messages:
                 yield message
-        return [r async for r in self.picker.Process(stream(), None)]
+        return [r async for r in self.picker.Process(stream())]
 
 
 def run(coro):

@@ -144,8 +144,8 @@ class EndpointPicker:
                             "url": url}})
         return address
 
-    async def Process(self, request_iterator: AsyncIterator[ext.ProcessingRequest],
-                      context: Any) -> AsyncIterator[ext.ProcessingResponse]:
+    async def Process(self, request_iterator: AsyncIterator[ext.ProcessingRequest]
+                      ) -> AsyncIterator[ext.ProcessingResponse]:
         exchange = Exchange(self)
         try:
             async for message in request_iterator:

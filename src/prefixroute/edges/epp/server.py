@@ -6,17 +6,20 @@ The admin port serves the gateway's own endpoints, from the same :class:`Gateway
 decisions, an ``admin`` tenant all of them and the replicas' state). It does not proxy:
 requests go through Envoy.
 
-The gRPC server is grpclib's: it speaks HTTP/2 on the event loop itself (h2), so a message
-costs no thread hand-off. grpcio's asyncio server, which the EPP ran on before, completes
-each message on its own poller thread that must take the GIL and wake the loop, about 20
-context switches per request; behind the same Envoy, the EPP on grpclib carried 1.2 to 1.6
-times the requests per second at about three quarters of the CPU per request, its Envoy's
-included (``benchmarks/results/epp.md``).
+The gRPC server is grpclib's, which speaks HTTP/2 on the event loop itself: a message costs
+no hand-off between threads. (grpcio's asyncio server completes each message on a poller
+thread that must take the GIL and wake the loop; the comparison is in
+``benchmarks/results/epp.md``.) It allows 100 concurrent streams per HTTP/2 connection, the
+HTTP/2 library's setting: a data plane must open a new connection before that (the
+bootstrap of ``prefixroute envoy-config`` caps Envoy at :data:`~prefixroute.edges.epp.envoy.
+EPP_STREAMS_PER_CONNECTION`), or a burst past it costs a connection and its streams.
 
 SIGTERM or SIGINT drains as ``serve`` does: the EPP goes on answering, ``/health`` answers
-503 ``draining`` (so the data plane takes it out), and open exchanges (streams included) get
-``shutdown_grace_s`` to finish; then the gRPC server closes what is left and the gateway
-stops (health checks, KV event subscribers, connections). A second signal stops at once.
+503 ``draining`` (so a health-checking data plane takes it out), and open exchanges get
+``shutdown_grace_s`` to finish. Then every stream still open, and any new one, is answered
+``UNAVAILABLE`` (Envoy fails the request open or closed as configured, at once rather than at
+its message timeout), and the gateway stops (health checks, KV event subscribers,
+connections). A second signal ends the drain at once.
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
+import socket
+import stat
 from typing import Any, Iterator
 
 import uvicorn
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from grpclib.const import Cardinality, Handler
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -51,19 +58,41 @@ PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 class ExternalProcessor:
     """The ext_proc service on grpclib: each stream is one :meth:`EndpointPicker.Process`.
-    (Envoy opens one stream per HTTP request; past the server's limit of streams on a
-    connection it opens another connection, so the limit bounds nothing but a connection.)"""
+    :meth:`close` ends the streams still open and refuses new ones (``UNAVAILABLE``)."""
 
     def __init__(self, picker: EndpointPicker):
         self.picker = picker
+        self.closing = False
+        self.open: set[asyncio.Task] = set()
 
     def __mapping__(self) -> dict[str, Handler]:
         return {PROCESS_METHOD: Handler(self.process, Cardinality.STREAM_STREAM,
                                         ext.ProcessingRequest, ext.ProcessingResponse)}
 
     async def process(self, stream: Stream) -> None:
-        async for response in self.picker.Process(stream, None):
-            await stream.send_message(response)
+        if self.closing:
+            raise GRPCError(Status.UNAVAILABLE, "the endpoint picker is shutting down")
+        task = asyncio.current_task()
+        assert task is not None
+        self.open.add(task)
+        try:
+            async with contextlib.aclosing(self.picker.Process(stream)) as responses:
+                async for response in responses:
+                    await stream.send_message(response)
+        except asyncio.CancelledError:
+            if not self.closing:
+                raise  # (Envoy reset the stream: nobody waits for an answer)
+            raise GRPCError(Status.UNAVAILABLE, "the endpoint picker shut down before this "
+                            "request's exchange ended") from None
+        finally:
+            self.open.discard(task)
+
+    async def close(self) -> None:
+        self.closing = True
+        ending = list(self.open)
+        for task in ending:
+            task.cancel()
+        await asyncio.gather(*ending, return_exceptions=True)
 
 
 def admin_app(gateway: Gateway) -> Starlette:
@@ -90,23 +119,13 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
                   log_config: dict | None = None, log_level: str = "info") -> int:
     gateway = Gateway(config, tokenizer=tokenizer)
     admin_sock = bind_socket(admin_host, admin_port)
-    server = Server([ExternalProcessor(EndpointPicker(gateway, settings))])
     try:
-        if grpc_address.startswith("unix:"):
-            await server.start(path=grpc_address[len("unix:"):])
-            where = grpc_address
-        else:
-            host, port = grpc_address.rsplit(":", 1)
-            sock = bind_socket(host.strip("[]"), int(port))
-            await server.start(sock=sock)
-            where = f"{host}:{sock.getsockname()[1]}"
-    except OSError as exc:
-        admin_sock.close()
-        raise ConfigError(f"cannot listen for gRPC on {grpc_address}: {exc.strerror or exc}"
-                          ) from None
+        grpc_sock, where = _grpc_socket(grpc_address)
     except ConfigError:
         admin_sock.close()
         raise
+    service = ExternalProcessor(EndpointPicker(gateway, settings))
+    server = Server([service])
     admin = _AdminServer(uvicorn.Config(
         admin_app(gateway), lifespan="off", log_config=log_config, log_level=log_level,
         access_log=False, proxy_headers=False))
@@ -121,9 +140,12 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    started = False
     try:
         gateway.pool.open_event_streams()
-        await gateway.start()
+        await gateway.start()  # (before any exchange: replicas, discovery, shared state)
+        await server.start(sock=grpc_sock)
+        started = True
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
         gc.collect()
         gc.freeze()
@@ -141,12 +163,52 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
         admin.should_exit = True
         await admin_task
     finally:
-        server.close()  # (cancels the exchanges still open: their attempts end abandoned)
-        await server.wait_closed()
-        await gateway.stop()
+        await service.close()
+        if started:
+            server.close()
+            await server.wait_closed()
+        else:
+            grpc_sock.close()
+        await gateway.stop(grace_s=0.0)  # (the drain above had the grace)
         gateway.pool.close_event_streams()
         admin_sock.close()
+        if where.startswith("unix:"):
+            with contextlib.suppress(OSError):
+                os.unlink(where[len("unix:"):])
     return 0
+
+
+def _grpc_socket(address: str) -> tuple[socket.socket, str]:
+    """The gRPC listening socket, bound before anything starts (a taken port or path is a
+    start-up error, exit 2), and where it listens. ``unix:PATH``: a socket file left by an
+    EPP that exited is replaced; one that still answers is in use."""
+    if not address.startswith("unix:"):
+        host, port = address.rsplit(":", 1)
+        sock = bind_socket(host.strip("[]"), int(port))
+        return sock, f"{host}:{sock.getsockname()[1]}"
+    path = address[len("unix:"):]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)  # (nobody listens there)
+            else:
+                raise ConfigError(f"cannot listen for gRPC on {address}: another process "
+                                  "listens there")
+            finally:
+                probe.close()
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen for gRPC on {address}: "
+                          f"{exc.strerror or exc}") from None
+    except ConfigError:
+        sock.close()
+        raise
+    return sock, address
 
 
 def serve_epp(config: GatewayConfig, settings: EppSettings, grpc_address: str,

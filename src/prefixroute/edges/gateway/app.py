@@ -227,11 +227,13 @@ class Gateway:
             "tokenization": self.prompts.mode, "busy_poll_s": self.config.busy_poll_s,
             "replicas": [b.status() for b in self.pool.backends]}})
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
         """Drain: the server stops accepting first; open requests (streams included) get up
-        to ``shutdown_grace_s`` to finish before the backend connections close."""
+        to ``grace_s`` (default ``shutdown_grace_s``) to finish before the backend
+        connections close."""
         self.draining = True
-        deadline = self.clock.now() + self.config.shutdown_grace_s
+        deadline = self.clock.now() + (self.config.shutdown_grace_s if grace_s is None
+                                       else grace_s)
         while self.open_requests and self.clock.now() < deadline:
             await asyncio.sleep(0.05)
         if self.busy_poller is not None:

@@ -29,7 +29,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_json_logging(level: str = "info") -> dict:
-    """Send the gateway's and uvicorn's logs through :class:`JsonFormatter`; returns the
+    """Send the gateway's, uvicorn's and the gRPC server's logs through :class:`JsonFormatter`; returns the
     ``log_config`` dict for uvicorn."""
     config = {
         "version": 1,
@@ -42,6 +42,9 @@ def setup_json_logging(level: str = "info") -> dict:
             "uvicorn": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
             "uvicorn.error": {"level": level.upper()},
             "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+            # The endpoint picker's gRPC server: its errors as JSON lines too (at info it
+            # logs every stream Envoy resets, which is how Envoy ends each exchange).
+            "grpclib": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
         },
     }
     logging.config.dictConfig(config)
