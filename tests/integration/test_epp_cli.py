@@ -85,6 +85,18 @@ def test_the_bootstrap_names_every_replica_and_the_failure_mode(tmp_path):
     assert ext_proc(opened)["failure_mode_allow"] is True
 
 
+def test_envoys_circuit_breakers_leave_the_refusing_to_the_epps_admission(tmp_path):
+    # Default limits: 512 running and 1,024 queued per EPP; two EPPs. Envoy's defaults
+    # (1,024 requests at once per cluster, 3 retries) would answer 503 first.
+    bootstrap = yaml.safe_load(envoy_config(write_config(tmp_path), "--epp",
+                                            "127.0.0.1:9004").stdout)
+    replicas, epp = bootstrap["static_resources"]["clusters"]
+    assert epp["circuit_breakers"]["thresholds"] == [
+        {"max_requests": 2 * 2 * (512 + 1024), "max_pending_requests": 6144}]
+    assert replicas["circuit_breakers"]["thresholds"] == [
+        {"max_requests": 2 * 2 * 512, "max_pending_requests": 2048, "max_retries": 1024}]
+
+
 def test_envoy_opens_streams_to_the_epp_well_below_what_its_server_allows(tmp_path):
     # Past the limit the EPP's HTTP/2 server advertises, it resets the whole connection
     # (every exchange on it fails); Envoy was measured to go past it under overload.

@@ -38,6 +38,10 @@ What it sets up, and why:
 * **Limits**: request bodies up to the config's ``max_body_bytes`` (Envoy buffers them for
   the EPP), request headers up to 64 KiB and 100 headers, the read timeout of the config
   (``timeouts.read_s``) as the route's timeout.
+* **Circuit breakers** sized from the EPPs' admission limits (``limits.max_concurrent`` and
+  ``max_queued`` per EPP), so that the EPPs refuse excess with an OpenAI-style 429, not
+  Envoy with an empty 503 at its defaults (1,024 requests at once per cluster, 3 retries).
+* **Streams per connection to an EPP** at most :data:`EPP_STREAMS_PER_CONNECTION`.
 """
 
 from __future__ import annotations
@@ -190,7 +194,16 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                         "typed_config": hcm}]}],
     }
-    clusters = [_replicas_cluster(config, connect_timeout, original_dst), {
+    admitted = len(epp_addresses) * config.limits.max_concurrent
+    epp_streams = 2 * len(epp_addresses) * (config.limits.max_concurrent
+                                            + config.limits.max_queued)
+    replicas = _replicas_cluster(config, connect_timeout, original_dst)
+    # The same for the replicas: every request the EPPs admit may be running at once, and
+    # retrying (Envoy's defaults are 1,024 requests and 3 retries at once per cluster).
+    replicas["circuit_breakers"] = {"thresholds": [{
+        "max_requests": 2 * admitted, "max_pending_requests": 2 * admitted,
+        "max_retries": admitted}]}
+    clusters = [replicas, {
         "name": "prefixroute_epp",
         "type": "STATIC",
         "connect_timeout": connect_timeout,
@@ -199,6 +212,13 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
                 "@type": _TYPE + "upstreams.http.v3.HttpProtocolOptions",
                 "explicit_http_config": {"http2_protocol_options": {
                     "max_concurrent_streams": EPP_STREAMS_PER_CONNECTION}}}},
+        # Every request holds its ext_proc stream until its answer ends (minutes for a long
+        # generation), so Envoy's default of 1,024 requests at once to a cluster would answer
+        # 503 past it with the EPPs idle. The EPPs' own admission limits decide instead
+        # (past them, an OpenAI-style 429): room for all they admit and queue, and as many
+        # again for exchanges refused, answered from headers, or ending.
+        "circuit_breakers": {"thresholds": [{
+            "max_requests": epp_streams, "max_pending_requests": epp_streams}]},
         "load_assignment": {"cluster_name": "prefixroute_epp", "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": address}} for address in epp_addresses]}]},
     }]
