@@ -239,28 +239,37 @@ def test_with_the_epp_stopped_envoy_fails_closed_or_open_as_configured(tmp_path,
             assert refused.value.status_code == 503
 
 
+def stream_in_background(fleet: Fleet, user: str, max_tokens: int
+                         ) -> tuple[threading.Thread, list[Any], list[str]]:
+    """A streamed chat read in a thread, once its first chunk came: the thread, the chunks
+    so far, and how it ended (``whole``, or the client's exception)."""
+    chunks: list[Any] = []
+    ended: list[str] = []
+
+    def read() -> None:
+        try:
+            for chunk in chat(fleet, "a", user, max_tokens=max_tokens, stream=True):
+                chunks.append(chunk)
+            ended.append("whole")
+        except openai.OpenAIError as exc:
+            ended.append(f"{type(exc).__name__}: {exc}")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not chunks and not ended and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert chunks, ended
+    return reader, chunks, ended
+
+
 def test_a_stopped_epp_drains_its_open_streams_and_answers_meanwhile(tmp_path):
     """SIGTERM with a stream open through Envoy: during the grace /health answers 503
     draining and new requests are still picked; the open stream ends whole; the EPP exits 0
     once nothing is open, well before the grace ends."""
     grace = 30.0
     with EnvoyFleet(tmp_path, gateway={"shutdown_grace_s": grace}) as fleet:
-        chunks: list[Any] = []
-        failures: list[str] = []
-
-        def read() -> None:
-            try:
-                for chunk in chat(fleet, "a", "a long story", max_tokens=300, stream=True):
-                    chunks.append(chunk)
-            except openai.OpenAIError as exc:
-                failures.append(f"{type(exc).__name__}: {exc}")
-
-        reader = threading.Thread(target=read)
-        reader.start()
-        deadline = time.monotonic() + 30
-        while not chunks and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert chunks, failures
+        reader, chunks, ended = stream_in_background(fleet, "a long story", 300)
         signalled = time.monotonic()
         fleet.gateway.send_signal(signal.SIGTERM)
         time.sleep(0.3)
@@ -268,7 +277,7 @@ def test_a_stopped_epp_drains_its_open_streams_and_answers_meanwhile(tmp_path):
         assert (health.status_code, health.json()["status"]) == (503, "draining")
         assert chat(fleet, "a", "during the drain").usage.prompt_tokens > 0
         reader.join(timeout=60)
-        assert not reader.is_alive() and not failures, failures
+        assert not reader.is_alive() and ended == ["whole"], ended
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
         assert fleet.gateway.wait(timeout=60) == 0
         assert time.monotonic() - signalled < grace - 5, "waited past the open streams"
@@ -286,18 +295,7 @@ def test_past_the_grace_open_and_new_exchanges_end_and_the_epp_exits_in_time(tmp
     grace = 5.0
     with EnvoyFleet(tmp_path, replica_args=["--time-scale", "10"],
                     gateway={"shutdown_grace_s": grace}) as fleet:
-        chunks: list[Any] = []
-        ended: list[str] = []
         stop = threading.Event()
-
-        def read() -> None:
-            try:
-                for chunk in chat(fleet, "a", "a very long story", max_tokens=600,
-                                  stream=True):
-                    chunks.append(chunk)
-                ended.append("whole")
-            except openai.OpenAIError as exc:
-                ended.append(type(exc).__name__)
 
         def steady() -> None:  # long streams, one after another: never nothing open
             client = fleet.client("a").with_options(max_retries=0, timeout=60)
@@ -311,12 +309,7 @@ def test_past_the_grace_open_and_new_exchanges_end_and_the_epp_exits_in_time(tmp
                 except openai.OpenAIError:
                     time.sleep(0.05)
 
-        reader = threading.Thread(target=read)
-        reader.start()
-        deadline = time.monotonic() + 30
-        while not chunks and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert chunks, ended
+        reader, _, ended = stream_in_background(fleet, "a very long story", 600)
         load = [threading.Thread(target=steady) for _ in range(3)]
         for each in load:
             each.start()
