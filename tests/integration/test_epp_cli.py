@@ -94,7 +94,8 @@ def test_envoys_circuit_breakers_leave_the_refusing_to_the_epps_admission(tmp_pa
     assert epp["circuit_breakers"]["thresholds"] == [
         {"max_requests": 2 * 2 * (512 + 1024), "max_pending_requests": 6144}]
     assert replicas["circuit_breakers"]["thresholds"] == [
-        {"max_requests": 2 * 2 * 512, "max_pending_requests": 2048, "max_retries": 1024}]
+        {"max_connections": 2048, "max_requests": 2 * 2 * 512, "max_pending_requests": 2048,
+         "max_retries": 1024}]
 
 
 def test_envoy_opens_streams_to_the_epp_well_below_what_its_server_allows(tmp_path):
@@ -236,3 +237,44 @@ def test_several_epps_and_a_unix_socket_are_the_epp_clusters_endpoints(tmp_path)
                          {"pipe": {"path": "/run/epp.sock"}}]
     relative = envoy_config(write_config(tmp_path), "--epp", "unix:epp.sock")
     assert relative.returncode == 2 and "absolute path" in relative.stderr
+
+
+def test_an_epp_on_a_unix_socket_takes_a_stale_path_refuses_a_live_one_and_cleans_up(
+        tmp_path):
+    import signal
+    import socket
+    import time
+
+    path = write_config(tmp_path)
+    where = tmp_path / "epp.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(where))  # a socket file nobody listens on, as an EPP killed leaves it
+    stale.close()
+    command = [sys.executable, "-m", "prefixroute", "epp", "--config", path,
+               "--unix-socket", str(where), "--admin-port", "0", "--log-level", "warning"]
+    env = {**os.environ, "PR_EPP_CLI_SECRET": SECRET}
+    first = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # (listening from before the gateway starts: connections wait)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(str(where))
+                    break
+                except OSError:
+                    assert first.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.1)
+        second = prefixroute("epp", "--config", path, "--unix-socket", str(where),
+                             "--admin-port", "0")
+        assert second.returncode == 2
+        assert "another process listens there" in second.stderr
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 0, first.stderr.read() if first.stderr else ""
+    assert not where.exists()
+    where.write_text("not a socket")
+    refused = prefixroute("epp", "--config", path, "--unix-socket", str(where),
+                          "--admin-port", "0")
+    assert refused.returncode == 2 and "not a socket" in refused.stderr

@@ -200,9 +200,10 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
     replicas = _replicas_cluster(config, connect_timeout, original_dst)
     # The same for the replicas: every request the EPPs admit may be running at once, and
     # retrying (Envoy's defaults are 1,024 requests and 3 retries at once per cluster).
+    # (HTTP/1 to the replicas: a connection per request at once.)
     replicas["circuit_breakers"] = {"thresholds": [{
-        "max_requests": 2 * admitted, "max_pending_requests": 2 * admitted,
-        "max_retries": admitted}]}
+        "max_connections": _count(2 * admitted), "max_requests": _count(2 * admitted),
+        "max_pending_requests": _count(2 * admitted), "max_retries": _count(admitted)}]}
     clusters = [replicas, {
         "name": "prefixroute_epp",
         "type": "STATIC",
@@ -218,7 +219,7 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         # (past them, an OpenAI-style 429): room for all they admit and queue, and as many
         # again for exchanges refused, answered from headers, or ending.
         "circuit_breakers": {"thresholds": [{
-            "max_requests": epp_streams, "max_pending_requests": epp_streams}]},
+            "max_requests": _count(epp_streams), "max_pending_requests": _count(epp_streams)}]},
         "load_assignment": {"cluster_name": "prefixroute_epp", "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": address}} for address in epp_addresses]}]},
     }]
@@ -227,6 +228,11 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         admin_host, admin_port = split_host_port(admin, "--admin")
         out["admin"] = {"address": _address(admin_host, admin_port)}
     return out
+
+
+def _count(n: int) -> int:
+    """A circuit breaker's threshold (Envoy's field is a 32-bit count)."""
+    return min(n, 2**32 - 1)
 
 
 def _epp_address(text: str) -> dict:

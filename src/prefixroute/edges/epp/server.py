@@ -54,6 +54,8 @@ from prefixroute.edges.listen import bind_socket, listen_url
 log = logging.getLogger("prefixroute.epp")
 
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+LISTEN_BACKLOG = 128  # (grpclib's own default is 100; Envoy holds few connections)
+CLOSE_ANSWER_S = 2.0  # how long the streams ended at shutdown get to take their answer
 
 
 class ExternalProcessor:
@@ -92,7 +94,10 @@ class ExternalProcessor:
         ending = list(self.open)
         for task in ending:
             task.cancel()
-        await asyncio.gather(*ending, return_exceptions=True)
+        if ending:
+            # (An answer waits for its connection to take it; a stalled one is cut by
+            # the server's close, which cancels again.)
+            await asyncio.wait(ending, timeout=CLOSE_ANSWER_S)
 
 
 def admin_app(gateway: Gateway) -> Starlette:
@@ -179,36 +184,56 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
 
 
 def _grpc_socket(address: str) -> tuple[socket.socket, str]:
-    """The gRPC listening socket, bound before anything starts (a taken port or path is a
-    start-up error, exit 2), and where it listens. ``unix:PATH``: a socket file left by an
-    EPP that exited is replaced; one that still answers is in use."""
+    """The gRPC listening socket, bound and listening before anything starts (a taken port
+    or path is a start-up error, exit 2; connections wait in the backlog until the server
+    takes them), and where it listens. ``unix:PATH``: a socket file nobody listens on (an
+    EPP that exited) is replaced; one that answers is in use; anything else there is
+    refused."""
     if not address.startswith("unix:"):
         host, port = address.rsplit(":", 1)
         sock = bind_socket(host.strip("[]"), int(port))
+        _listen(sock, address)
         return sock, f"{host}:{sock.getsockname()[1]}"
     path = address[len("unix:"):]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot listen for gRPC on {address}: {exc.strerror}") from None
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise ConfigError(f"cannot listen for gRPC on {address}: the path exists and is "
+                              "not a socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             try:
                 probe.connect(path)
-            except OSError:
+            except ConnectionRefusedError:
                 os.unlink(path)  # (nobody listens there)
+            except OSError as exc:
+                raise ConfigError(f"cannot listen for gRPC on {address}: {exc.strerror}"
+                                  ) from None
             else:
                 raise ConfigError(f"cannot listen for gRPC on {address}: another process "
                                   "listens there")
-            finally:
-                probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
         sock.bind(path)
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen for gRPC on {address}: "
-                          f"{exc.strerror or exc}") from None
-    except ConfigError:
-        sock.close()
-        raise
+        raise ConfigError(f"cannot listen for gRPC on {address}: {exc.strerror or exc}"
+                          ) from None
+    _listen(sock, address)
     return sock, address
+
+
+def _listen(sock: socket.socket, address: str) -> None:
+    try:
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen for gRPC on {address}: {exc.strerror or exc}"
+                          ) from None
 
 
 def serve_epp(config: GatewayConfig, settings: EppSettings, grpc_address: str,

@@ -29,8 +29,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_json_logging(level: str = "info") -> dict:
-    """Send the gateway's, uvicorn's and the gRPC server's logs through :class:`JsonFormatter`; returns the
-    ``log_config`` dict for uvicorn."""
+    """Send the gateway's, uvicorn's and the gRPC server's logs through
+    :class:`JsonFormatter`; returns the ``log_config`` dict for uvicorn."""
     config = {
         "version": 1,
         "disable_existing_loggers": False,
