@@ -31,7 +31,8 @@ from prefixroute.core.identity.identity import derive_trust_group_salt
 from prefixroute.edges.gateway.config import hash_api_key
 
 from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, cached_tokens, free_port,
-                          install_problem, running_gateway, start_vllm_pair, vllm_install_dir)
+                          install_problem, running_epp_behind_envoy, running_gateway,
+                          start_vllm_pair, vllm_install_dir)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
@@ -50,7 +51,8 @@ def start_pair(kv_ports: list[int], replay_ports: list[int]) -> list[VllmServer]
 
 
 def write_config(directory: Path, servers: list[VllmServer], kv_ports: list[int],
-                 replay_ports: list[int]) -> Path:
+                 replay_ports: list[int], *, name: str = "gateway.yaml",
+                 kv_events: bool = True) -> Path:
     config = {
         "server_secret": {"env": "PR_VLLM_GATEWAY_SECRET"},
         "tokenizer": str(vllm_install_dir() / "model"),
@@ -68,7 +70,10 @@ def write_config(directory: Path, servers: list[VllmServer], kv_ports: list[int]
         ],
         "timeouts": {"read_s": 300},
     }
-    path = directory / "gateway.yaml"
+    if not kv_events:
+        for backend in config["backends"]:
+            del backend["kv_events"]
+    path = directory / name
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML
     return path
 
@@ -93,19 +98,20 @@ def fleet(tmp_path_factory):
         with running_gateway(config, directory / "gateway.log",
                              {"PR_VLLM_GATEWAY_SECRET": SECRET}) as url:
             yield {"servers": servers, "url": url, "doctor": doctor,
-                   "log": directory / "gateway.log"}
+                   "log": directory / "gateway.log", "directory": directory,
+                   "kv_ports": kv_ports, "replay_ports": replay_ports}
     finally:
         for server in reversed(servers):
             server.stop()
 
 
-def client(fleet, tenant: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=fleet["url"] + "/v1", api_key=KEYS[tenant], max_retries=0,
-                         timeout=300)
+def client(fleet, tenant: str, url: str | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=(url or fleet["url"]) + "/v1", api_key=KEYS[tenant],
+                         max_retries=0, timeout=300)
 
 
-def decisions(fleet, n: int = 50) -> list[dict]:
-    response = httpx.get(fleet["url"] + f"/debug/decisions?n={n}",
+def decisions(fleet, n: int = 50, url: str | None = None) -> list[dict]:
+    response = httpx.get((url or fleet["url"]) + f"/debug/decisions?n={n}",
                          headers={"authorization": f"Bearer {KEYS['ops']}"}, timeout=10)
     response.raise_for_status()
     return response.json()["decisions"]
@@ -126,22 +132,40 @@ def test_doctor_finds_the_gateway_hashing_equal_to_vllm(fleet):
 
 
 def test_tenant_a_repeat_hits_and_tenant_b_never_gets_a_prefix(fleet):
-    text = DOCUMENT.format(n=1)
+    check_isolation(fleet, fleet["url"], fleet["url"], DOCUMENT.format(n=1))
+
+
+def test_the_same_isolation_through_envoy_and_the_endpoint_picker(fleet):
+    # The same replicas behind `prefixroute epp` and a real Envoy (without KV events: the
+    # gateway above already binds the replicas' event endpoints).
+    directory = fleet["directory"]
+    config = write_config(directory, fleet["servers"], fleet["kv_ports"],
+                          fleet["replay_ports"], name="epp.yaml", kv_events=False)
+    with running_epp_behind_envoy(config, directory,
+                                  {"PR_VLLM_GATEWAY_SECRET": SECRET}) as (url, admin):
+        check_isolation(fleet, url, admin, DOCUMENT.format(n=7))
+
+
+def check_isolation(fleet, url: str, admin: str, text: str) -> None:
+    """Tenant A's prefix planted on both replicas under A's secret salt: B's request
+    through ``url`` gets no cached token, A's repeat gets every full block but the last
+    token's; the decisions ``admin`` shows agree."""
     salt_a = derive_trust_group_salt(SECRET.encode(), "a")
     for server in fleet["servers"]:  # A's prefix on both replicas, under A's secret salt
         server.complete(text, cache_salt=salt_a)
 
-    b = client(fleet, "b").completions.create(model=SERVED_MODEL_NAME, prompt=text,
-                                              max_tokens=2, temperature=0)
+    b = client(fleet, "b", url).completions.create(model=SERVED_MODEL_NAME, prompt=text,
+                                                   max_tokens=2, temperature=0)
     assert usage_cached(b) == 0
 
-    a = client(fleet, "a").completions.create(model=SERVED_MODEL_NAME, prompt=text,
-                                              max_tokens=2, temperature=0)
+    a = client(fleet, "a", url).completions.create(model=SERVED_MODEL_NAME, prompt=text,
+                                                   max_tokens=2, temperature=0)
     n = a.usage.prompt_tokens
     assert usage_cached(a) == (n - 1) // BLOCK_SIZE * BLOCK_SIZE > 0
-    a_decision, b_decision = decisions(fleet, 2)
+    a_decision, b_decision = decisions(fleet, 2, admin)
     assert (a_decision["tenant"], b_decision["tenant"]) == ("a", "b")
     assert b_decision["reported_cached_tokens"] == 0
+    assert a_decision["reported_cached_tokens"] == usage_cached(a)
 
 
 def test_a_conversation_sticks_to_its_replica_and_predictions_equal_reports(fleet):

