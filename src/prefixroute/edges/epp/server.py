@@ -217,18 +217,14 @@ def _grpc_socket(address: str) -> tuple[socket.socket, str]:
                 raise ConfigError(f"cannot listen for gRPC on {address}: another process "
                                   "listens there")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen for gRPC on {address}: {exc.strerror or exc}"
-                          ) from None
-    _listen(sock, address)
+    _listen(sock, address, bind_to=path)
     return sock, address
 
 
-def _listen(sock: socket.socket, address: str) -> None:
+def _listen(sock: socket.socket, address: str, bind_to: str | None = None) -> None:
     try:
+        if bind_to is not None:
+            sock.bind(bind_to)
         sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
