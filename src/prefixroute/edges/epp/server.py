@@ -134,13 +134,10 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
     admin = _AdminServer(uvicorn.Config(
         admin_app(gateway), lifespan="off", log_config=log_config, log_level=log_level,
         access_log=False, proxy_headers=False))
-    signals = 0
     stopping, stop_now = asyncio.Event(), asyncio.Event()
 
-    def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        (stopping if signals == 1 else stop_now).set()
+    def on_signal() -> None:  # the first starts the drain, a second ends it
+        (stop_now if stopping.is_set() else stopping).set()
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -158,13 +155,10 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
         log.info("listening", extra={"fields": {
             "event": "listening", "grpc": where, "admin": listen_url(admin_sock)}})
         await stopping.wait()
-        gateway.draining = True
         log.info("draining", extra={"fields": {
             "event": "draining", "open_requests": gateway.open_requests,
             "drain_s": config.shutdown_grace_s}})
-        deadline = loop.time() + config.shutdown_grace_s
-        while gateway.open_requests and loop.time() < deadline and not stop_now.is_set():
-            await asyncio.sleep(0.05)
+        await gateway.drain(config.shutdown_grace_s, interrupted=stop_now)
         admin.should_exit = True
         await admin_task
     finally:

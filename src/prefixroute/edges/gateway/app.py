@@ -231,11 +231,7 @@ class Gateway:
         """Drain: the server stops accepting first; open requests (streams included) get up
         to ``grace_s`` (default ``shutdown_grace_s``) to finish before the backend
         connections close."""
-        self.draining = True
-        deadline = self.clock.now() + (self.config.shutdown_grace_s if grace_s is None
-                                       else grace_s)
-        while self.open_requests and self.clock.now() < deadline:
-            await asyncio.sleep(0.05)
+        await self.drain(self.config.shutdown_grace_s if grace_s is None else grace_s)
         if self.busy_poller is not None:
             self.busy_poller.close()
         await self.fleet.stop()
@@ -255,6 +251,16 @@ class Gateway:
         log.info("gateway stopped", extra={"fields": {
             "event": "stopped", "unfinished_requests": self.open_requests,
             "streams_cut_by_shutdown": self.proxy.cut_by_shutdown if self.proxy else 0}})
+
+    async def drain(self, grace_s: float, interrupted: asyncio.Event | None = None) -> None:
+        """Take no new work (``/health`` answers 503 ``draining``) and wait up to ``grace_s``
+        for the open requests, streams included, to end; ``interrupted`` (a second stop
+        signal) ends the wait at once."""
+        self.draining = True
+        deadline = self.clock.now() + grace_s
+        while self.open_requests and self.clock.now() < deadline \
+                and not (interrupted is not None and interrupted.is_set()):
+            await asyncio.sleep(0.05)
 
     def cut_streams(self) -> int:
         """End every open stream with a ``server_shutdown`` error event (the end of a
