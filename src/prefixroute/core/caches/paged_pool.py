@@ -200,7 +200,7 @@ class PagedBlockPool:
     # -- eviction and reset -------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
         """Drop up to ``num_blocks`` cached keys from the front of the free queue."""
-        dropped = []
+        dropped: list[Hashable] = []
         for block in self._free:
             if len(dropped) >= num_blocks:
                 break

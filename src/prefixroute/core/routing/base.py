@@ -16,7 +16,9 @@ parameters, and each lives in its own module under ``policies/`` with its source
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol, Sequence
+from typing import ClassVar, Hashable, Mapping, Protocol, Sequence
+
+from mypy_extensions import mypyc_attr
 
 
 class CacheView(Protocol):
@@ -110,13 +112,15 @@ class Decision:
     """A policy's answer: which replica, through which branch, and why.
 
     ``scores`` maps a replica index to the numbers the policy compared (the gateway's
-    ``/debug/decisions`` and the simulator's traces show them as they are).
+    ``/debug/decisions`` and the simulator's traces show them as they are): a dict, or a
+    read-only mapping that builds each replica's entry when read
+    (:class:`~prefixroute.core.routing.scores.LazyScores`).
     """
 
     replica: int
     branch: str
     reason: str = ""
-    scores: dict[int, dict[str, float]] = field(default_factory=dict)
+    scores: Mapping[int, dict[str, float]] = field(default_factory=dict)
     predicted_cached_tokens: int = 0
     # For a replica whose scheduling policy is ``priority``: the request's place in its
     # queue, as whole milliseconds on the runner's clock (lower first; ``prefixroute``: a
@@ -150,10 +154,11 @@ class Policy(Protocol):
         ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (every other policy is one)
 class BasePolicy:
     """Defaults for the optional hooks; policies override what they use."""
 
-    name = "base"
+    name: ClassVar[str] = "base"
 
     def on_routed(self, request: RequestView, decision: Decision) -> None:
         pass

@@ -24,7 +24,7 @@ from __future__ import annotations
 import weakref
 
 from collections import Counter
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from prefixroute.core.caches.key_lru import KeyLRUCache
 from prefixroute.core.clock import Clock
@@ -86,6 +86,7 @@ class ApproximateView:
     def on_booked(self, keys: Sequence[Hashable], booking: Any) -> None:
         """A request with ``keys`` was sent here: record them, and set
         ``booking.held_blocks`` to what the view held for them before."""
+        entry: Callable[[], Any]
         try:  # held weakly: a booking that ended and was dropped needs no answer
             entry = weakref.ref(booking)
         except TypeError:

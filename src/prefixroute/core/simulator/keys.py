@@ -47,9 +47,9 @@ class BlockKeyer:
     def keys(self, request: Request) -> list[Hashable]:
         """Keys of ``request``'s full blocks (prompt, then reply when known)."""
         if request.token_ids is not None:
-            return self._token_keys(request)
+            return self._token_keys(request, request.token_ids)
         if request.hash_ids is not None:
-            return self._id_keys(request)
+            return self._id_keys(request, request.hash_ids)
         raise InputError(f"request {request.request_id!r} has neither token_ids nor hash_ids",
                          field="token_ids")
 
@@ -58,21 +58,20 @@ class BlockKeyer:
         return request
 
     # -- token ids ------------------------------------------------------------------------------
-    def _token_keys(self, request: Request) -> list[Hashable]:
+    def _token_keys(self, request: Request, tokens: Sequence[int]) -> list[Hashable]:
         block_size = request.block_size
         hasher = self.hasher(block_size)
-        tokens = request.token_ids
         identity = request.identity
         prefix_blocks = 0
         keys: list = []
         if request.prefix_group is not None and request.prefix_tokens >= block_size:
             prefix_blocks = min(request.prefix_tokens, len(tokens)) // block_size
             memo_key = (block_size, identity, request.prefix_group, prefix_blocks)
-            keys = self._prefixes.get(memo_key)
-            if keys is None:
-                keys = hasher.block_hashes(tokens[:prefix_blocks * block_size], identity)
-                self._prefixes[memo_key] = keys
-            keys = list(keys)
+            memo = self._prefixes.get(memo_key)
+            if memo is None:
+                memo = hasher.block_hashes(tokens[:prefix_blocks * block_size], identity)
+                self._prefixes[memo_key] = memo
+            keys = list(memo)
         parent = keys[-1] if keys else None
         keys += hasher.block_hashes(tokens, identity, parent=parent,
                                     start=prefix_blocks * block_size)
@@ -86,9 +85,9 @@ class BlockKeyer:
         return keys
 
     # -- block ids ------------------------------------------------------------------------------
-    def _id_keys(self, request: Request) -> list[Hashable]:
+    def _id_keys(self, request: Request, hash_ids: Sequence[int]) -> list[Hashable]:
         full = request.input_tokens // request.block_size
-        ids = request.hash_ids[:full]
+        ids = hash_ids[:full]
         if not ids:
             return []
         seed_key = (request.namespace, request.identity)

@@ -206,7 +206,7 @@ def prepare_workload(requests: Iterable[Request], *, block_size: int | None = No
                              f"s, before the previous request ({last} s)",
                              where=request.request_id, field="arrival_s")
         last = request.arrival_s
-        if closed_loop:
+        if after is not None and gaps is not None:  # (a closed loop)
             before, recorded = previous.get(request.session, (-1, 0.0)) \
                 if request.session is not None else (-1, 0.0)
             think = 0.0
@@ -226,7 +226,7 @@ def prepare_workload(requests: Iterable[Request], *, block_size: int | None = No
         if time_scale != 1.0:
             request.arrival_s *= time_scale
         out.append(request)
-    if not out:
+    if not out or block_size is None:
         raise InputError("the workload has no requests")
     return PreparedWorkload(out, block_size, metrics.ideal_reuse(out), dict(info or {}),
                             after=after, gap_s=gaps)
@@ -267,7 +267,7 @@ class ArrivalPlan:
         total = len(workload.requests)
         self.arrive = array("d", [r.arrival_s for r in workload.requests])
         self.successor = array("l", [-1]) * total  # the request each one's end sends
-        self.gap_s = workload.gap_s
+        self.gap_s = workload.gap_s if workload.gap_s is not None else array("d")
         if workload.after is not None:
             for j, before in enumerate(workload.after):
                 if before >= 0:
@@ -356,8 +356,9 @@ class SimulatedFleet:
     def arrive(self, k: int, now: float) -> Booking:
         """Request ``k`` arrives at ``now`` (the clock is there): route and submit it. The
         engine's events due by ``now`` are returned by the engine's next ``advance``."""
-        booking = self.route_and_submit(k, self.workload.requests[k],
-                                        self.workload.prompt_keys[k], now)
+        workload = self.workload
+        assert workload is not None  # (a streamed fleet admits instead)
+        booking = self.route_and_submit(k, workload.requests[k], workload.prompt_keys[k], now)
         self.replica_of[k] = booking.replica
         self.timeline_t.append(now)
         self.timeline_rows.append([v.in_flight for v in self.views])
@@ -448,7 +449,7 @@ class EngineWakeups:
         self.wake[i] = None
         return t, i
 
-    def fire(self, clock, handle: Callable[[int, list], None]) -> None:
+    def fire(self, clock: ManualClock, handle: Callable[[int, list], object]) -> None:
         """Run the earliest queued engine event (nothing if superseded): advance the clock to
         it, step that engine, hand its events to ``handle(i, events)``, queue it again."""
         popped = self.pop()

@@ -168,6 +168,7 @@ def simulate_stream(requests: Iterable[Request], fleet: FleetConfig, spec: str, 
         if heap and heap[0][0] <= arrival:  # engine events first at the same instant
             wakeups.fire(clock, body.engine_events)
             continue
+        assert pending is not None  # (with none left, every event sorts first)
         clock.advance_to(arrival)
         target = body.admit(seen, pending, arrival).replica
         events = engines[target].advance(arrival)

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from prefixroute.core.caches.base import cacheable_blocks
 from prefixroute.core.clock import Clock
@@ -81,7 +81,7 @@ class DecisionRecord:
     tokenization: str
     predicted_cached_tokens: int
     candidates: list[tuple]  # (backend, in_flight, queued, running, kv_usage, assignments)
-    scores: dict[int, dict[str, Any]]
+    scores: Mapping[int, dict[str, Any]]
     reported_cached_tokens: int | None = None
     outcome: str = "pending"
     priority: int | None = None  # sent to the replica (its scheduling policy is priority)

@@ -36,7 +36,7 @@ from .params import PrefixRouteParams
 class Candidate(NamedTuple):
     """One replica's figures for the request, as the decision's scores show them."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # (named as tuple.index; by design)
     cost_s: float
     expected_cached_tokens: float
     load: float          # requests in flight (ReplicaView.load)

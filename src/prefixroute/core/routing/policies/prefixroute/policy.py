@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import dataclasses
 from math import inf
-from typing import Hashable, NamedTuple, Sequence
+from typing import ClassVar, Hashable, NamedTuple, Sequence
+
+from mypy_extensions import mypyc_attr
 
 from prefixroute.core.caches.base import cacheable_blocks, fits_kv
 from prefixroute.core.routing.base import (BasePolicy, CacheView, Decision, ReplicaView,
                                            RequestView)
 from prefixroute.core.routing.registry import register
+from prefixroute.core.routing.scores import LazyScores
 
 from .balance import BalanceRule, Candidate, default_rules
 from .costs import CostModel, to_ms
@@ -67,6 +70,35 @@ _TRUST_MIRROR = _TrustMirror()
 # A candidate built from a ready tuple: a NamedTuple's generated ``__new__`` is a Python-level
 # call, a measurable share of a 32-replica decision.
 _candidate = tuple.__new__
+
+
+class _ScoreRow(NamedTuple):
+    """One replica's figures for a decision, from which its scores are built when read
+    (:func:`_scores_of`): ``cost`` is what its cost evaluation put in its scores (shared by
+    replicas alike), the rest its own."""
+
+    cost: dict[str, float]
+    prefill_busy: float
+    in_flight: int
+    recent: float       # requests routed there recently, unrounded
+    long_load_s: float
+    occupancy: float
+    deadline_s: float | None
+
+
+def _recent_requests(row: _ScoreRow) -> float:
+    """Recent requests as the scores show them and ties are broken on (three decimals)."""
+    return round(row.recent, 3)
+
+
+def _scores_of(row: _ScoreRow) -> dict[str, float]:
+    """A replica's scores: its cost evaluation's figures, then its own."""
+    scores = {**row.cost, "prefill_busy": row.prefill_busy, "load": float(row.in_flight),
+              "recent_requests": _recent_requests(row), "long_load_s": row.long_load_s,
+              "occupancy": row.occupancy}
+    if row.deadline_s is not None:
+        scores["deadline_s"] = row.deadline_s
+    return scores
 
 
 def _position(candidates: Sequence[Candidate], index: int) -> int:
@@ -113,9 +145,11 @@ def hit_limit(request: RequestView) -> int:
         if block > 0 else 0
 
 
-@register("prefixroute")
+# (Registered below the class, not by decorator: compiled, a class under an arbitrary
+# decorator would lose its fast native layout. The benchmark's ablations subclass it.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixRoute(BasePolicy):
-    params_type = PrefixRouteParams
+    params_type: ClassVar[type[PrefixRouteParams]] = PrefixRouteParams
 
     def __init__(self, params: PrefixRouteParams | None = None,
                  rules: Sequence[BalanceRule] | None = None) -> None:
@@ -212,7 +246,6 @@ class PrefixRoute(BasePolicy):
         n = request.num_tokens
         limit = hit_limit(request)
         known = self._replicas
-        prefill_busy, expected = self._prefill_busy, self._expected
         speed_memory, load_horizon, balance_horizon = (p.speed_memory, p.load_horizon_s,
                                                        p.balance_horizon_s)
         # First pass: each replica's queue reconciled with the pending prefill it reports,
@@ -239,9 +272,9 @@ class PrefixRoute(BasePolicy):
             state.load.occupancy.observe(in_flight > 0, now, balance_horizon)
             states.append(state)
             loads.append(in_flight)
-            busy.append(prefill_busy(state))
+            busy.append(self._prefill_busy(state))
             cache = replica.cache
-            estimates.append(expected(state, keys, limit, cache)
+            estimates.append(self._expected(state, keys, limit, cache)
                              if state.mirror.may_hit(keys, limit, cache) else no_hit)
         rho = self._rho = min(sum(busy) / len(states), 0.999)
         costs = self.costs
@@ -250,7 +283,7 @@ class PrefixRoute(BasePolicy):
         most = min(max(h.expected_blocks for h in estimates) * block, ceiling)
         slack = p.priority_slack
         residence = self._residence_s
-        scores: dict[int, dict[str, float]] = {}
+        rows: dict[int, _ScoreRow] = {}
         candidates: list[Candidate] = []
         deadlines: list[float | None] = []
         # Replicas alike in everything the cost reads share one evaluation (on a quiet fleet,
@@ -268,19 +301,17 @@ class PrefixRoute(BasePolicy):
                 s = speeds[speed] = speed.value
             by_deadline = slack and replica.scheduling_policy == "priority"
             expected_blocks = hit.expected_blocks
-            alike = None if by_deadline else (
+            alike: tuple | None = None if by_deadline else (
                 expected_blocks, len(hit.stamps), hit.view_blocks, s, queue.pending_work,
                 replica.running, replica.kv_usage, replica.capacity_blocks)
-            shared = evaluated.get(alike)
+            shared = evaluated.get(alike) if alike is not None else None
             load = state.load
             # This replica's own figures, whether or not its cost is shared.
-            own = {"prefill_busy": prefill_busy_share, "load": float(in_flight),
-                   "recent_requests": round(load.routed.read(now, load_horizon), 3),
-                   "long_load_s": load.routed_s.read(now, balance_horizon),
-                   "occupancy": load.occupancy.share}
+            recent = load.routed.read(now, load_horizon)
+            long_load = load.routed_s.read(now, balance_horizon)
+            occupancy = load.occupancy.share
             if shared is not None:
                 score, cost, cached_tokens = shared
-                score = {**score, **own}  # (the same keys, in the same places)
                 deadline = None
             else:
                 cached = min(expected_blocks * block, ceiling)
@@ -305,25 +336,24 @@ class PrefixRoute(BasePolicy):
                     "mirror_blocks": float(len(hit.stamps)),
                     "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
                     "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
-                    "copy_s": copy, "cost_s": cost, "s_per_token": s, **own}
-                if deadline is not None:
-                    score["deadline_s"] = deadline
-                else:
+                    "copy_s": copy, "cost_s": cost, "s_per_token": s}
+                if deadline is None and alike is not None:
                     evaluated[alike] = (score, cost, cached_tokens)
             deadlines.append(deadline)
-            scores[replica.index] = score
+            rows[replica.index] = _candidate(_ScoreRow, (
+                score, prefill_busy_share, in_flight, recent, long_load, occupancy, deadline))
             if cached_tokens > best_hit:
                 best_hit = cached_tokens
             candidates.append(_candidate(Candidate, (
-                replica.index, cost, cached_tokens, score["load"], score["occupancy"],
-                score["long_load_s"])))
+                replica.index, cost, cached_tokens, float(in_flight), occupancy, long_load)))
         hint = request.output_tokens_hint or 1
         # (Replicas of one KV size answer alike.)
         fits = all(fits_kv(n, hint, capacity, block)
                    for capacity in {r.capacity_blocks for r in replicas})
-        at, branch, reason = self._choose(candidates, scores, estimates, n, fits, best_hit)
+        scores = LazyScores(rows, _scores_of)
+        at, branch, reason = self._choose(candidates, rows, estimates, n, fits, best_hit)
         choice = candidates[at].index
-        chosen = scores[choice]
+        chosen = rows[choice].cost
         reason += (f"; cost {chosen['cost_s']:.3f} s = wait {chosen['wait_s']:.3f} + prefill "
                    f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f} + delay to "
                    f"others {chosen['delay_others_s']:.3f} + copy {chosen['copy_s']:.3f}")
@@ -337,13 +367,13 @@ class PrefixRoute(BasePolicy):
         return Decision(choice, branch, reason, scores,
                         int(hit.expected_blocks + 0.5) * block, priority=priority)
 
-    def _choose(self, candidates: list[Candidate], scores: dict[int, dict[str, float]],
+    def _choose(self, candidates: list[Candidate], rows: dict[int, _ScoreRow],
                 hits: list[HitEstimate], n: int, fits: bool, best_hit: float
                 ) -> tuple[int, str, str]:
         """The cheapest replica (equal costs: the fewest recent requests), then the balance
-        rules on a quiet fleet; the branch says why. ``hits`` are the candidates' estimates
-        in their order, ``best_hit`` the most tokens any is expected to hold. Returns the
-        chosen candidate's position among ``candidates``."""
+        rules on a quiet fleet; the branch says why. ``rows`` are the replicas' figures,
+        ``hits`` the candidates' estimates in their order, ``best_hit`` the most tokens any
+        is expected to hold. Returns the chosen candidate's position among ``candidates``."""
         # The cheapest, the lowest index among equal costs (one pass, no key tuples).
         at = 0
         cheapest = candidates[0]
@@ -356,7 +386,7 @@ class PrefixRoute(BasePolicy):
         lowest = cheapest.cost_s
         tied = [i for i, c in enumerate(candidates) if c.cost_s <= lowest]
         if len(tied) > 1:
-            at = min(tied, key=lambda i: (scores[candidates[i].index]["recent_requests"],
+            at = min(tied, key=lambda i: (_recent_requests(rows[candidates[i].index]),
                                           candidates[i].load, candidates[i].cost_s,
                                           candidates[i].index))
             chosen = candidates[at]
@@ -385,7 +415,7 @@ class PrefixRoute(BasePolicy):
                      key=lambda c: (c.cost_s, c.index))
         return at, "spill", (
             f"holder replica {holder.index} would cost {holder.cost_s:.3f} s (wait "
-            f"{scores[holder.index]['wait_s']:.3f} s); replica {choice} costs "
+            f"{rows[holder.index].cost['wait_s']:.3f} s); replica {choice} costs "
             f"{chosen.cost_s:.3f} s with {chosen.expected_cached_tokens:.0f} tokens expected "
             f"cached{spread}")
 
@@ -484,3 +514,6 @@ class PrefixRoute(BasePolicy):
         # than the prompt has.)
         reported = min(max(0, cached_tokens) // request.block_size, len(request.block_keys))
         self._learn_from_report(state, prediction, reported)
+
+
+register("prefixroute")(PrefixRoute)

@@ -118,9 +118,9 @@ class PrefillQueue:
             pending = 0.0
         else:
             while len(entries) > 1 and self.units - entries[0].units >= pending_prefill_tokens:
-                done = entries.popleft()
-                self.units -= done.units
-                self.work -= done.work
+                gone = entries.popleft()
+                self.units -= gone.units
+                self.work -= gone.work
             pending = self.work
             if entries:
                 head = entries[0]
