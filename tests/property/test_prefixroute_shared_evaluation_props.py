@@ -13,7 +13,7 @@ from prefixroute.core.routing.policies.prefixroute import PrefixRoute
 from prefixroute.core.routing.policies.prefixroute.balance import Candidate
 from prefixroute.core.routing.policies.prefixroute.costs import to_ms
 from prefixroute.core.routing.policies.prefixroute.mirror import HitEstimate
-from prefixroute.core.routing.policies.prefixroute.policy import hit_limit
+from prefixroute.core.routing.policies.prefixroute.policy import _ScoreRow, hit_limit
 
 B = 16
 # Few values per field, so that many replicas are alike and share an evaluation.
@@ -148,7 +148,10 @@ def test_the_choice_breaks_ties_as_specified(rows, order, quiet):
     hits = {i: HitEstimate(s["expected_cached_tokens"] / B, 2, [0, 0]) for i, s in
             scores.items()}
     best_hit = max(s["expected_cached_tokens"] for s in scores.values())
-    at, branch, reason = policy._choose(candidates, scores,
+    figures = {i: _ScoreRow({k: s[k] for k in ("cost_s", "expected_cached_tokens", "wait_s")},
+                            0.0, int(s["load"]), s["recent_requests"], s["long_load_s"],
+                            s["occupancy"], None) for i, s in scores.items()}
+    at, branch, reason = policy._choose(candidates, figures,
                                         [hits[c.index] for c in candidates], 64, True, best_hit)
     assert (candidates[at].index, branch) == reference_choice(policy, scores, hits, 64, True)
     # The reason names the cheapest replica (lowest cost, then index) when a tie moved it.

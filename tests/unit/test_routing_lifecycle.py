@@ -244,6 +244,6 @@ def test_an_approximate_view_nobody_reads_does_not_keep_every_booking():
     first = Held()
     fresh = ApproximateView(capacity_blocks=16)
     fresh.on_booked([1, 2], first)
-    for i in range(ApproximateView.MAX_QUEUED):
+    for i in range(fresh.MAX_QUEUED):
         fresh.on_booked([i + 10], Held())
     assert first.held_blocks == 0  # applied without a read

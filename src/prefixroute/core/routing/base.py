@@ -107,6 +107,10 @@ class ReplicaView:
         return max(self.in_flight, self.queued + self.running)
 
 
+# A plain class even when compiled: a policy's answer is checked by the lifecycle (a
+# non-candidate or a non-index goes to the least-loaded candidate), so building one with a
+# wrong replica must not fail first, as a compiled class's typed field would.
+@mypyc_attr(native_class=False)
 @dataclass(slots=True)
 class Decision:
     """A policy's answer: which replica, through which branch, and why.
