@@ -8,8 +8,9 @@ replica in Python, and a million requests over 32 replicas is 32 million of thos
 * ``pip install -e .`` (development) stays pure Python, so an edited module is what runs; a
   compiled module would shadow its source until the next install.
 * ``pip install .`` and ``pip wheel .`` compile: they need a C compiler and Python's headers.
-  Without them, or with ``PREFIXROUTE_COMPILE=0``, the package installs as pure Python, which
-  behaves the same, slower.
+  Without them (the build warns), or with ``PREFIXROUTE_COMPILE=0``, the package installs as
+  pure Python, which behaves the same, slower. It is all or nothing: a module that fails to
+  compile drops every compiled module, since they call each other directly.
 
 Only modules whose every input is already checked are compiled: a compiled function refuses
 an argument of the wrong type with a ``TypeError`` where Python would carry on, so modules
@@ -19,10 +20,13 @@ interpreted.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 # The routing policy's per-replica work, the views it reads, and the simulator's loop.
 COMPILED = [
@@ -45,14 +49,41 @@ COMPILED = [
 _BUILDS = {"bdist_wheel", "build", "build_ext"}
 
 
+def _warn(why: str) -> None:
+    print(f"warning: prefixroute builds as pure Python (slower, same results): {why}",
+          file=sys.stderr)
+
+
 def _ext_modules() -> list:
     if os.environ.get("PREFIXROUTE_COMPILE", "1") == "0" or not _BUILDS & set(sys.argv[1:]):
         return []
-    from mypyc.build import mypycify
-
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        _warn("mypyc (from mypy) is not installed")
+        return []
+    # An in-tree build directory keeps earlier builds' modules; one no longer listed here
+    # would still ship in the wheel and shadow its source.
+    for stale in glob.glob("build/lib*/**/*.so", recursive=True):
+        os.remove(stale)
     # (Modules they import are read for their types, not checked: they stay interpreted.)
     return mypycify(["--follow-imports=silent", *COMPILED], opt_level="3",
                     group_name="prefixroute")
 
 
-setup(ext_modules=_ext_modules())
+class OptionalBuildExt(build_ext):
+    """Compiled modules are an optimisation: if any fails to build, none is installed."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except (CCompilerError, ExecError, PlatformError, OSError) as exc:
+            for ext in self.extensions:
+                path = self.get_ext_fullpath(ext.name)
+                if os.path.exists(path):
+                    os.remove(path)
+            self.extensions = []
+            _warn(f"compiling failed ({exc})")
+
+
+setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})

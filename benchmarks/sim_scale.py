@@ -133,11 +133,11 @@ def main() -> int:
                    "completed": summary["completed"]}
             rows.append(row)
             print(json.dumps(row), flush=True)
+        trace.unlink()
+        write_results(rows, args.rate)  # after every size: a long run keeps what it measured
         if len(summaries) == 2 and summaries["source"] != summaries["compiled"]:
             raise SystemExit(f"{n:,} requests: the compiled build's results differ from the "
                              "source's")
-        trace.unlink()
-        write_results(rows, args.rate)  # after every size: a long run keeps what it measured
     return 0
 
 

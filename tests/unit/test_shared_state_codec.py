@@ -41,6 +41,9 @@ def test_a_routed_booking_of_three_blocks_is_small_on_the_wire():
     (msgpack.packb([1, "x", "i", "r"]), "unknown booking message kind 'x'"),
     (msgpack.packb([1, "c", "i", "r", "many"]), "malformed 'c'"),
     (msgpack.packb([1, "e", 7, "r", True]), "strings"),
+    # A tenant that is not text would fail later, where the booking is applied.
+    (msgpack.packb([1, "r", "i", "pr-1", "r0", 5, 49, 16, [1], 1.7e9, "hit", 32, None]),
+     "replica, tenant and branch must be strings"),
     (msgpack.packb([1, "p", "i", "r", 3]), "booking message kind 'p' with 3 fields"),
 ])
 def test_anything_else_is_refused_with_a_reason(data, message):

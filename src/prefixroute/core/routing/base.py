@@ -158,7 +158,9 @@ class Policy(Protocol):
         ...
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # (every other policy is one)
+# A plain class even when compiled: the policies built on it stay interpreted, and pickle and
+# copy with their state as any Python object does.
+@mypyc_attr(native_class=False)
 class BasePolicy:
     """Defaults for the optional hooks; policies override what they use."""
 

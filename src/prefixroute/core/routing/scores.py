@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterator
 
 class LazyScores(Mapping):
     """``index -> dict of figures``: ``rows[index]`` made into a dict by ``build`` when first
-    read, then kept. Compares, iterates and serialises (``dict(scores)``) as a plain dict."""
+    read, then kept. Compares and iterates as a plain dict and pickles as one; a JSON
+    encoder takes ``dict(scores)``."""
 
     __slots__ = ("_rows", "_build", "_built")
 
@@ -38,3 +39,6 @@ class LazyScores(Mapping):
 
     def __repr__(self) -> str:
         return repr(dict(self))
+
+    def __reduce__(self) -> tuple:
+        return dict, (dict(self),)

@@ -283,7 +283,7 @@ class LiveEventView:
         return len(self.events)
 
 
-def event_key(value: int | bytes) -> int:
+def event_key(value: int | bytes | bytearray) -> int:
     """An event's block id as the router's key: the unsigned low 64 bits of the digest
     (raw digest bytes, and old engines' signed ``hash()``, read the same way)."""
     if isinstance(value, (bytes, bytearray)):

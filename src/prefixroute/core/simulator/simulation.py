@@ -41,6 +41,8 @@ from array import array
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.clock import ManualClock
 from prefixroute.core.errors import ConfigError, InputError
@@ -59,6 +61,9 @@ VIEWS = ("approximate", "events", "oracle")
 DEFAULT_VIEW = "approximate"
 
 
+# A plain class even when compiled, so that its checks word a wrong value (ConfigError)
+# rather than a compiled typed field refusing it first.
+@mypyc_attr(native_class=False)
 @dataclass
 class FleetConfig:
     """The replicas every policy gets: how many, how much KV each, how fast."""
@@ -465,7 +470,7 @@ class EngineWakeups:
 
 def simulate_policy(workload: PreparedWorkload, fleet: FleetConfig, spec: str, *,
                     view: str = DEFAULT_VIEW, seed: int = 0,
-                    progress: Callable[[int, int], None] | None = None,
+                    progress: Callable[[int, int], object] | None = None,
                     busy_until: float | None = None,
                     busy_quantile: float | None = None) -> PolicyRun:
     """Replay ``workload`` through fresh replicas routed by the policy ``spec``.
@@ -602,7 +607,7 @@ def _summarize(workload: PreparedWorkload, fleet: FleetConfig, spec: str, view: 
 
 def simulate(workload: PreparedWorkload, fleet: FleetConfig, specs: Sequence[str], *,
              view: str = DEFAULT_VIEW, seed: int = 0,
-             progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[str, int, int], object] | None = None) -> dict[str, Any]:
     """Every policy in ``specs`` over the same workload and fleet: ``runs`` by policy
     spec, and the ``report`` comparing them."""
     runs = {}

@@ -140,7 +140,7 @@ def _keyed(requests: Iterable[Request], block_size: int, keyer: BlockKeyer,
 
 def simulate_stream(requests: Iterable[Request], fleet: FleetConfig, spec: str, *,
                     view: str = DEFAULT_VIEW, seed: int = 0, time_scale: float = 1.0,
-                    progress: Callable[[int], None] | None = None,
+                    progress: Callable[[int], object] | None = None,
                     progress_every: int = 1000) -> dict[str, Any]:
     """Replay ``requests`` (arrival order, any length) through fresh replicas routed by
     ``spec``; returns the summary (module doc for its fields). ``progress(n)`` is called

@@ -122,6 +122,8 @@ def decode(data: bytes) -> Event:
              branch, predicted, priority) = fields
             if not isinstance(keys, list):
                 raise CodecError("block_keys must be an array")
+            if not all(isinstance(text, str) for text in (replica, tenant, branch)):
+                raise CodecError("replica, tenant and branch must be strings")
             # msgpack hands back ints already; one int() per key would cost more than the
             # rest of the message (600 keys for a 9,600-token prompt).
             event: Event = Routed(instance, request_id, replica, tenant, int(num_tokens),

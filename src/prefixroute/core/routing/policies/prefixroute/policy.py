@@ -44,8 +44,7 @@ from typing import ClassVar, Hashable, NamedTuple, Sequence
 from mypy_extensions import mypyc_attr
 
 from prefixroute.core.caches.base import cacheable_blocks, fits_kv
-from prefixroute.core.routing.base import (BasePolicy, CacheView, Decision, ReplicaView,
-                                           RequestView)
+from prefixroute.core.routing.base import CacheView, Decision, ReplicaView, RequestView
 from prefixroute.core.routing.registry import register
 from prefixroute.core.routing.scores import LazyScores
 
@@ -145,10 +144,13 @@ def hit_limit(request: RequestView) -> int:
         if block > 0 else 0
 
 
-# (Registered below the class, not by decorator: compiled, a class under an arbitrary
-# decorator would lose its fast native layout. The benchmark's ablations subclass it.)
+# Compiled (setup.py), it is a native class: registered below it, not by decorator (a class
+# under an arbitrary decorator loses the native layout), on no base class (a native class
+# can only extend native ones), defining every hook of the Policy protocol itself; the
+# benchmark's ablations subclass it. It cannot then be pickled or copied.
 @mypyc_attr(allow_interpreted_subclasses=True)
-class PrefixRoute(BasePolicy):
+class PrefixRoute:
+    name: ClassVar[str] = "prefixroute"
     params_type: ClassVar[type[PrefixRouteParams]] = PrefixRouteParams
 
     def __init__(self, params: PrefixRouteParams | None = None,
