@@ -83,9 +83,9 @@ def write_results(rows: list[dict], rate: float) -> None:
     for n in sorted({r["requests"] for r in rows}):
         cpu = {r["build"]: r["simulate_cpu_s"] for r in rows if r["requests"] == n}
         if len(cpu) == 2:
-            lines.append(f"\n{n:,} requests: the compiled build takes "
-                         f"{cpu['source'] / cpu['compiled']:.2f}x less CPU than the source, "
-                         "side by side.")
+            lines.append(f"\n{n:,} requests: the compiled build is "
+                         f"{cpu['source'] / cpu['compiled']:.2f}x as fast as the source "
+                         "(CPU seconds), side by side.")
     (RESULTS / "sim_scale_run.md").write_text("\n".join(lines) + "\n")
 
 
