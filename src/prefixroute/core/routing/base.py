@@ -16,9 +16,12 @@ parameters, and each lives in its own module under ``policies/`` with its source
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Hashable, Mapping, Protocol, Sequence
+from typing import Hashable, Mapping, Protocol, Sequence
 
 from mypy_extensions import mypyc_attr
+
+# (Defined apart, so that it stays interpreted where this module is compiled: setup.py.)
+from prefixroute.core.routing.base_policy import BasePolicy  # noqa: F401
 
 
 class CacheView(Protocol):
@@ -156,31 +159,6 @@ class Policy(Protocol):
     def on_replica_reset(self, replica: int) -> None:
         """The replica's cache is empty now (it most likely restarted)."""
         ...
-
-
-# A plain class even when compiled: the policies built on it stay interpreted, and pickle and
-# copy with their state as any Python object does.
-@mypyc_attr(native_class=False)
-class BasePolicy:
-    """Defaults for the optional hooks; policies override what they use."""
-
-    name: ClassVar[str] = "base"
-
-    def on_routed(self, request: RequestView, decision: Decision) -> None:
-        pass
-
-    def on_completed(self, request: RequestView, replica: int, cached_tokens: int) -> None:
-        pass
-
-    def on_unreported(self, request: RequestView, replica: int, ran: bool) -> None:
-        pass
-
-    def on_replica_reset(self, replica: int) -> None:
-        pass
-
-    def describe(self) -> dict:
-        """Parameters as configured (shown by the CLI and the gateway)."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
 def least_loaded(replicas: Sequence[ReplicaView]) -> ReplicaView:
