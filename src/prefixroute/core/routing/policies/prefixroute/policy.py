@@ -287,7 +287,6 @@ class PrefixRoute:
         residence = self._residence_s
         rows: dict[int, _ScoreRow] = {}
         candidates: list[Candidate] = []
-        deadlines: list[float | None] = []
         # Replicas alike in everything the cost reads share one evaluation (on a quiet fleet,
         # most of them: idle and holding nothing of the prompt); each gets its own scores.
         evaluated: dict[tuple, tuple[dict[str, float], float, float]] = {}
@@ -341,7 +340,6 @@ class PrefixRoute:
                     "copy_s": copy, "cost_s": cost, "s_per_token": s}
                 if deadline is None and alike is not None:
                     evaluated[alike] = (score, cost, cached_tokens)
-            deadlines.append(deadline)
             rows[replica.index] = _candidate(_ScoreRow, (
                 score, prefill_busy_share, in_flight, recent, long_load, occupancy, deadline))
             if cached_tokens > best_hit:
@@ -362,7 +360,7 @@ class PrefixRoute:
         hit = estimates[at]
         self._pending[request.request_id] = PendingRoute(choice, hit.stamps,
                                                          chosen["expected_cached_tokens"])
-        deadline = deadlines[at]
+        deadline = rows[choice].deadline_s
         priority = None if deadline is None else to_ms(deadline)
         if priority is not None:
             reason += f"; priority {priority} (deadline {deadline:.3f} s)"
