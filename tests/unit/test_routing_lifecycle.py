@@ -113,6 +113,24 @@ def test_a_request_ends_once():
     assert [c[0] for c in policy.calls] == ["route", "routed", "completed"]
 
 
+@pytest.mark.parametrize("keep_scores", [True, False])
+def test_a_booking_keeps_the_scores_only_for_a_body_that_reads_them(keep_scores):
+    class Scoring(Scripted):
+        def route(self, request, replicas):
+            return Decision(1, "scored", "why", {0: {"cost_s": 2.0}, 1: {"cost_s": 1.0}}, 16,
+                            priority=5)
+
+    runner = LifecycleRunner(Scoring(), keep_scores=keep_scores)
+    for i in range(2):
+        runner.add_replica(ReplicaView(index=i, cache=ApproximateView()))
+    decision = runner.route(request("a", "wx")).decision
+    # Everything else of the decision stays either way.
+    assert (decision.replica, decision.branch, decision.reason, decision.predicted_cached_tokens,
+            decision.priority) == (1, "scored", "why", 16, 5)
+    assert dict(decision.scores) == ({0: {"cost_s": 2.0}, 1: {"cost_s": 1.0}} if keep_scores
+                                     else {})
+
+
 @pytest.mark.parametrize("answer", [7, "1", None, True])
 def test_a_non_candidate_answer_goes_to_the_least_loaded_candidate(answer):
     # Replica 0 has 2 requests in flight, replica 1 one, replica 2 is not a candidate: the

@@ -46,6 +46,12 @@ The rules, each written once here:
   about its cache, and a 0 would read as "everything predicted was evicted". It no longer
   counts as an assignment of the replica: it used no capacity there, and the balance rules
   must not steer away from a replica for work it never did.
+* **A booking keeps its decision's scores only for a body that reads them.** The gateway
+  logs each decision with every replica's scores; the simulator logs none, so its runner
+  (``keep_scores=False``) books a copy without them. A booking lives until its request ends,
+  hundreds of decisions later on a busy fleet: kept there, every decision's per-replica
+  figures would outlive the garbage collector's young generation and be traversed, then
+  freed, long after they were last read.
 * **A reset** (the replica restarted: health checks failed, or the engine's event stream
   says so) empties the router's view of it and tells the policy
   (``on_replica_reset``); in-flight and assignment counts stay, the requests in flight end
@@ -56,7 +62,7 @@ Pure: no I/O, no clock of its own (a request carries ``now``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from prefixroute.core.errors import ConfigError
@@ -98,12 +104,15 @@ class LifecycleRunner:
 
     ``on_policy_error(request, decision, candidates)``: called when the policy answered a
     non-candidate, before the fallback replaces its decision (the gateway logs it).
+    ``keep_scores``: whether a booking's decision keeps the replicas' scores (module
+    docstring); without them, everything else of the decision is kept.
     """
 
     def __init__(self, policy: Any, *,
                  on_policy_error: Callable[[RequestView, Decision, list[int]], None]
-                 | None = None):
+                 | None = None, keep_scores: bool = True):
         self.policy = policy
+        self.keep_scores = keep_scores
         self.policy_name: str = getattr(policy, "name", type(policy).__name__)
         self.replicas: dict[int, ReplicaView] = {}
         self.states: dict[int, str] = {}
@@ -245,6 +254,8 @@ class LifecycleRunner:
 
     def _book(self, request: RequestView, decision: Decision, *, remote: bool) -> Booking:
         view = self.replicas[decision.replica]
+        if not self.keep_scores and decision.scores:
+            decision = replace(decision, scores={})
         booking = Booking(request, decision, decision.replica, remote, view=view)
         view.in_flight += 1
         view.assignments += 1

@@ -324,7 +324,7 @@ class SimulatedFleet:
         self.workload = workload
         self.fleet = fleet
         self.clock = clock or ManualClock(0.0)
-        self.runner = LifecycleRunner(policy)
+        self.runner = LifecycleRunner(policy, keep_scores=False)  # (it logs no decisions)
         self.pools: list[PagedBlockPool] = []
         self.engines: list[ReplicaEngine] = []
         for i in range(fleet.replicas):
