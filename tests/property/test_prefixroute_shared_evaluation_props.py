@@ -13,7 +13,7 @@ from prefixroute.core.routing.policies.prefixroute import PrefixRoute
 from prefixroute.core.routing.policies.prefixroute.balance import Candidate
 from prefixroute.core.routing.policies.prefixroute.costs import to_ms
 from prefixroute.core.routing.policies.prefixroute.mirror import HitEstimate
-from prefixroute.core.routing.policies.prefixroute.policy import _ScoreRow, hit_limit
+from prefixroute.core.routing.policies.prefixroute.policy import FIGURES, hit_limit
 
 B = 16
 # Few values per field, so that many replicas are alike and share an evaluation.
@@ -144,15 +144,14 @@ def test_the_choice_breaks_ties_as_specified(rows, order, quiet):
                   "long_load_s": 0.0, "wait_s": 0.0}
               for i, (cost, cached, recent, load) in zip(indices, rows)}
     candidates = [Candidate(i, s["cost_s"], s["expected_cached_tokens"], s["load"],
-                            s["occupancy"], s["long_load_s"]) for i, s in scores.items()]
+                            s["occupancy"], s["long_load_s"], s["recent_requests"],
+                            figures=tuple(s.get(k, 0.0) for k in FIGURES))
+                  for i, s in scores.items()]
     hits = {i: HitEstimate(s["expected_cached_tokens"] / B, 2, [0, 0]) for i, s in
             scores.items()}
     best_hit = max(s["expected_cached_tokens"] for s in scores.values())
-    figures = {i: _ScoreRow({k: s[k] for k in ("cost_s", "expected_cached_tokens", "wait_s")},
-                            0.0, int(s["load"]), s["recent_requests"], s["long_load_s"],
-                            s["occupancy"], None) for i, s in scores.items()}
-    at, branch, reason = policy._choose(candidates, figures,
-                                        [hits[c.index] for c in candidates], 64, True, best_hit)
+    at, branch, reason = policy._choose(candidates, [hits[c.index] for c in candidates], 64,
+                                        True, best_hit)
     assert (candidates[at].index, branch) == reference_choice(policy, scores, hits, 64, True)
     # The reason names the cheapest replica (lowest cost, then index) when a tie moved it.
     cheapest = min(scores, key=lambda i: (scores[i]["cost_s"], i))

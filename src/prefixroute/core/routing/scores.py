@@ -10,32 +10,42 @@ into its dict on first read, so the numbers are the same whether or not anyone l
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 
 class LazyScores(Mapping):
-    """``index -> dict of figures``: ``rows[index]`` made into a dict by ``build`` when first
-    read, then kept. Compares and iterates as a plain dict and pickles as one; a JSON
+    """``index -> dict of figures`` over ``rows``, one record per replica whose first item
+    is its index: a row is made into its dict by ``build`` when first read, then kept (and
+    the index is built at the first lookup, so a decision nobody reads costs neither).
+    Compares and iterates as a plain dict, in the rows' order, and pickles as one; a JSON
     encoder takes ``dict(scores)``."""
 
-    __slots__ = ("_rows", "_build", "_built")
+    __slots__ = ("_rows", "_build", "_built", "_by_index")
 
-    def __init__(self, rows: dict[int, Any], build: Callable[[Any], dict[str, float]]) -> None:
+    def __init__(self, rows: Sequence[Sequence[Any]],
+                 build: Callable[[Any], dict[str, float]]) -> None:
         self._rows = rows
         self._build = build
         self._built: dict[int, dict[str, float]] = {}
+        self._by_index: dict[int, Any] | None = None
+
+    def _index(self) -> dict[int, Any]:
+        by_index = self._by_index
+        if by_index is None:
+            by_index = self._by_index = {row[0]: row for row in self._rows}
+        return by_index
 
     def __getitem__(self, index: int) -> dict[str, float]:
         built = self._built.get(index)
         if built is None:
-            built = self._built[index] = self._build(self._rows[index])
+            built = self._built[index] = self._build(self._index()[index])
         return built
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._rows)
+        return iter(self._index())
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._index())
 
     def __repr__(self) -> str:
         return repr(dict(self))

@@ -34,7 +34,9 @@ from .params import PrefixRouteParams
 
 
 class Candidate(NamedTuple):
-    """One replica's figures for the request, as the decision's scores show them."""
+    """One replica's figures for the request, as the decision's scores show them. The rules
+    read the first six; the policy keeps the rest of the replica's scores beside them (one
+    record per replica and decision: a 32-replica fleet makes 32 per request)."""
 
     index: int  # type: ignore[assignment]  # (named as tuple.index; by design)
     cost_s: float
@@ -42,6 +44,10 @@ class Candidate(NamedTuple):
     load: float          # requests in flight (ReplicaView.load)
     occupancy: float     # share of recent time with requests in flight
     long_load_s: float   # predicted prefill seconds routed here over the balance horizon
+    recent: float = 0.0  # requests routed here recently, unrounded
+    prefill_busy: float = 0.0  # its prefill utilisation
+    deadline_s: float | None = None  # the deadline a priority replica would get
+    figures: tuple = ()  # its cost evaluation's terms (shared by replicas alike)
 
 
 class Move(NamedTuple):

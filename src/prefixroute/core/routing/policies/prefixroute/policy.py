@@ -71,32 +71,27 @@ _TRUST_MIRROR = _TrustMirror()
 _candidate = tuple.__new__
 
 
-class _ScoreRow(NamedTuple):
-    """One replica's figures for a decision, from which its scores are built when read
-    (:func:`_scores_of`): ``cost`` is what its cost evaluation put in its scores (shared by
-    replicas alike), the rest its own."""
-
-    cost: dict[str, float]
-    prefill_busy: float
-    in_flight: int
-    recent: float       # requests routed there recently, unrounded
-    long_load_s: float
-    occupancy: float
-    deadline_s: float | None
+# A cost evaluation's terms, in :attr:`Candidate.figures` and in this order in the scores.
+FIGURES = ("expected_cached_tokens", "mirror_blocks", "view_blocks", "wait_s", "kv_wait_s",
+           "prefill_s", "decode_s", "delay_others_s", "copy_s", "cost_s", "s_per_token")
+_WAIT, _PREFILL, _DECODE, _DELAY, _COPY, _COST = 3, 5, 6, 7, 8, 9
 
 
-def _recent_requests(row: _ScoreRow) -> float:
+def _recent_requests(candidate: Candidate) -> float:
     """Recent requests as the scores show them and ties are broken on (three decimals)."""
-    return round(row.recent, 3)
+    return round(candidate.recent, 3)
 
 
-def _scores_of(row: _ScoreRow) -> dict[str, float]:
+def _scores_of(candidate: Candidate) -> dict[str, float]:
     """A replica's scores: its cost evaluation's figures, then its own."""
-    scores = {**row.cost, "prefill_busy": row.prefill_busy, "load": float(row.in_flight),
-              "recent_requests": _recent_requests(row), "long_load_s": row.long_load_s,
-              "occupancy": row.occupancy}
-    if row.deadline_s is not None:
-        scores["deadline_s"] = row.deadline_s
+    scores = dict(zip(FIGURES, candidate.figures))
+    scores["prefill_busy"] = candidate.prefill_busy
+    scores["load"] = candidate.load
+    scores["recent_requests"] = _recent_requests(candidate)
+    scores["long_load_s"] = candidate.long_load_s
+    scores["occupancy"] = candidate.occupancy
+    if candidate.deadline_s is not None:
+        scores["deadline_s"] = candidate.deadline_s
     return scores
 
 
@@ -285,11 +280,10 @@ class PrefixRoute:
         most = min(max(h.expected_blocks for h in estimates) * block, ceiling)
         slack = p.priority_slack
         residence = self._residence_s
-        rows: dict[int, _ScoreRow] = {}
         candidates: list[Candidate] = []
         # Replicas alike in everything the cost reads share one evaluation (on a quiet fleet,
         # most of them: idle and holding nothing of the prompt); each gets its own scores.
-        evaluated: dict[tuple, tuple[dict[str, float], float, float]] = {}
+        evaluated: dict[tuple, tuple[tuple, float, float]] = {}
         terms: dict[tuple[float, float], tuple[float, float, float]] = {}
         speeds: dict[SpeedEstimate, float] = {}  # (read once per kind: nothing learns here)
         best_hit = -inf
@@ -312,7 +306,7 @@ class PrefixRoute:
             long_load = load.routed_s.read(now, balance_horizon)
             occupancy = load.occupancy.share
             if shared is not None:
-                score, cost, cached_tokens = shared
+                figures, cost, cached_tokens = shared
                 deadline = None
             else:
                 cached = min(expected_blocks * block, ceiling)
@@ -332,48 +326,43 @@ class PrefixRoute:
                 delay = (gamma + behind) * prefill
                 cost = wait + kv_wait + prefill + decode + delay + copy
                 cached_tokens = round(cached, 1)
-                score = {
-                    "expected_cached_tokens": cached_tokens,
-                    "mirror_blocks": float(len(hit.stamps)),
-                    "view_blocks": float(hit.view_blocks), "wait_s": wait, "kv_wait_s": kv_wait,
-                    "prefill_s": prefill, "decode_s": decode, "delay_others_s": delay,
-                    "copy_s": copy, "cost_s": cost, "s_per_token": s}
+                figures = (cached_tokens, float(len(hit.stamps)), float(hit.view_blocks), wait,
+                           kv_wait, prefill, decode, delay, copy, cost, s)  # (FIGURES)
                 if deadline is None and alike is not None:
-                    evaluated[alike] = (score, cost, cached_tokens)
-            rows[replica.index] = _candidate(_ScoreRow, (
-                score, prefill_busy_share, in_flight, recent, long_load, occupancy, deadline))
+                    evaluated[alike] = (figures, cost, cached_tokens)
             if cached_tokens > best_hit:
                 best_hit = cached_tokens
             candidates.append(_candidate(Candidate, (
-                replica.index, cost, cached_tokens, float(in_flight), occupancy, long_load)))
+                replica.index, cost, cached_tokens, float(in_flight), occupancy, long_load,
+                recent, prefill_busy_share, deadline, figures)))
         hint = request.output_tokens_hint or 1
         # (Replicas of one KV size answer alike.)
         fits = all(fits_kv(n, hint, capacity, block)
                    for capacity in {r.capacity_blocks for r in replicas})
-        scores = LazyScores(rows, _scores_of)
-        at, branch, reason = self._choose(candidates, rows, estimates, n, fits, best_hit)
-        choice = candidates[at].index
-        chosen = rows[choice].cost
-        reason += (f"; cost {chosen['cost_s']:.3f} s = wait {chosen['wait_s']:.3f} + prefill "
-                   f"{chosen['prefill_s']:.3f} + decode {chosen['decode_s']:.3f} + delay to "
-                   f"others {chosen['delay_others_s']:.3f} + copy {chosen['copy_s']:.3f}")
+        scores = LazyScores(candidates, _scores_of)
+        at, branch, reason = self._choose(candidates, estimates, n, fits, best_hit)
+        chosen = candidates[at]
+        choice = chosen.index
+        parts = chosen.figures
+        reason += (f"; cost {parts[_COST]:.3f} s = wait {parts[_WAIT]:.3f} + prefill "
+                   f"{parts[_PREFILL]:.3f} + decode {parts[_DECODE]:.3f} + delay to others "
+                   f"{parts[_DELAY]:.3f} + copy {parts[_COPY]:.3f}")
         hit = estimates[at]
         self._pending[request.request_id] = PendingRoute(choice, hit.stamps,
-                                                         chosen["expected_cached_tokens"])
-        deadline = rows[choice].deadline_s
+                                                         chosen.expected_cached_tokens)
+        deadline = chosen.deadline_s
         priority = None if deadline is None else to_ms(deadline)
         if priority is not None:
             reason += f"; priority {priority} (deadline {deadline:.3f} s)"
         return Decision(choice, branch, reason, scores,
                         int(hit.expected_blocks + 0.5) * block, priority=priority)
 
-    def _choose(self, candidates: list[Candidate], rows: dict[int, _ScoreRow],
-                hits: list[HitEstimate], n: int, fits: bool, best_hit: float
-                ) -> tuple[int, str, str]:
+    def _choose(self, candidates: list[Candidate], hits: list[HitEstimate], n: int, fits: bool,
+                best_hit: float) -> tuple[int, str, str]:
         """The cheapest replica (equal costs: the fewest recent requests), then the balance
-        rules on a quiet fleet; the branch says why. ``rows`` are the replicas' figures,
-        ``hits`` the candidates' estimates in their order, ``best_hit`` the most tokens any
-        is expected to hold. Returns the chosen candidate's position among ``candidates``."""
+        rules on a quiet fleet; the branch says why. ``hits`` are the candidates' estimates
+        in their order, ``best_hit`` the most tokens any is expected to hold. Returns the
+        chosen candidate's position among ``candidates``."""
         # The cheapest, the lowest index among equal costs (one pass, no key tuples).
         at = 0
         cheapest = candidates[0]
@@ -386,9 +375,8 @@ class PrefixRoute:
         lowest = cheapest.cost_s
         tied = [i for i, c in enumerate(candidates) if c.cost_s <= lowest]
         if len(tied) > 1:
-            at = min(tied, key=lambda i: (_recent_requests(rows[candidates[i].index]),
-                                          candidates[i].load, candidates[i].cost_s,
-                                          candidates[i].index))
+            at = min(tied, key=lambda i: (_recent_requests(candidates[i]), candidates[i].load,
+                                          candidates[i].cost_s, candidates[i].index))
             chosen = candidates[at]
             if chosen is not cheapest:
                 spread = (f" (as cheap as replica {cheapest.index}: the fewest recent "
@@ -415,7 +403,7 @@ class PrefixRoute:
                      key=lambda c: (c.cost_s, c.index))
         return at, "spill", (
             f"holder replica {holder.index} would cost {holder.cost_s:.3f} s (wait "
-            f"{rows[holder.index].cost['wait_s']:.3f} s); replica {choice} costs "
+            f"{holder.figures[_WAIT]:.3f} s); replica {choice} costs "
             f"{chosen.cost_s:.3f} s with {chosen.expected_cached_tokens:.0f} tokens expected "
             f"cached{spread}")
 
