@@ -29,9 +29,14 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
-# The routing policy's per-replica work, the views it reads, and the simulator's loop.
+# The routing policy's per-replica work, the views it reads, the lifecycle runner, the
+# replica engines and their block pools, and the simulator's loop.
 COMPILED = [
+    "src/prefixroute/core/caches/paged_pool.py",
+    "src/prefixroute/core/replica/engine.py",
     "src/prefixroute/core/routing/base.py",
+    "src/prefixroute/core/routing/lifecycle.py",
+    "src/prefixroute/core/routing/scores.py",
     "src/prefixroute/core/routing/views.py",
     "src/prefixroute/core/routing/policies/prefixroute/balance.py",
     "src/prefixroute/core/routing/policies/prefixroute/costs.py",

@@ -15,6 +15,13 @@ SIMPLE = ServiceTimeModel("simple", step_overhead_s=0.0, prefill_s_per_token=1e-
                           decode_s_per_context_token=0.0)
 
 
+class SteppingEngine(ReplicaEngine):
+    """Takes every step alone (no decode runs), as the engine did before it batched them."""
+
+    def _decode_run_length(self, running):
+        return 1
+
+
 def drain(engine):
     events = []
     while (t := engine.next_event_time()) is not None:
@@ -122,11 +129,9 @@ def _replay(seed: int, decode_runs: bool, num_blocks: int, scheduling_policy: st
         def on_cleared(self):
             log.append(("cleared",))
 
-    engine = ReplicaEngine(PagedBlockPool(num_blocks, 16, listener=Recorder()), LLAMA3_8B_H100,
-                           max_num_batched_tokens=256, max_num_seqs=6,
-                           scheduling_policy=scheduling_policy)
-    if not decode_runs:
-        engine._decode_run_length = lambda running: 1
+    engine = (ReplicaEngine if decode_runs else SteppingEngine)(
+        PagedBlockPool(num_blocks, 16, listener=Recorder()), LLAMA3_8B_H100,
+        max_num_batched_tokens=256, max_num_seqs=6, scheduling_policy=scheduling_policy)
     events, t = [], 0.0
     for i in range(30):
         t += rng.expovariate(2.0)
@@ -199,19 +204,18 @@ def test_a_victim_already_in_the_step_is_taken_out_of_it():
     # (running order) and is scheduled; then b needs a fourth block, none is free, and the
     # lowest priority is a, already in the step: a is preempted and leaves the step, which
     # then decodes b alone, 10 ms (a's token taken back: 20 ms with it).
-    engine = ReplicaEngine(PagedBlockPool(7, 16), SIMPLE, scheduling_policy="priority")
-    engine._decode_run_length = lambda running: 1  # every step on its own, to be seen
     steps = []
-    original = engine._begin
 
-    def begin(start):
-        before = engine.preemptions
-        original(start)
-        if engine._step is not None:
-            steps.append(([(s.request_id, n) for s, n in engine._step.scheduled],
-                          round(engine._step.end - engine._step.start, 9),
-                          engine.preemptions - before))
-    engine._begin = begin
+    class Watched(SteppingEngine):  # every step on its own, to be seen
+        def _begin(self, start):
+            before = self.preemptions
+            super()._begin(start)
+            if self._step is not None:
+                steps.append(([(s.request_id, n) for s, n in self._step.scheduled],
+                              round(self._step.end - self._step.start, 9),
+                              self.preemptions - before))
+
+    engine = Watched(PagedBlockPool(7, 16), SIMPLE, scheduling_policy="priority")
     engine.submit("a", 40, 20, [], now=0.0, priority=9)
     engine.submit("b", 48, 20, [], now=0.0, priority=1)
     events = drain(engine)

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Hashable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from prefixroute.core.caches.base import CacheEventListener, CacheStats, cacheable_blocks
 from prefixroute.core.errors import ConfigError
 
@@ -39,10 +41,14 @@ class _Owner:
         self.num_tokens = 0
 
 
+# (The engine emulator's pool subclasses it to observe admissions and commits.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PagedBlockPool:
     """vLLM-style block pool: ref counts, an LRU free queue, keys registered per full block."""
 
-    def __init__(self, num_blocks: int, block_size: int,
+    # (The sizes are typed ``object`` and checked here, so that a wrong one gets its
+    # ConfigError compiled too: a compiled ``int`` parameter refuses a float first.)
+    def __init__(self, num_blocks: object, block_size: object,
                  listener: CacheEventListener | None = None):
         if not isinstance(num_blocks, int) or num_blocks < 2:
             raise ConfigError(f"a paged pool needs at least 2 blocks (block 0 is reserved), "
@@ -200,7 +206,7 @@ class PagedBlockPool:
     # -- eviction and reset -------------------------------------------------------------------
     def evict(self, num_blocks: int) -> int:
         """Drop up to ``num_blocks`` cached keys from the front of the free queue."""
-        dropped: list[Hashable] = []
+        dropped: list[int] = []
         for block in self._free:
             if len(dropped) >= num_blocks:
                 break

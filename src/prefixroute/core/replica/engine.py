@@ -58,6 +58,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from prefixroute.core.caches.base import CacheEventListener, capacity_in_blocks, fits_kv
 from prefixroute.core.caches.paged_pool import PagedBlockPool
 from prefixroute.core.errors import ConfigError
@@ -89,8 +91,9 @@ class _Seq:
                  "computed", "generated", "cached_tokens", "num_blocks", "committed",
                  "prefill_target", "first_token_s", "aborted", "order")
 
-    def __init__(self, request_id, prompt, max_output, keys, token_ids, arrival,
-                 order=(0, 0.0, 0)):
+    def __init__(self, request_id: Hashable, prompt: int, max_output: int,
+                 keys: Sequence[Hashable], token_ids: Sequence[int] | None, arrival: float,
+                 order: tuple[int, float, int] = (0, 0.0, 0)) -> None:
         self.request_id = request_id
         self.order = order         # (priority, arrival, submission number): the priority order
         self.prompt = prompt
@@ -120,7 +123,8 @@ class _PriorityQueue:
     def append(self, seq: _Seq) -> None:
         heapq.heappush(self._heap, (seq.order, seq))
 
-    appendleft = append
+    def appendleft(self, seq: _Seq) -> None:
+        self.append(seq)
 
     def popleft(self) -> _Seq:
         return heapq.heappop(self._heap)[1]
@@ -213,20 +217,24 @@ class _DecodeRun:
         return k
 
 
+# (The tests subclass it to take every step alone and to watch them.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReplicaEngine:
     """One replica: a waiting queue, a running batch, a :class:`PagedBlockPool`, and a
     :class:`ServiceTimeModel` that says how long each step takes."""
 
+    # The options a caller sets are typed ``object`` and checked here, so that a wrong one
+    # gets its ConfigError compiled too (a compiled ``int`` parameter refuses a float first).
     def __init__(self, pool: PagedBlockPool, service: ServiceTimeModel, *,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, name: str = "",
-                 scheduling_policy: str = "fcfs"):
+                 max_num_batched_tokens: object = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                 max_num_seqs: object = DEFAULT_MAX_NUM_SEQS, name: str = "",
+                 scheduling_policy: object = "fcfs"):
         if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
             raise ConfigError(f"max_num_batched_tokens must be a positive integer, got "
                               f"{max_num_batched_tokens!r}")
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be a positive integer, got {max_num_seqs!r}")
-        if scheduling_policy not in SCHEDULING_POLICIES:
+        if not isinstance(scheduling_policy, str) or scheduling_policy not in SCHEDULING_POLICIES:
             raise ConfigError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}"
                               f", got {scheduling_policy!r}")
         self.scheduling_policy = scheduling_policy
@@ -317,9 +325,9 @@ class ReplicaEngine:
         return len(self._arriving)
 
     # -- requests -------------------------------------------------------------------------------
-    def submit(self, request_id: Hashable, prompt_tokens: int, output_tokens: int,
+    def submit(self, request_id: Hashable, prompt_tokens: object, output_tokens: object,
                block_keys: Sequence[Hashable], now: float,
-               token_ids: Sequence[int] | None = None, priority: int = 0) -> None:
+               token_ids: Sequence[int] | None = None, priority: object = 0) -> None:
         """Queue a request arriving at ``now``; it enters the engine at ``now +
         service.request_overhead_s``. ``priority`` orders the waiting queue under the
         ``priority`` scheduling policy (lower first) and is ignored under ``fcfs``, as vLLM
@@ -328,7 +336,8 @@ class ReplicaEngine:
         ``block_keys`` are the chained keys of its full blocks: the prompt's, and optionally
         further ones for prompt + output tokens (then decode blocks are cached as they fill, as
         vLLM does). ``token_ids`` (optional) ride along in the pool's ``BlockStored`` events.
-        Events due before ``now`` are kept for the next :meth:`advance`.
+        Events due before ``now`` are kept for the next :meth:`advance`. The counts and the
+        priority are checked here (typed ``object`` for that: see ``__init__``).
         """
         if request_id in self._seqs:
             raise ConfigError(f"request {request_id!r} is already in the engine")

@@ -65,6 +65,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.routing.base import Decision, ReplicaView, RequestView, least_loaded
 
@@ -79,7 +81,10 @@ class NoCandidateError(ConfigError):
     """:meth:`LifecycleRunner.route` was given no replica that may take the request."""
 
 
-@dataclass(slots=True, eq=False, weakref_slot=True)  # views queue bookings weakly
+# (Views queue bookings weakly. A plain class even when compiled: a compiled class takes no
+# weak references.)
+@mypyc_attr(native_class=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class Booking:
     """One request sent to one replica, from routing to its end.
 
@@ -91,12 +96,12 @@ class Booking:
     request: RequestView
     decision: Decision
     replica: int
+    # The replica as it was booked: its end applies there even if the replica has left and
+    # a new one joined under the same index since.
+    view: ReplicaView = field(repr=False)
     remote: bool = False
     held_blocks: int | None = None
     ended: bool = False
-    # The replica as it was booked: its end applies there even if the replica has left and
-    # a new one joined under the same index since.
-    view: ReplicaView | None = field(default=None, repr=False)
 
 
 class LifecycleRunner:
@@ -195,10 +200,10 @@ class LifecycleRunner:
         if not views:
             raise NoCandidateError(f"request {request.request_id!r}: no replica may take it")
         decision = self.policy.route(request, views)
-        chosen = decision.replica
+        chosen: object = decision.replica  # (checked: a policy may answer anything)
         if type(chosen) is not int or (self.states.get(chosen) != UP if candidates is None
                                        else all(v.index != chosen for v in views)):
-            decision = self._fallback(request, decision, views)
+            decision = self._fallback(request, decision, chosen, views)
         self.policy.on_routed(request, decision)
         return self._book(request, decision, remote=False)
 
@@ -242,21 +247,21 @@ class LifecycleRunner:
             raise ConfigError(f"no replica {index!r} in the fleet")
         return view
 
-    def _fallback(self, request: RequestView, decision: Decision,
+    def _fallback(self, request: RequestView, decision: Decision, answer: object,
                   views: Sequence[ReplicaView]) -> Decision:
         self.policy_errors += 1
         fallback = least_loaded(views)
         if self._on_policy_error is not None:
             self._on_policy_error(request, decision, sorted(v.index for v in views))
         return Decision(fallback.index, NON_CANDIDATE_BRANCH,
-                        f"policy chose replica {decision.replica!r}, not a candidate; "
+                        f"policy chose replica {answer!r}, not a candidate; "
                         f"least-loaded replica {fallback.index} instead", decision.scores)
 
     def _book(self, request: RequestView, decision: Decision, *, remote: bool) -> Booking:
         view = self.replicas[decision.replica]
         if not self.keep_scores and decision.scores:
             decision = replace(decision, scores={})
-        booking = Booking(request, decision, decision.replica, remote, view=view)
+        booking = Booking(request, decision, decision.replica, view, remote)
         view.in_flight += 1
         view.assignments += 1
         cache = view.cache
