@@ -281,8 +281,10 @@ class PrefixRoute:
         slack = p.priority_slack
         residence = self._residence_s
         candidates: list[Candidate] = []
-        # Replicas alike in everything the cost reads share one evaluation (on a quiet fleet,
-        # most of them: idle and holding nothing of the prompt); each gets its own scores.
+        # Idle replicas alike in everything the cost reads share one evaluation (on a quiet
+        # fleet, most of them: nothing queued or running, holding nothing of the prompt);
+        # each gets its own scores. Busy replicas almost never match (their queues differ),
+        # and on a busy fleet they are nearly all of them: each is priced on its own.
         evaluated: dict[tuple, tuple[tuple, float, float]] = {}
         terms: dict[tuple[float, float], tuple[float, float, float]] = {}
         speeds: dict[SpeedEstimate, float] = {}  # (read once per kind: nothing learns here)
@@ -296,9 +298,9 @@ class PrefixRoute:
                 s = speeds[speed] = speed.value
             by_deadline = slack and replica.scheduling_policy == "priority"
             expected_blocks = hit.expected_blocks
-            alike: tuple | None = None if by_deadline else (
-                expected_blocks, len(hit.stamps), hit.view_blocks, s, queue.pending_work,
-                replica.running, replica.kv_usage, replica.capacity_blocks)
+            alike: tuple | None = None if by_deadline or queue.pending_work or \
+                replica.running else (expected_blocks, len(hit.stamps), hit.view_blocks, s,
+                                      replica.kv_usage, replica.capacity_blocks)
             shared = evaluated.get(alike) if alike is not None else None
             load = state.load
             # This replica's own figures, whether or not its cost is shared.
