@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from prefixroute.core.routing.base import Decision, ReplicaView, RequestView
 from prefixroute.core.routing.policies.prefixroute import PrefixRoute
 from prefixroute.core.routing.policies.prefixroute.balance import Candidate
-from prefixroute.core.routing.policies.prefixroute.costs import to_ms
+from prefixroute.core.routing.policies.prefixroute.costs import CostTerms, to_ms
 from prefixroute.core.routing.policies.prefixroute.mirror import HitEstimate
-from prefixroute.core.routing.policies.prefixroute.policy import FIGURES, hit_limit
+from prefixroute.core.routing.policies.prefixroute.policy import hit_limit
 
 B = 16
 # Few values per field, so that many replicas are alike and share an evaluation.
@@ -145,7 +145,7 @@ def test_the_choice_breaks_ties_as_specified(rows, order, quiet):
               for i, (cost, cached, recent, load) in zip(indices, rows)}
     candidates = [Candidate(i, s["cost_s"], s["expected_cached_tokens"], s["load"],
                             s["occupancy"], s["long_load_s"], s["recent_requests"],
-                            figures=tuple(s.get(k, 0.0) for k in FIGURES))
+                            terms=CostTerms(0, 0, s["wait_s"], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
                   for i, s in scores.items()]
     hits = {i: HitEstimate(s["expected_cached_tokens"] / B, 2, [0, 0]) for i, s in
             scores.items()}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol, Sequence
 
+from .costs import CostTerms
 from .params import PrefixRouteParams
 
 
@@ -47,7 +48,7 @@ class Candidate(NamedTuple):
     recent: float = 0.0  # requests routed here recently, unrounded
     prefill_busy: float = 0.0  # its prefill utilisation
     deadline_s: float | None = None  # the deadline a priority replica would get
-    figures: tuple = ()  # its cost evaluation's terms (shared by replicas alike)
+    terms: CostTerms | None = None  # its cost evaluation (shared by replicas alike)
 
 
 class Move(NamedTuple):

@@ -37,9 +37,26 @@ copy
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from prefixroute.core.routing.base import ReplicaView
 
 from .params import PrefixRouteParams
+
+
+class CostTerms(NamedTuple):
+    """One replica's cost evaluation, the terms beside its cost and expected hit (which its
+    candidate holds): what the decision's scores show."""
+
+    mirror_blocks: int     # leading blocks the mirror counts
+    view_blocks: int       # leading blocks the runner's view confirms
+    wait_s: float
+    kv_wait_s: float
+    prefill_s: float
+    decode_s: float
+    delay_others_s: float
+    copy_s: float
+    s_per_token: float
 
 
 def to_ms(seconds: float) -> int:

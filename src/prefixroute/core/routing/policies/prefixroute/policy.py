@@ -49,7 +49,7 @@ from prefixroute.core.routing.registry import register
 from prefixroute.core.routing.scores import LazyScores
 
 from .balance import BalanceRule, Candidate, default_rules
-from .costs import CostModel, to_ms
+from .costs import CostModel, CostTerms, to_ms
 from .load import RecentLoad
 from .mirror import BlockMirror, HitEstimate, StampRun
 from .params import PrefixRouteParams
@@ -71,12 +71,6 @@ _TRUST_MIRROR = _TrustMirror()
 _candidate = tuple.__new__
 
 
-# A cost evaluation's terms, in :attr:`Candidate.figures` and in this order in the scores.
-FIGURES = ("expected_cached_tokens", "mirror_blocks", "view_blocks", "wait_s", "kv_wait_s",
-           "prefill_s", "decode_s", "delay_others_s", "copy_s", "cost_s", "s_per_token")
-_WAIT, _PREFILL, _DECODE, _DELAY, _COPY, _COST = 3, 5, 6, 7, 8, 9
-
-
 def _recent_requests(candidate: Candidate) -> float:
     """Recent requests as the scores show them and ties are broken on (three decimals)."""
     return round(candidate.recent, 3)
@@ -84,12 +78,17 @@ def _recent_requests(candidate: Candidate) -> float:
 
 def _scores_of(candidate: Candidate) -> dict[str, float]:
     """A replica's scores: its cost evaluation's figures, then its own."""
-    scores = dict(zip(FIGURES, candidate.figures))
-    scores["prefill_busy"] = candidate.prefill_busy
-    scores["load"] = candidate.load
-    scores["recent_requests"] = _recent_requests(candidate)
-    scores["long_load_s"] = candidate.long_load_s
-    scores["occupancy"] = candidate.occupancy
+    terms = candidate.terms
+    assert terms is not None
+    scores = {"expected_cached_tokens": candidate.expected_cached_tokens,
+              "mirror_blocks": float(terms.mirror_blocks),
+              "view_blocks": float(terms.view_blocks), "wait_s": terms.wait_s,
+              "kv_wait_s": terms.kv_wait_s, "prefill_s": terms.prefill_s,
+              "decode_s": terms.decode_s, "delay_others_s": terms.delay_others_s,
+              "copy_s": terms.copy_s, "cost_s": candidate.cost_s,
+              "s_per_token": terms.s_per_token, "prefill_busy": candidate.prefill_busy,
+              "load": candidate.load, "recent_requests": _recent_requests(candidate),
+              "long_load_s": candidate.long_load_s, "occupancy": candidate.occupancy}
     if candidate.deadline_s is not None:
         scores["deadline_s"] = candidate.deadline_s
     return scores
@@ -285,17 +284,22 @@ class PrefixRoute:
         # fleet, most of them: nothing queued or running, holding nothing of the prompt);
         # each gets its own scores. Busy replicas almost never match (their queues differ),
         # and on a busy fleet they are nearly all of them: each is priced on its own.
-        evaluated: dict[tuple, tuple[tuple, float, float]] = {}
-        terms: dict[tuple[float, float], tuple[float, float, float]] = {}
-        speeds: dict[SpeedEstimate, float] = {}  # (read once per kind: nothing learns here)
+        evaluated: dict[tuple, tuple[CostTerms, float, float]] = {}
+        # What depends on the hit and the speed only, by (cached tokens, speed); the last one
+        # is at hand (on a busy fleet most replicas hold nothing of the prompt).
+        work_terms: dict[tuple[float, float], tuple[float, float, float]] = {}
+        last_cached = last_s = -1.0
+        last_work = (0.0, 0.0, 0.0)
+        # The speed is read once per kind of replica in a row (nothing learns here).
+        last_speed: SpeedEstimate | None = None
+        s = 0.0
         best_hit = -inf
         for replica, state, prefill_busy_share, hit, in_flight in zip(
                 replicas, states, busy, estimates, loads):
             queue = state.queue
             speed = queue.speed
-            s = speeds.get(speed)
-            if s is None:
-                s = speeds[speed] = speed.value
+            if speed is not last_speed:
+                last_speed, s = speed, speed.value
             by_deadline = slack and replica.scheduling_policy == "priority"
             expected_blocks = hit.expected_blocks
             alike: tuple | None = None if by_deadline or queue.pending_work or \
@@ -308,17 +312,19 @@ class PrefixRoute:
             long_load = load.routed_s.read(now, balance_horizon)
             occupancy = load.occupancy.share
             if shared is not None:
-                figures, cost, cached_tokens = shared
+                terms, cost, cached_tokens = shared
                 deadline = None
             else:
                 cached = min(expected_blocks * block, ceiling)
-                term = terms.get((cached, s))  # (what depends on the hit and the speed only)
-                if term is None:
-                    uncached = n - cached
-                    term = terms[(cached, s)] = (uncached,
-                                                 costs.prefill_work(uncached, cached) * s,
-                                                 costs.copy_work(n, cached, most) * s)
-                uncached, prefill, copy = term
+                if cached != last_cached or s != last_s:
+                    work = work_terms.get((cached, s))
+                    if work is None:
+                        uncached = n - cached
+                        work = work_terms[(cached, s)] = (
+                            uncached, costs.prefill_work(uncached, cached) * s,
+                            costs.copy_work(n, cached, most) * s)
+                    last_cached, last_s, last_work = cached, s, work
+                uncached, prefill, copy = last_work
                 # In whole milliseconds as sent, so the queue's order and the engine's agree.
                 deadline = (to_ms(arrived + slack * prefill) / 1000.0 if by_deadline
                             else None)
@@ -328,15 +334,15 @@ class PrefixRoute:
                 delay = (gamma + behind) * prefill
                 cost = wait + kv_wait + prefill + decode + delay + copy
                 cached_tokens = round(cached, 1)
-                figures = (cached_tokens, float(len(hit.stamps)), float(hit.view_blocks), wait,
-                           kv_wait, prefill, decode, delay, copy, cost, s)  # (FIGURES)
+                terms = _candidate(CostTerms, (len(hit.stamps), hit.view_blocks, wait, kv_wait,
+                                               prefill, decode, delay, copy, s))
                 if deadline is None and alike is not None:
-                    evaluated[alike] = (figures, cost, cached_tokens)
+                    evaluated[alike] = (terms, cost, cached_tokens)
             if cached_tokens > best_hit:
                 best_hit = cached_tokens
             candidates.append(_candidate(Candidate, (
                 replica.index, cost, cached_tokens, float(in_flight), occupancy, long_load,
-                recent, prefill_busy_share, deadline, figures)))
+                recent, prefill_busy_share, deadline, terms)))
         hint = request.output_tokens_hint or 1
         # (Replicas of one KV size answer alike.)
         fits = all(fits_kv(n, hint, capacity, block)
@@ -345,10 +351,11 @@ class PrefixRoute:
         at, branch, reason = self._choose(candidates, estimates, n, fits, best_hit)
         chosen = candidates[at]
         choice = chosen.index
-        parts = chosen.figures
-        reason += (f"; cost {parts[_COST]:.3f} s = wait {parts[_WAIT]:.3f} + prefill "
-                   f"{parts[_PREFILL]:.3f} + decode {parts[_DECODE]:.3f} + delay to others "
-                   f"{parts[_DELAY]:.3f} + copy {parts[_COPY]:.3f}")
+        parts = chosen.terms
+        assert parts is not None
+        reason += (f"; cost {chosen.cost_s:.3f} s = wait {parts.wait_s:.3f} + prefill "
+                   f"{parts.prefill_s:.3f} + decode {parts.decode_s:.3f} + delay to others "
+                   f"{parts.delay_others_s:.3f} + copy {parts.copy_s:.3f}")
         hit = estimates[at]
         self._pending[request.request_id] = PendingRoute(choice, hit.stamps,
                                                          chosen.expected_cached_tokens)
@@ -405,7 +412,7 @@ class PrefixRoute:
                      key=lambda c: (c.cost_s, c.index))
         return at, "spill", (
             f"holder replica {holder.index} would cost {holder.cost_s:.3f} s (wait "
-            f"{holder.figures[_WAIT]:.3f} s); replica {choice} costs "
+            f"{holder.terms.wait_s if holder.terms else 0.0:.3f} s); replica {choice} costs "
             f"{chosen.cost_s:.3f} s with {chosen.expected_cached_tokens:.0f} tokens expected "
             f"cached{spread}")
 
