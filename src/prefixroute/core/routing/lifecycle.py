@@ -259,7 +259,7 @@ class LifecycleRunner:
 
     def _book(self, request: RequestView, decision: Decision, *, remote: bool) -> Booking:
         view = self.replicas[decision.replica]
-        if not self.keep_scores and decision.scores:
+        if not self.keep_scores:  # (not asking whether it has any: a lazy mapping would index)
             decision = replace(decision, scores={})
         booking = Booking(request, decision, decision.replica, view, remote)
         view.in_flight += 1

@@ -30,7 +30,6 @@ stamped at or below it count as gone (:meth:`BlockMirror.learn`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import groupby
 from typing import Hashable, NamedTuple, Sequence
 
 from prefixroute.core.caches.base import fits_kv
@@ -44,20 +43,14 @@ _UNKNOWN_CAPACITY = 1 << 40
 StampRun = tuple[int, int]
 
 
-def _held_stamps(get, keys: Sequence[Hashable], end: int) -> list[int]:
-    """Stamps of ``keys[:end]`` up to the first key the mirror lacks, read in chunks that
-    double: a replica holding only a prompt's system prompt costs a few lookups, not one
-    per block of the prompt."""
+def _held_stamps(blocks: dict[Hashable, int], keys: Sequence[Hashable], end: int) -> list[int]:
+    """Stamps of ``keys[:end]`` up to the first key the mirror lacks."""
     stamps: list[int] = []
-    start, step = 0, 8
-    while start < end:
-        stop = min(end, start + step)
-        chunk = list(map(get, keys[start:stop]))
-        if None in chunk:  # the mirror ends there
-            stamps += chunk[:chunk.index(None)]
-            return stamps
-        stamps += chunk
-        start, step = stop, 2 * step
+    for i in range(min(end, len(keys))):
+        stamp = blocks.get(keys[i])
+        if stamp is None:  # the mirror ends there
+            break
+        stamps.append(stamp)
     return stamps
 
 
@@ -107,8 +100,13 @@ class BlockMirror:
         """False when :meth:`expected` surely answers no hit: the mirror lacks the prompt's
         first block and the view knows only what this router sent (on a fleet, most
         replicas for most prompts, so the policy asks this first)."""
-        return (limit > 0 and bool(keys) and keys[0] in self.blocks) or \
-            getattr(view, "observes_engine", False)
+        return self.may_hit_first(keys[0] if limit > 0 and keys else None,
+                                  bool(getattr(view, "observes_engine", False)))
+
+    def may_hit_first(self, first: Hashable | None, observes_engine: bool) -> bool:
+        """:meth:`may_hit` given the prompt's first block (None: no block may hit) and the
+        view's ``observes_engine``, for a caller that asks many mirrors about one prompt."""
+        return observes_engine or (first is not None and first in self.blocks)
 
     def expected(self, keys: Sequence[Hashable], limit: int, view: CacheView, width: float,
                  floor: int | None) -> HitEstimate:
@@ -117,21 +115,25 @@ class BlockMirror:
         veto yet."""
         if not self.may_hit(keys, limit, view):
             return HitEstimate(0.0, 0, [])
-        get = self.blocks.get
-        first = get(keys[0]) if limit > 0 and keys else None
+        blocks = self.blocks
+        first = blocks.get(keys[0]) if limit > 0 and keys else None
         beyond_mirror = getattr(view, "observes_engine", False)
         view_blocks = view.match(keys) if beyond_mirror else min(limit, len(keys))
         if first is None and not view_blocks:
             return HitEstimate(0.0, 0, [])
         # Past the view's last block nothing counts unless a request in flight computes it.
         end = min(limit, len(keys)) if floor is not None else min(limit, len(keys), view_blocks)
-        stamps = _held_stamps(get, keys, end)
+        stamps = _held_stamps(blocks, keys, end)
         expected = 0.0
         running = 1.0
         i = 0
+        held = len(stamps)
         # Blocks touched together share a stamp, hence a survival chance: a run at a time.
-        for stamp, run in groupby(stamps):
-            n = len(list(run))
+        while i < held:
+            stamp = stamps[i]
+            n = 1
+            while i + n < held and stamps[i + n] == stamp:
+                n += 1
             p = self.survival(stamp, width)
             # From the view's last block on, only blocks of a request in flight since before
             # this stamp count.

@@ -102,15 +102,19 @@ def _position(candidates: Sequence[Candidate], index: int) -> int:
 class ReplicaState:
     """What the router believes about one replica. ``provisional_speed``: its speed is a
     stand-in until the first view of it (a replica first met in a booking this router did
-    not decide); otherwise it is the one of its kind."""
+    not decide); otherwise it is the one of its kind. ``cache`` is the last cache view the
+    runner gave for it and ``observes_engine`` that view's flag (:class:`CacheView`), read
+    once per view rather than at every decision."""
 
-    __slots__ = ("mirror", "queue", "load", "provisional_speed")
+    __slots__ = ("mirror", "queue", "load", "provisional_speed", "cache", "observes_engine")
 
     def __init__(self, speed: SpeedEstimate, provisional_speed: bool = False) -> None:
         self.mirror = BlockMirror()
         self.queue = PrefillQueue(speed)
         self.load = RecentLoad()
         self.provisional_speed = provisional_speed
+        self.cache: CacheView | None = None
+        self.observes_engine = False
 
 
 class PendingRoute(NamedTuple):
@@ -251,6 +255,7 @@ class PrefixRoute:
         busy: list[float] = []
         estimates: list[HitEstimate] = []
         no_hit = HitEstimate(0.0, 0, [])
+        first = keys[0] if limit > 0 else None  # (the block a hit starts with)
         for replica in replicas:
             state = known.get(replica.index)
             if state is None:
@@ -270,8 +275,12 @@ class PrefixRoute:
             loads.append(in_flight)
             busy.append(self._prefill_busy(state))
             cache = replica.cache
+            if cache is not state.cache:
+                state.cache = cache
+                state.observes_engine = bool(getattr(cache, "observes_engine", False))
             estimates.append(self._expected(state, keys, limit, cache)
-                             if state.mirror.may_hit(keys, limit, cache) else no_hit)
+                             if state.mirror.may_hit_first(first, state.observes_engine)
+                             else no_hit)
         rho = self._rho = min(sum(busy) / len(states), 0.999)
         costs = self.costs
         gamma = costs.delay_factor(rho)
