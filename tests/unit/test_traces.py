@@ -80,6 +80,16 @@ def test_invalid_json_names_the_line(tmp_path):
     assert info.value.where == f"{path}:2"
 
 
+def test_what_pythons_json_writes_beyond_strict_json_is_read_as_before(tmp_path):
+    # NaN in a field the reader ignores, a lone surrogate in a string: the fast parser
+    # refuses both, the standard library's takes them, so the file reads as it always did.
+    path = write_lines(tmp_path / "m.jsonl", ['{"timestamp": 0, "input_length": 100, '
+                                              '"output_length": 1, "hash_ids": [0], '
+                                              '"note": NaN, "who": "\\ud800"}'])
+    (request,) = read_trace(path, "mooncake")
+    assert (request.input_tokens, request.hash_ids) == (100, [0])
+
+
 def test_jsonl_round_trips_generated_requests(tmp_path):
     original = list(seed_fleet(requests=3))
     path = write_lines(tmp_path / "t.jsonl", [{"prefixroute_trace": 1, "block_size": 16}]
