@@ -26,22 +26,23 @@ class LazyScores(Mapping):
                  build: Callable[[Any], dict[str, float]]) -> None:
         self._rows = rows
         self._build = build
-        self._built: dict[int, dict[str, float]] = {}
-        self._by_index: dict[int, Any] | None = None
+        self._built: dict[object, dict[str, float]] = {}
+        self._by_index: dict[object, Any] | None = None
 
-    def _index(self) -> dict[int, Any]:
+    def _index(self) -> dict[object, Any]:
         by_index = self._by_index
         if by_index is None:
             by_index = self._by_index = {row[0]: row for row in self._rows}
         return by_index
 
-    def __getitem__(self, index: int) -> dict[str, float]:
+    # (``object``: a key of another type is missing, as in a dict, not a TypeError compiled.)
+    def __getitem__(self, index: object) -> dict[str, float]:
         built = self._built.get(index)
         if built is None:
             built = self._built[index] = self._build(self._index()[index])
         return built
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self._index())
 
     def __len__(self) -> int:

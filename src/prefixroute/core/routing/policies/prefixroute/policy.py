@@ -235,8 +235,9 @@ class PrefixRoute:
         The hot path of a simulation (a million requests over 32 replicas), so the work per
         replica is kept small while every figure stays the one the cost model gives for that
         replica on its own (a property test checks it): one pass brings each replica's state
-        up to now and estimates its hit, a second prices it; replicas alike in everything the
-        cost reads share one evaluation; the speed is read once per kind of replica."""
+        up to now and estimates its hit, a second prices it; idle replicas alike in
+        everything the cost reads share one evaluation; the speed is read once per run of
+        replicas of one kind."""
         p = self.params
         now = request.now
         arrived = now if request.arrival is None else min(request.arrival, now)
