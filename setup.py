@@ -3,8 +3,8 @@
 The same typed Python source is compiled (mypyc is mypy's compiler); nothing is written twice
 and every result is the same to the last digit (a slow test builds the wheel and compares).
 Per request the routing policy scores every replica, so a million requests over 32 replicas
-are 32 million evaluations: compiled, the simulation runs 1.2x (a million requests) to 1.5x
-(the first tens of thousands) as fast (docs/performance.md, Simulator speed).
+are 32 million evaluations, and the replica engines step through every batch: compiled, the
+simulation runs 1.8x as fast (docs/performance.md, Simulator speed).
 
 * ``pip install -e .`` (development) stays pure Python, so an edited module is what runs; a
   compiled module would shadow its source until the next install.
@@ -13,10 +13,11 @@ are 32 million evaluations: compiled, the simulation runs 1.2x (a million reques
   pure Python, which behaves the same, slower. It is all or nothing: a module that fails to
   compile drops every compiled module, since they call each other directly.
 
-Only modules whose every input is already checked are compiled: a compiled function refuses
-an argument of the wrong type with a ``TypeError`` where Python would carry on, so modules
-that validate what callers send (the engine, the request records, the trace readers) stay
-interpreted.
+A compiled function refuses an argument of the wrong type with a ``TypeError`` before its
+body runs, where Python would carry on to the function's own check. So a compiled module
+types the parameters it validates as ``object`` and narrows them in its checks (the engine's
+and the block pool's sizes and options): a wrong value still gets its ``ConfigError``. The
+request records and the trace readers stay interpreted.
 """
 
 from __future__ import annotations
