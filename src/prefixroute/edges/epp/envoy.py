@@ -61,9 +61,10 @@ from prefixroute.edges.gateway.proxy import PATHS
 # machine takes longer, and a streamed answer's chunks each wait for the EPP.
 MESSAGE_TIMEOUT_S = 5.0
 # Concurrent ext_proc streams per HTTP/2 connection to an EPP. The EPP's HTTP/2 server allows
-# 100 and resets a connection that opens more; Envoy keeps to the EPP's advertised limit, but
-# under sustained overload it was measured to go past it (a stream it counts as ended the EPP
-# still counts open), so it is capped below with room to spare, and opens more connections.
+# 100 and refuses a stream past that (its request fails); Envoy keeps to the advertised limit,
+# but under sustained overload an HTTP/2 server was measured to see it go past (a stream Envoy
+# counts as ended the server still counts open until Envoy's reset arrives), so it is capped
+# below with room to spare, and Envoy opens more connections.
 EPP_STREAMS_PER_CONNECTION = 64
 MAX_HEADERS_KB = 64  # Envoy's default is 60 KiB; API keys and tracing headers fit well within
 MAX_HEADERS_COUNT = 100  # Envoy's default

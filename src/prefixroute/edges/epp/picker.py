@@ -44,18 +44,22 @@ answer (400, 401, 404, 413, 429, 503), so a client sees the same errors through 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from typing import Any, AsyncIterator
+from collections import deque
+from typing import Any, AsyncIterator, Protocol
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
+from google.protobuf.message import DecodeError
 import orjson
 
 from prefixroute.edges.epp.config import EppSettings, endpoint_of
+from prefixroute.edges.epp.http2 import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE
 from prefixroute.edges.epp.protocol import (ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE, SERVED,
                                             SUBSET, SUBSET_NAMESPACE, attribute_header)
 from prefixroute.edges.gateway.app import Gateway
@@ -68,6 +72,7 @@ from prefixroute.edges.gateway.sanitize import encode_json
 log = logging.getLogger("prefixroute.epp")
 
 ENDPOINTS = {path: endpoint for endpoint, path in PATHS.items()}  # path -> endpoint
+PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 _NON_STREAM_LIMIT = 16 * 1024 * 1024  # a non-streamed answer kept to read its usage
 # What one message gets back: nothing yet, one answer, or (streamed request bodies) the
 # held-back headers answer and the body's, in order.
@@ -107,6 +112,8 @@ _CONTINUE_RESPONSE_BODY = ext.ProcessingResponse(
     response_body=ext.BodyResponse(response=ext.CommonResponse()))
 _CONTINUE_REQUEST_BODY = ext.ProcessingResponse(
     request_body=ext.BodyResponse(response=ext.CommonResponse()))
+_CONTINUE_RESPONSE_TRAILERS = ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
+LATER = object()  # the message is answered by the asynchronous Exchange.handle
 
 
 class EndpointPicker:
@@ -124,6 +131,25 @@ class EndpointPicker:
         # The streamed answers being read (SSERelay registers with its owner). Envoy, not the
         # picker, holds the caller's connection, so a shutdown has no stream of its own to cut.
         self.streams: set = set()
+        self.runs: set[ExchangeRun] = set()  # the open exchanges (shut down on close)
+        self.closing = False
+
+    def open(self, stream: Sink, path: str) -> "ExchangeRun | None":
+        """A new ext_proc stream (the gRPC server's opener): its run, or ``None`` for a
+        method other than ext_proc's ``Process``. Once shut down, a new stream ends
+        ``UNAVAILABLE`` at once."""
+        if path != PROCESS_METHOD:
+            return None
+        run = ExchangeRun(self, stream)
+        if self.closing:
+            run.shutdown()
+        return run
+
+    def shutdown(self) -> None:
+        """End every open exchange ``UNAVAILABLE``, and any new one (the EPP is stopping)."""
+        self.closing = True
+        for run in list(self.runs):
+            run.shutdown()
 
     def address(self, backend: Backend) -> str | None:
         """The ``ip:port`` Envoy reaches ``backend`` at, or ``None`` when its URL names a
@@ -146,30 +172,180 @@ class EndpointPicker:
 
     async def Process(self, request_iterator: AsyncIterator[ext.ProcessingRequest]
                       ) -> AsyncIterator[ext.ProcessingResponse]:
-        exchange = Exchange(self)
+        """One ext_proc stream as async iterators (for tests and in-process measurements:
+        the server drives :class:`ExchangeRun` from its read callbacks instead). Ends when
+        the EPP closes the stream or the messages end."""
+        sink = _Collected()
+        run = ExchangeRun(self, sink)
         try:
             async for message in request_iterator:
-                response = await exchange.handle(message)
-                if response is None:
-                    continue
-                if type(response) is tuple:  # a held-back headers answer, then the body's
-                    for each in response:
-                        yield each
-                else:
-                    yield response
-                if exchange.complete:
-                    # Nothing left to learn: closing the stream (status OK) tells Envoy to
-                    # go on without the EPP, so what remains of the answer (at least its
-                    # end-of-stream message) needs no answer from here.
+                run.take(message)
+                await run.settled()
+                while sink.answers:
+                    yield sink.answers.pop(0)
+                if sink.status is not None:
                     return
+            run.end()
+            await run.settled()
+            for answer in sink.answers:
+                yield answer
         finally:
-            exchange.close()
+            run.reset()
 
     # SSERelay reports a broken stream through its proxy's ``_failed``; Envoy never hands the
     # EPP a broken body (it ends the exchange), so this only keeps the interface whole.
     def _failed(self, job: Job, attempt: Attempt, reason: str, detail: str) -> None:
         self.router.failed(attempt, reason)
         job.failures.append(f"{reason}: {attempt.backend.name}: {detail}")
+
+
+class Sink(Protocol):
+    """Where an exchange's answers go: the transport's stream (or a test's list)."""
+
+    def send(self, payload: bytes) -> None: ...
+    def close(self, status: int = OK, message: str = "") -> None: ...
+
+
+class _Collected:
+    """A :class:`Sink` that keeps the answers, parsed back (for :meth:`EndpointPicker.Process`)."""
+
+    def __init__(self) -> None:
+        self.answers: list[ext.ProcessingResponse] = []
+        self.status: int | None = None
+
+    def send(self, payload: bytes) -> None:
+        self.answers.append(ext.ProcessingResponse.FromString(payload))
+
+    def close(self, status: int = OK, message: str = "") -> None:
+        self.status = status
+
+
+class ExchangeRun:
+    """One ext_proc stream driven from the transport's callbacks: each message handled in
+    order, its answer sent as soon as it is ready, the stream closed when the exchange is
+    complete or the data plane ends it.
+
+    The answer messages (response headers and body, trailers) are answered at once, inside
+    the read that brought them: no task, and the answer leaves in that read's write. The
+    request's messages may wait (the rate limit, tokenization, an admission slot), so each
+    runs as a task; messages that arrive meanwhile wait their turn behind it."""
+
+    __slots__ = ("picker", "sink", "exchange", "waiting", "task", "ended", "closed")
+
+    def __init__(self, picker: "EndpointPicker", sink: Sink):
+        self.picker = picker
+        self.sink = sink
+        self.exchange = Exchange(picker)
+        self.waiting: deque[ext.ProcessingRequest] = deque()
+        self.task: asyncio.Task | None = None
+        self.ended = False  # the data plane sent its last message
+        self.closed = False  # the exchange is over: closed here, reset, or shut down
+        picker.runs.add(self)
+
+    # -- the transport's callbacks (StreamHandler) ----------------------------------------
+
+    def message(self, data: bytes) -> None:
+        try:
+            message = ext.ProcessingRequest.FromString(data)
+        except DecodeError:
+            self._close(INVALID_ARGUMENT, "not an ext_proc ProcessingRequest")
+            return
+        self.take(message)
+
+    def end(self) -> None:
+        """The data plane half-closed the stream: once what came is answered, close."""
+        self.ended = True
+        if self.task is None and not self.waiting:
+            self._close(OK)
+
+    def reset(self) -> None:
+        """The stream was cut (Envoy reset it, or its connection ended): nobody waits for an
+        answer; the exchange ends as it stands."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop()
+
+    def shutdown(self) -> None:
+        """The EPP stops: the exchange ends ``UNAVAILABLE`` (Envoy then fails the request
+        open or closed, at once rather than at its message timeout)."""
+        self._close(UNAVAILABLE, "the endpoint picker shut down before this request's "
+                    "exchange ended")
+
+    # -- handling ---------------------------------------------------------------------------
+
+    def take(self, message: ext.ProcessingRequest) -> None:
+        if self.closed:
+            return
+        if self.task is not None or self.waiting:
+            self.waiting.append(message)
+            return
+        self._handle(message)
+
+    def _handle(self, message: ext.ProcessingRequest) -> None:
+        try:
+            answer = self.exchange.answer_now(message)
+        except Exception as exc:
+            self._internal_error(exc)
+            return
+        if answer is LATER:
+            self.task = asyncio.get_running_loop().create_task(self.exchange.handle(message))
+            self.task.add_done_callback(self._handled)
+        else:
+            self._answer(answer)
+
+    def _handled(self, task: asyncio.Task) -> None:
+        self.task = None
+        if self.closed or task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self._internal_error(error)
+            return
+        self._answer(task.result())
+        while self.waiting and self.task is None and not self.closed:
+            self._handle(self.waiting.popleft())
+        if self.ended and self.task is None and not self.waiting:
+            self._close(OK)
+
+    def _answer(self, answer: Answer) -> None:
+        if answer is not None:
+            if type(answer) is tuple:  # a held-back headers answer, then the body's
+                for each in answer:
+                    self.sink.send(each.SerializeToString())
+            else:
+                self.sink.send(answer.SerializeToString())  # type: ignore[union-attr]
+        if self.exchange.complete:
+            # Nothing left to learn: closing the stream (status OK) tells Envoy to go on
+            # without the EPP, so what remains of the answer (at least its end-of-stream
+            # message) needs no answer from here.
+            self._close(OK)
+
+    def _internal_error(self, error: BaseException) -> None:
+        # A bug of ours: Envoy fails the request open or closed, as for an EPP that is down.
+        log.error("unexpected error in an exchange", exc_info=error, extra={"fields": {
+            "event": "internal_error", "request_id": self.exchange.request_id}})
+        self._close(INTERNAL, "internal error in the endpoint picker")
+
+    def _close(self, status: int, message: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.sink.close(status, message)
+        self._stop()
+
+    def _stop(self) -> None:
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+        self.waiting.clear()
+        self.picker.runs.discard(self)
+        self.exchange.close()
+
+    async def settled(self) -> None:
+        """Wait until the message being handled is answered (and those waiting behind it)."""
+        while self.task is not None:
+            await asyncio.wait([self.task])
 
 
 class Exchange:
@@ -207,7 +383,20 @@ class Exchange:
         self.held = False  # the headers' answer waits for the whole body (streamed mode)
         self.complete = False  # the answer was read whole before its end: close the stream
 
+    def answer_now(self, message: ext.ProcessingRequest) -> Answer | object:
+        """The answer to a message about the response (it never waits), or :data:`LATER`
+        for one about the request: :meth:`handle` answers those."""
+        kind = message.WhichOneof("request")
+        if kind == "response_body":
+            return self._response_body(message)
+        if kind == "response_headers":
+            return self._response_headers(message)
+        if kind == "response_trailers":
+            return _CONTINUE_RESPONSE_TRAILERS
+        return LATER
+
     async def handle(self, message: ext.ProcessingRequest) -> Answer:
+        """The answer to any message (those about the request may wait)."""
         kind = message.WhichOneof("request")
         if kind == "request_headers":
             self._read_subset(message)
@@ -219,19 +408,14 @@ class Exchange:
                 if refused is not None:
                     return refused
             return await self._request_body(message.request_body)
-        if kind == "response_headers":
-            return self._response_headers(message)
-        if kind == "response_body":
-            return self._response_body(message)
         if kind == "request_trailers":
             if self.held and not self.done:  # a streamed body ended by trailers
                 answer = await self._request_body(ext.HttpBody(end_of_stream=True))
                 trailers = ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
                 return (*answer, trailers) if type(answer) is tuple else answer  # or refused
             return ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
-        if kind == "response_trailers":
-            return ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
-        return None
+        answer = self.answer_now(message)
+        return None if answer is LATER else answer  # type: ignore[return-value]
 
     # -- the request ----------------------------------------------------------------------
 
@@ -665,4 +849,4 @@ def _served_from_metadata(message: ext.ProcessingRequest) -> str | None:
     return value.string_value if value is not None and value.string_value else None
 
 
-__all__ = ["EndpointPicker", "Exchange", "immediate"]
+__all__ = ["EndpointPicker", "Exchange", "ExchangeRun", "immediate"]

@@ -6,13 +6,13 @@ The admin port serves the gateway's own endpoints, from the same :class:`Gateway
 decisions, an ``admin`` tenant all of them and the replicas' state). It does not proxy:
 requests go through Envoy.
 
-The gRPC server is grpclib's, which speaks HTTP/2 on the event loop itself: a message costs
-no hand-off between threads. (grpcio's asyncio server completes each message on a poller
-thread that must take the GIL and wake the loop; the comparison is in
-``benchmarks/results/epp.md``.) It allows 100 concurrent streams per HTTP/2 connection, the
-HTTP/2 library's setting: a data plane must open a new connection before that (the
-bootstrap of ``prefixroute envoy-config`` caps Envoy at :data:`~prefixroute.edges.epp.envoy.
-EPP_STREAMS_PER_CONNECTION`), or a burst past it costs a connection and its streams.
+The gRPC server is :mod:`prefixroute.edges.epp.http2`, on the event loop: a message costs a
+frame parse and a protobuf parse, with no hand-off between threads and no task per stream
+(that module says why no gRPC library). It allows
+:data:`~prefixroute.edges.epp.http2.MAX_STREAMS` concurrent streams per HTTP/2 connection
+and refuses more: a data plane must open a new connection before that (the bootstrap of
+``prefixroute envoy-config`` caps Envoy at :data:`~prefixroute.edges.epp.envoy.
+EPP_STREAMS_PER_CONNECTION`).
 
 SIGTERM or SIGINT drains as ``serve`` does: the EPP goes on answering, ``/health`` answers
 503 ``draining`` (so a health-checking data plane takes it out), and open exchanges get
@@ -35,15 +35,12 @@ import stat
 from typing import Any, Iterator
 
 import uvicorn
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from grpclib.const import Cardinality, Handler, Status
-from grpclib.exceptions import GRPCError
-from grpclib.server import Server, Stream
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.edges.epp.config import EppSettings
+from prefixroute.edges.epp.http2 import MAX_GRPC_MESSAGE, GrpcServer
 from prefixroute.edges.epp.picker import EndpointPicker
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import GatewayConfig
@@ -53,51 +50,11 @@ from prefixroute.edges.listen import bind_socket, listen_url
 
 log = logging.getLogger("prefixroute.epp")
 
-PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
-LISTEN_BACKLOG = 128  # (grpclib's own default is 100; Envoy holds few connections)
+LISTEN_BACKLOG = 128  # Envoy holds few connections to an EPP
 CLOSE_ANSWER_S = 2.0  # how long the streams ended at shutdown get to take their answer
-
-
-class ExternalProcessor:
-    """The ext_proc service on grpclib: each stream is one :meth:`EndpointPicker.Process`.
-    :meth:`close` ends the streams still open and refuses new ones (``UNAVAILABLE``)."""
-
-    def __init__(self, picker: EndpointPicker):
-        self.picker = picker
-        self.closing = False
-        self.open: set[asyncio.Task] = set()
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return {PROCESS_METHOD: Handler(self.process, Cardinality.STREAM_STREAM,
-                                        ext.ProcessingRequest, ext.ProcessingResponse)}
-
-    async def process(self, stream: Stream) -> None:
-        if self.closing:
-            raise GRPCError(Status.UNAVAILABLE, "the endpoint picker is shutting down")
-        task = asyncio.current_task()
-        assert task is not None
-        self.open.add(task)
-        try:
-            async with contextlib.aclosing(self.picker.Process(stream)) as responses:
-                async for response in responses:
-                    await stream.send_message(response)
-        except asyncio.CancelledError:
-            if not self.closing:
-                raise  # (Envoy reset the stream: nobody waits for an answer)
-            raise GRPCError(Status.UNAVAILABLE, "the endpoint picker shut down before this "
-                            "request's exchange ended") from None
-        finally:
-            self.open.discard(task)
-
-    async def close(self) -> None:
-        self.closing = True
-        ending = list(self.open)
-        for task in ending:
-            task.cancel()
-        if ending:
-            # (An answer waits for its connection to take it; a stalled one is cut by
-            # the server's close, which cancels again.)
-            await asyncio.wait(ending, timeout=CLOSE_ANSWER_S)
+# A message carries the request body Envoy buffered (up to the config's limit) and the
+# attributes with it.
+MESSAGE_OVERHEAD = 1 << 20
 
 
 def admin_app(gateway: Gateway) -> Starlette:
@@ -129,8 +86,9 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
     except ConfigError:
         admin_sock.close()
         raise
-    service = ExternalProcessor(EndpointPicker(gateway, settings))
-    server = Server([service])
+    picker = EndpointPicker(gateway, settings)
+    server = GrpcServer(picker.open, max_message=max(
+        MAX_GRPC_MESSAGE, config.limits.max_body_bytes + MESSAGE_OVERHEAD))
     admin = _AdminServer(uvicorn.Config(
         admin_app(gateway), lifespan="off", log_config=log_config, log_level=log_level,
         access_log=False, proxy_headers=False))
@@ -146,7 +104,7 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
     try:
         gateway.pool.open_event_streams()
         await gateway.start()  # (before any exchange: replicas, discovery, shared state)
-        await server.start(sock=grpc_sock)
+        await server.start(grpc_sock)
         started = True
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
         gc.collect()
@@ -162,10 +120,10 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
         admin.should_exit = True
         await admin_task
     finally:
-        await service.close()
+        picker.shutdown()  # what is still open ends UNAVAILABLE, and no new stream is taken
         if started:
             server.close()
-            await server.wait_closed()
+            await server.wait_closed(CLOSE_ANSWER_S)
         else:
             grpc_sock.close()
         await gateway.stop(grace_s=0.0)  # (the drain above had the grace)

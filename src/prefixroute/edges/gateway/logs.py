@@ -42,9 +42,6 @@ def setup_json_logging(level: str = "info") -> dict:
             "uvicorn": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
             "uvicorn.error": {"level": level.upper()},
             "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
-            # The endpoint picker's gRPC server: its errors as JSON lines too (at info it
-            # logs every stream Envoy resets, which is how Envoy ends each exchange).
-            "grpclib": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
         },
     }
     logging.config.dictConfig(config)
