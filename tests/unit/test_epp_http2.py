@@ -250,3 +250,30 @@ def test_a_reset_from_the_peer_resets_the_handler():
         raw.send(frame(PING, 0, 0, b"abcdefgh"))  # the ping's answer comes after the reset
         raw.frames(until=lambda kind, *rest: kind == PING)
     assert served.log == [("reset",)]
+
+
+def test_a_stream_the_service_ends_first_is_reset_no_error_and_its_late_data_ignored():
+    with Served() as served:
+        raw = Raw(served.port)
+        raw.start()
+        raw.send(raw.headers(1) + frame(DATA, 0, 1, message(b"close:0:")))
+        got = raw.frames(until=lambda kind, *rest: kind == RST_STREAM)
+        trailers = [f for f in got if f[0] == HEADERS and f[1] & END_STREAM]
+        assert trailers and trailers[0][2] == 1
+        assert got[-1] == (RST_STREAM, 0, 1, (http2.NO_ERROR).to_bytes(4, "big"))
+        # What the peer had already sent is ignored; the connection goes on.
+        raw.send(frame(DATA, END_STREAM, 1, message(b"late")) + frame(PING, 0, 0, b"pingpong"))
+        got = raw.frames(until=lambda kind, *rest: kind == PING)
+    assert not [f for f in got if f[0] == GOAWAY]
+    assert served.log == [("message", 8)]
+
+
+def test_a_stream_that_ends_inside_a_message_is_internal():
+    with Served() as served:
+        raw = Raw(served.port)
+        raw.start()
+        raw.send(raw.headers(1) + frame(DATA, END_STREAM, 1, message(b"abcdef")[:7]))
+        got = raw.frames(until=lambda kind, flags, *rest: kind == HEADERS and flags & END_STREAM)
+    decoder = hpack.Decoder()
+    assert dict(decoder.decode(got[-1][3]))["grpc-status"] == str(http2.INTERNAL)
+    assert served.log == [("reset",)]

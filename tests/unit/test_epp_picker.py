@@ -19,7 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext  # noqa: E40
 from prefixroute.core.clock import ManualClock  # noqa: E402
 from prefixroute.core.identity.identity import derive_trust_group_salt  # noqa: E402
 from prefixroute.edges.epp.config import EppSettings  # noqa: E402
-from prefixroute.edges.epp.picker import EndpointPicker  # noqa: E402
+from prefixroute.edges.epp.picker import EndpointPicker, ExchangeRun, _Collected  # noqa: E402
 from prefixroute.edges.epp.protocol import DESTINATION, SERVED  # noqa: E402
 from prefixroute.edges.gateway.app import Gateway  # noqa: E402
 from prefixroute.edges.gateway.config import hash_api_key, parse_config  # noqa: E402
@@ -268,9 +268,9 @@ def attributes_body(body: dict, **attributes: str) -> ext.ProcessingRequest:
 
 def test_a_whole_json_answer_ends_the_exchange_and_the_stream_before_its_end(monkeypatch):
     """A non-streamed answer parsed whole from its first message is booked there and the
-    EPP closes the stream: Envoy's end-of-stream message that follows gets no answer (each
-    message costs the EPP more than its routing does). One in two halves ends at the
-    second."""
+    EPP closes the stream without answering it (Envoy then passes the body on as it is):
+    neither that message nor Envoy's end-of-stream message that follows gets an answer.
+    One in two halves ends at the second."""
     async def scenario():
         async with Harness(make_config(monkeypatch)) as h:
             usage = {"prompt_tokens": 9, "completion_tokens": 1,
@@ -281,7 +281,7 @@ def test_a_whole_json_answer_ends_the_exchange_and_the_stream_before_its_end(mon
                 {"response.code": 200, "upstream.address": R0})
             answers = await h.process(request_headers(), request_body(CHAT), answer,
                                       response_body(b"", end=True))
-            assert len(answers) == 3  # headers, body, the answer's first message: no more
+            assert len(answers) == 2  # headers, body: the answer's messages get none
             [decision] = h.gateway.router.recent(1)
             assert (decision["outcome"], decision["reported_cached_tokens"]) == ("ok", 4)
             assert h.gateway.admission.active == 0
@@ -293,7 +293,7 @@ def test_a_whole_json_answer_ends_the_exchange_and_the_stream_before_its_end(mon
             answers = await h.process(request_headers(), request_body(CHAT), first,
                                       response_body(whole[10:]), response_body(b"", end=True))
             # The first half is answered and waited past; the second completes the object.
-            assert len(answers) == 4
+            assert len(answers) == 3
             [decision] = h.gateway.router.recent(1)
             assert (decision["outcome"], decision["reported_cached_tokens"]) == ("ok", 4)
     run(scenario())
@@ -408,4 +408,38 @@ def test_discovered_replicas_are_named_by_address_and_a_host_name_never(monkeypa
             assert [b.name for b in h.gateway.pool.backends] == ["by-name", "by-ip"]
             _, routed = await h.process(request_headers(), request_body(CHAT))
             assert set_headers(routed.request_body.response)[DESTINATION] == "10.0.0.9:8000"
+    run(scenario())
+
+
+def test_a_stream_cut_while_its_request_waits_for_a_slot_leaks_neither_slot_nor_booking(
+        monkeypatch):
+    """Envoy resets a stream whose request waits in the admission queue, at each point of
+    the slot's hand-over (the slot may be granted just as the wait is cancelled): once the
+    exchange's task has ended, no slot is held, no request counted open, no replica booked."""
+    async def scenario():
+        config = make_config(monkeypatch, limits={"max_concurrent": 1, "max_queued": 4})
+        async with Harness(config) as h:
+            for turns in range(6):
+                holder = ExchangeRun(h.picker, _Collected())
+                holder.take(request_headers())
+                await holder.settled()
+                holder.take(request_body(CHAT))
+                await holder.settled()
+                assert h.gateway.admission.active == 1
+                waiter = ExchangeRun(h.picker, _Collected())
+                waiter.take(request_headers())
+                await waiter.settled()
+                waiter.take(request_body(CHAT))
+                await asyncio.sleep(0)
+                assert h.gateway.admission.waiting == 1
+                holder.take(response_headers(200, served=R0))
+                holder.take(response_body(b"", end=True))  # the slot goes to the waiter
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                waiter.reset()
+                await waiter.settled()
+                holder.reset()
+                assert h.gateway.admission.active == 0, turns
+                assert h.gateway.open_requests == 0, turns
+                assert [b.in_flight for b in h.gateway.pool.backends] == [0, 0, 0], turns
     run(scenario())

@@ -33,7 +33,8 @@ response body         usage (``cached_tokens``) from the JSON or the SSE stream,
                       the same :class:`SSERelay` logic ``serve`` relays streams with (the
                       usage chunk the caller did not ask for is dropped). A JSON answer
                       that parses whole ends the exchange there: the EPP closes the
-                      stream, so Envoy's end message needs no answer
+                      stream without answering (Envoy passes the body on as it is), so
+                      neither that message nor Envoy's end message waits for an answer
 the stream ends       the attempt ends: completed with its usage, refused, failed or
                       abandoned, as in ``serve``
 ====================  ================================================================
@@ -225,10 +226,15 @@ class ExchangeRun:
     order, its answer sent as soon as it is ready, the stream closed when the exchange is
     complete or the data plane ends it.
 
-    The answer messages (response headers and body, trailers) are answered at once, inside
-    the read that brought them: no task, and the answer leaves in that read's write. The
-    request's messages may wait (the rate limit, tokenization, an admission slot), so each
-    runs as a task; messages that arrive meanwhile wait their turn behind it."""
+    The answer messages (response headers and body, trailers) never wait: when nothing is
+    ahead of them they are answered inside the read that brought them, with no task, and
+    the answer leaves in that read's write. The request's messages may wait (the rate
+    limit, tokenization, an admission slot), so each runs as a task; messages that arrive
+    meanwhile wait their turn behind it.
+
+    The exchange is closed (its admission slot and booking released) only once no task of
+    it runs: a task cancelled while it waited may still finish the step it was taking (a
+    slot granted as it was cancelled is kept), so its end, not the cancel, closes it."""
 
     __slots__ = ("picker", "sink", "exchange", "waiting", "task", "ended", "closed")
 
@@ -296,17 +302,24 @@ class ExchangeRun:
 
     def _handled(self, task: asyncio.Task) -> None:
         self.task = None
-        if self.closed or task.cancelled():
+        error = None if task.cancelled() else task.exception()
+        if self.closed:  # reset or closed while the task ran: the exchange ends now
+            self.exchange.close()
             return
-        error = task.exception()
-        if error is not None:
-            self._internal_error(error)
+        if task.cancelled():  # from outside: the loop is ending
+            self._close(UNAVAILABLE, "the endpoint picker is stopping")
             return
-        self._answer(task.result())
-        while self.waiting and self.task is None and not self.closed:
-            self._handle(self.waiting.popleft())
-        if self.ended and self.task is None and not self.waiting:
-            self._close(OK)
+        try:
+            if error is not None:
+                self._internal_error(error)
+                return
+            self._answer(task.result())
+            while self.waiting and self.task is None and not self.closed:
+                self._handle(self.waiting.popleft())
+            if self.ended and self.task is None and not self.waiting:
+                self._close(OK)
+        except Exception as exc:
+            self._internal_error(exc)
 
     def _answer(self, answer: Answer) -> None:
         if answer is not None:
@@ -335,11 +348,11 @@ class ExchangeRun:
         self._stop()
 
     def _stop(self) -> None:
-        task, self.task = self.task, None
-        if task is not None:
-            task.cancel()
         self.waiting.clear()
         self.picker.runs.discard(self)
+        if self.task is not None:
+            self.task.cancel()  # the exchange closes when the task has ended (_handled)
+            return
         self.exchange.close()
 
     async def settled(self) -> None:
@@ -359,7 +372,7 @@ class Exchange:
     def __init__(self, picker: EndpointPicker):
         self.picker = picker
         self.gateway = picker.gateway
-        self.request_id = f"pr-{os.urandom(16).hex()}"
+        self.request_id = ""  # set with the head (Envoy's id, or one of our own)
         self.started = picker.clock.now()
         self.endpoint: str | None = None
         self.tenant: Any = None
@@ -457,6 +470,8 @@ class Exchange:
     async def _check_head(self, end_of_stream: bool) -> ext.ProcessingResponse | None:
         """The request's path, method, tenant and rate limit: the refusal, or ``None``."""
         self.head_seen = True
+        if not self.request_id:
+            self.request_id = f"pr-{os.urandom(16).hex()}"
         gateway = self.gateway
         headers = self.headers
         path = headers.get(":path", "").split("?", 1)[0]
@@ -716,7 +731,7 @@ class Exchange:
         self.gateway.metrics.retries.labels("envoy_retry").inc()
         self._book([backend], job.attempts)
 
-    def _response_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+    def _response_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse | None:
         if self.attempt is None or self.job is None or self.done:
             return _CONTINUE_RESPONSE_BODY
         if not self.status:  # no headers message: the attributes on the first body message
@@ -741,9 +756,12 @@ class Exchange:
             whole = None if body.end_of_stream else _whole_json(self.answer)
             if whole is not None:
                 # A non-streamed answer is one JSON object: once it parses, its usage is
-                # known and only the end-of-stream message (empty) would follow.
+                # known and only the end-of-stream message (empty) would follow. The stream
+                # closes with no answer to this message: Envoy then goes on with the body
+                # as it is, which is what the answer would say.
                 self.complete = True
                 self._end_of_answer(usage_in(whole))
+                return None
         if body.end_of_stream:
             self._end_of_answer()
         return response
