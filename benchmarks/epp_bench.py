@@ -1,8 +1,9 @@
 """Envoy + Endpoint Picker against ``prefixroute serve``, the peer routers and Envoy alone,
 on the same replicas, in one run.
 
-Run: ``python benchmarks/epp_bench.py`` (about 10 minutes; needs ``envoy`` and ``wrk``, and
-installs sglang-router and vllm-router into ~/.cache/prefixroute/peer-routers once).
+Run: ``python benchmarks/epp_bench.py`` (about 15 minutes; needs ``envoy``, ``wrk`` and,
+for the EPP's own maximum, ``h2load`` (Debian's nghttp2-client), and installs sglang-router
+and vllm-router into ~/.cache/prefixroute/peer-routers once).
 ``--json`` prints the results as JSON; ``--out FILE`` writes the Markdown report (default
 ``benchmarks/results/epp.md``, the JSON beside it); ``--rate`` the fixed rate of part 1
 (default 500 requests/s); ``--skip-scenario``, ``--skip-hop``, ``--skip-peers``.
@@ -15,18 +16,29 @@ Fronts, each in front of the same replicas:
     the EPP adds is measured over it.
 ``envoy+epp``, ``envoy+epp unix``
     that bootstrap as written (ext_proc filter, fast routes, override_host) and one
-    ``prefixroute epp`` process, over TCP and over a Unix socket (``--unix-socket``);
+    ``prefixroute epp`` process, over TCP and over a Unix socket (``--unix-socket``), both on
+    the router core;
+``envoy+epp split``
+    the same over TCP with Envoy on the load core: the EPP has the router core to itself,
+    as ``serve`` has (in a cluster Envoy and the EPP run in their own pods). Its maximum is
+    one EPP process's; the load core, which also runs wrk and the replicas, may limit it
+    first;
 ``serve``
     ``prefixroute serve`` (its own HTTP proxy), the same config;
 ``sglang-router``, ``vllm-router``
     the peers with ``--policy cache_aware`` (``gateway_bench.py`` installs them);
 ``direct``
     no router: the client takes turns between the replicas (fixed rate only).
+``epp alone``
+    one ``prefixroute epp`` process with no Envoy: h2load (C, on the load core) sends it
+    what Envoy sends for each request of the hop (the request body with the head as
+    attributes, then the answer's first message), four prompts, 8 streams each: the
+    maximum rate one EPP process decides, beside ``serve``'s under wrk (maximum only).
 
 Part 1, the hop: two trivial replicas (one Envoy answering fixed completions of one token,
 with usage: the routers are what is measured, not the replicas); short prompts of the
 design scenario's shape, non-streamed. The replicas and the load generators run on core 0,
-the router under test (Envoy and its EPP together) on core 1.
+the router under test (Envoy and its EPP together, except in ``envoy+epp split``) on core 1.
 
 * **max requests/s**: wrk (C, closed loop), 32 connections, 8 s after 2 s of warm-up, one
   front at a time; the router's CPU (``/proc``: EPP and its Envoy together) per request;
@@ -84,6 +96,12 @@ SCENARIO_REPLICAS = 4
 SCENARIO_RATE_PER_REPLICA = 2.9  # as prefixroute demo (edges/cli/demo.py says why)
 SCENARIO_OUTPUT_TOKENS = (8, 32)
 TARGET_ADDED_P50_MS, TARGET_ADDED_P99_MS = 2.0, 10.0
+# The EPP alone on the router core, its Envoy on the load core (with wrk and the replicas):
+# what one EPP process carries when, as in a cluster, Envoy runs elsewhere.
+SPLIT = "envoy+epp split"
+# The EPP alone: h2load clients (one per prompt) and streams each, about what Envoy holds
+# open to the EPP under wrk's 32 connections.
+H2LOAD_CLIENTS, H2LOAD_STREAMS = 4, 8
 
 
 # -- load generation (in its own process, on the load core) ----------------------------------
@@ -102,8 +120,16 @@ def _loadgen_main(spec: dict) -> dict:
     headers = {"content-type": "application/json",
                "authorization": f"Bearer {spec['api_key']}"}
     if spec["mode"] == "blocks":
+        import gc
+
         import uvloop  # the generator's own cost per request is lower under uvloop
 
+        # A collection in the generator delays the sends due meanwhile, and their latency
+        # counts from the planned send time: the front whose block it falls in would carry
+        # it (20 to 40 ms, seen at the p99). Nothing kept here is freed before the end.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
         return uvloop.run(_blocks(spec, headers))
     requests = design_requests(spec["requests"], replicas=SCENARIO_REPLICAS, model=MODEL,
                                prompt_format=TOKEN_IDS,
@@ -369,6 +395,77 @@ def wrk_max(url: str, script: Path, seconds: float, connections: int) -> dict:
             "latency_p99_ms": float(p99), "connections": connections}
 
 
+def exchange_bodies(count: int, api_key: str, served: str) -> list[bytes]:
+    """What Envoy sends an EPP for one non-streamed request of the hop on the fast route,
+    as one gRPC request body: the request body message (the head as attributes) and the
+    answer's first message (its status, the replica that served, the answer with usage)."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+
+    attributes = "envoy.filters.http.ext_proc"
+    usage = json.dumps({"choices": [], "usage": {
+        "prompt_tokens": 100, "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 64}}}).encode()
+    answer = ext.ProcessingRequest(response_body=ext.HttpBody(body=usage))
+    answer.attributes[attributes].update({"response.code": 200, "upstream.address": served})
+    bodies = []
+    for request in hop_requests(count, 100.0):
+        body = ext.ProcessingRequest(request_body=ext.HttpBody(body=request.body,
+                                                               end_of_stream=True))
+        body.attributes[attributes].update({
+            "request.path": "/v1/completions", "request.method": "POST",
+            "request.headers['authorization']": f"Bearer {api_key}"})
+        bodies.append(b"".join(b"\x00" + len(m).to_bytes(4, "big") + m for m in (
+            body.SerializeToString(), answer.SerializeToString())))
+    return bodies
+
+
+def epp_requests_by_status(admin_url: str) -> dict[str, float]:
+    """The EPP's answered requests by status, from its Prometheus metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(admin_url + "/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "prefixroute_gateway_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    status = sample.labels["status"]
+                    out[status] = out.get(status, 0.0) + sample.value
+    return out
+
+
+def h2load_max(grpc_address: str, bodies: list[bytes], workdir: Path, seconds: float,
+               streams: int) -> dict:
+    """The EPP alone, with h2load (C) on the load core standing in for Envoy: one client
+    per body, each with ``streams`` exchanges open at once; requests/s summed."""
+    method = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+    runs = []
+    for i, body in enumerate(bodies):
+        path = workdir / f"exchange{i}.bin"
+        path.write_bytes(body)
+        cmd = [shutil.which("h2load") or "h2load", "-c1", f"-m{streams}", "-D", f"{seconds:g}",
+               "--warm-up-time", f"{WARMUP_S:g}", "-d", str(path),
+               "-H", "content-type: application/grpc", "-H", "te: trailers",
+               f"http://{grpc_address}{method}"]
+        if shutil.which("taskset"):
+            cmd = ["taskset", "-c", str(LOAD_CPU), *cmd]
+        runs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True))
+    rate, done, failed = 0.0, 0, 0
+    for run in runs:
+        out, _ = run.communicate(timeout=seconds + WARMUP_S + 60)
+        for line in out.splitlines():
+            if line.startswith("finished in"):
+                rate += float(line.split(",")[1].split()[0])
+            elif line.startswith("requests:"):
+                fields = dict(reversed(f.split()) for f in line[9:].split(","))
+                done += int(fields["done"])
+                failed += int(fields["failed"]) + int(fields["errored"]) + int(
+                    fields["timeout"])
+    return {"requests_per_second": round(rate, 1), "requests_done": done,
+            "requests_failed": failed, "streams": streams * len(bodies)}
+
+
 def start_epp_process(config_path: Path, workdir: Path, name: str, *,
                       unix_socket: Path | None = None) -> tuple[ServiceProcess, str]:
     """``prefixroute epp`` on the router core; its gRPC address for ``--epp``."""
@@ -423,12 +520,15 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
         processes.append(alone)
         targets["envoy"] = [alone.url + "/v1/completions"]
         pids["envoy"] = [alone.pid]
-        for name, socket_path in (("envoy+epp", None), ("envoy+epp unix", workdir / "epp.sock")):
+        for name, socket_path, envoy_cpu in (
+                ("envoy+epp", None, ROUTER_CPU),
+                ("envoy+epp unix", workdir / "epp.sock", ROUTER_CPU),
+                (SPLIT, None, LOAD_CPU)):
             epp, address = start_epp_process(config_path, workdir, name.replace(" ", "-"),
                                              unix_socket=socket_path)
             processes.append(epp)
             envoy = Envoy(name, bootstrap(config, f"127.0.0.1:{free_port()}", address),
-                          workdir).start()
+                          workdir, cpu=envoy_cpu).start()
             processes.append(envoy)
             targets[name] = [envoy.url + "/v1/completions"]
             pids[name] = [epp.process.pid, envoy.pid]
@@ -453,6 +553,25 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
 
         script = wrk_lua(workdir / "hop.lua", key)
         results["max_rps"] = {}
+        if shutil.which("h2load"):
+            # One EPP process's own maximum: no Envoy, h2load sending what Envoy would.
+            epp, address = start_epp_process(config_path, workdir, "epp-alone")
+            processes.append(epp)
+            log(f"max req/s of the EPP alone: h2load, {H2LOAD_CLIENTS} clients x "
+                f"{H2LOAD_STREAMS} streams, {THROUGHPUT_S:g} s")
+            bodies = exchange_bodies(H2LOAD_CLIENTS, key, f"127.0.0.1:{ports[0]}")
+            before_cpu = cpu_seconds(epp.process.pid)
+            before = epp_requests_by_status(epp.url)
+            row = h2load_max(address, bodies, workdir, THROUGHPUT_S, H2LOAD_STREAMS)
+            after = epp_requests_by_status(epp.url)
+            answered = {k: int(v - before.get(k, 0.0)) for k, v in after.items()
+                        if v - before.get(k, 0.0)}
+            row["answered_by_status"] = answered  # (the warm-up's included)
+            row["epp_cpu_ms_per_request"] = round(
+                1000 * (cpu_seconds(epp.process.pid) - before_cpu)
+                / max(1, sum(answered.values())), 3)
+            results["epp_alone"] = row
+            epp.stop()
         for name, urls in targets.items():
             if name == "direct":
                 continue  # wrk takes one URL: the floor is Envoy alone
@@ -623,12 +742,13 @@ def markdown(result: dict) -> str:
     lines = ["# Envoy + Endpoint Picker against serve, the peers and Envoy alone", "",
              f"Run: `python benchmarks/epp_bench.py` on {result['when']} "
              f"({os.cpu_count()} cores; 1-minute load average {result['load_before']} before, "
-             f"{result.get('load_after', '-')} after; {result['load_note']}).", ""]
+             f"{result.get('load_after', '-')} after; {result['load_note']}). What changed "
+             "between runs, and earlier figures: `epp_history.md`.", ""]
     if part1:
         fixed = part1["fixed_rate"]
         lines += ["## Part 1: the hop", "",
                   "Trivial replicas (Envoy direct responses) and the load generators on core "
-                  "0, the router under test (Envoy and its EPP together) on core 1. **max "
+                  "0, the router under test (Envoy and its EPP together, except in ``envoy+epp split``) on core 1. **max "
                   f"req/s**: wrk, {WRK_CONNECTIONS} connections, {THROUGHPUT_S:g} s, one front "
                   f"at a time. **At {part1['rate']:g} req/s**: open loop (Poisson), blocks of "
                   f"{BLOCK_S:g} s taking turns between the fronts ({PAIRS} rounds, the first "
@@ -661,6 +781,10 @@ def markdown(result: dict) -> str:
                          f"{added['p50_ms']} ms (target <= {TARGET_ADDED_P50_MS:g}), p99 "
                          f"{added['p99_ms']} ms (target <= {TARGET_ADDED_P99_MS:g}).")
         lines.append("")
+    for line in targets(result):
+        lines.append(f"* {line}")
+    if targets(result):
+        lines.append("")
     if result.get("in_process"):
         lines += ["The EPP's own work (admission, salting, hashing, policy, runner, the "
                   "exchange's messages) without gRPC or Envoy, in process: "
@@ -676,6 +800,49 @@ def markdown(result: dict) -> str:
                          f"{row['ttft_p99_s']} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def targets(result: dict) -> list[str]:
+    """The issue's speed targets, each against ``serve`` measured in the same run."""
+    part1 = result.get("part1")
+    if not part1:
+        return []
+    top, fixed, out = part1["max_rps"], part1["fixed_rate"], []
+    serve = top.get("serve")
+    epp, split, alone = top.get("envoy+epp"), top.get(SPLIT), part1.get("epp_alone")
+    if serve and alone:
+        ratio = alone["requests_per_second"] / max(serve["requests_per_second"], 1e-9)
+        out.append(f"**Max req/s of one EPP process** (alone on the router core, h2load "
+                   f"sending what Envoy sends): {alone['requests_per_second']} against "
+                   f"`serve`'s {serve['requests_per_second']} (wrk): {ratio:.2f}x (target "
+                   f">= 1); EPP CPU {alone['epp_cpu_ms_per_request']} ms per request, "
+                   f"{alone['requests_failed']} failed")
+    if serve and split:
+        ratio = split["requests_per_second"] / max(serve["requests_per_second"], 1e-9)
+        out.append(f"Max req/s through Envoy and the EPP, Envoy on the load core: "
+                   f"{split['requests_per_second']} against `serve`'s "
+                   f"{serve['requests_per_second']}: {ratio:.2f}x (the load core, which "
+                   f"also runs wrk and the replicas, may be what limits it)")
+    if serve and epp:
+        ratio = epp["requests_per_second"] / max(serve["requests_per_second"], 1e-9)
+        out.append(f"Max req/s with Envoy and the EPP sharing the router core: "
+                   f"{epp['requests_per_second']} against `serve`'s "
+                   f"{serve['requests_per_second']}: {ratio:.2f}x")
+    for name, row in ((SPLIT, split), ("envoy+epp", epp)):
+        if serve and row and "epp_cpu_ms_per_request" in row:
+            ratio = row["epp_cpu_ms_per_request"] / max(serve["router_cpu_ms_per_request"],
+                                                          1e-9)
+            out.append(f"**EPP CPU per request at max** ({name}): "
+                       f"{row['epp_cpu_ms_per_request']} ms against `serve`'s "
+                       f"{serve['router_cpu_ms_per_request']} ms: {ratio:.2f}x (target <= 1)")
+    if "serve" in fixed and "envoy+epp" in fixed:
+        epp_cpu = fixed["envoy+epp"].get("router_cpu_ms_per_request")
+        serve_cpu = fixed["serve"].get("router_cpu_ms_per_request")
+        if epp_cpu is not None and serve_cpu:
+            out.append(f"EPP CPU per request at {part1['rate']:g} req/s (idle work included): "
+                       f"{epp_cpu} ms against `serve`'s {serve_cpu} ms: "
+                       f"{epp_cpu / serve_cpu:.2f}x")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
