@@ -810,24 +810,22 @@ def targets(result: dict) -> list[str]:
     top, fixed, out = part1["max_rps"], part1["fixed_rate"], []
     serve = top.get("serve")
     epp, split, alone = top.get("envoy+epp"), top.get(SPLIT), part1.get("epp_alone")
+    def rate(label: str, row: dict, note: str = "") -> str:
+        ratio = row["requests_per_second"] / max(serve["requests_per_second"], 1e-9)
+        return (f"{label}: {row['requests_per_second']} against `serve`'s "
+                f"{serve['requests_per_second']} (wrk): {ratio:.2f}x{note}")
+
     if serve and alone:
-        ratio = alone["requests_per_second"] / max(serve["requests_per_second"], 1e-9)
-        out.append(f"**Max req/s of one EPP process** (alone on the router core, h2load "
-                   f"sending what Envoy sends): {alone['requests_per_second']} against "
-                   f"`serve`'s {serve['requests_per_second']} (wrk): {ratio:.2f}x (target "
-                   f">= 1); EPP CPU {alone['epp_cpu_ms_per_request']} ms per request, "
-                   f"{alone['requests_failed']} failed")
+        out.append(rate("**Max req/s of one EPP process** (alone on the router core, h2load "
+                        "sending what Envoy sends)", alone,
+                        f" (target >= 1); EPP CPU {alone['epp_cpu_ms_per_request']} ms per "
+                        f"request, {alone['requests_failed']} failed"))
     if serve and split:
-        ratio = split["requests_per_second"] / max(serve["requests_per_second"], 1e-9)
-        out.append(f"Max req/s through Envoy and the EPP, Envoy on the load core: "
-                   f"{split['requests_per_second']} against `serve`'s "
-                   f"{serve['requests_per_second']}: {ratio:.2f}x (the load core, which "
-                   f"also runs wrk and the replicas, may be what limits it)")
+        out.append(rate("Max req/s through Envoy and the EPP, Envoy on the load core", split,
+                        " (the load core, which also runs wrk and the replicas, may be what "
+                        "limits it)"))
     if serve and epp:
-        ratio = epp["requests_per_second"] / max(serve["requests_per_second"], 1e-9)
-        out.append(f"Max req/s with Envoy and the EPP sharing the router core: "
-                   f"{epp['requests_per_second']} against `serve`'s "
-                   f"{serve['requests_per_second']}: {ratio:.2f}x")
+        out.append(rate("Max req/s with Envoy and the EPP sharing the router core", epp))
     for name, row in ((SPLIT, split), ("envoy+epp", epp)):
         if serve and row and "epp_cpu_ms_per_request" in row:
             ratio = row["epp_cpu_ms_per_request"] / max(serve["router_cpu_ms_per_request"],

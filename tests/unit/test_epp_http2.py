@@ -178,6 +178,12 @@ def message(data: bytes) -> bytes:
     return b"\x00" + len(data).to_bytes(4, "big") + data
 
 
+def goaway_code(frames) -> int | None:
+    """The error code of the first GOAWAY among ``frames``."""
+    goaway = [f for f in frames if f[0] == GOAWAY]
+    return int.from_bytes(goaway[0][3][4:8], "big") if goaway else None
+
+
 def test_the_server_opens_with_settings_and_answers_a_ping():
     with Served() as served:
         raw = Raw(served.port)
@@ -193,8 +199,7 @@ def test_a_bad_preface_ends_the_connection_with_a_protocol_error():
         raw = Raw(served.port)
         raw.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         got = raw.frames()
-    goaway = [f for f in got if f[0] == GOAWAY]
-    assert goaway and int.from_bytes(goaway[0][3][4:8], "big") == http2.PROTOCOL_ERROR
+    assert goaway_code(got) == http2.PROTOCOL_ERROR
 
 
 def test_a_frame_past_the_advertised_size_is_a_frame_size_error():
@@ -205,8 +210,7 @@ def test_a_frame_past_the_advertised_size_is_a_frame_size_error():
         raw.send((http2.RECEIVE_FRAME_SIZE + 1).to_bytes(3, "big") + bytes((DATA, 0))
                  + (1).to_bytes(4, "big"))
         got = raw.frames()
-    goaway = [f for f in got if f[0] == GOAWAY]
-    assert goaway and int.from_bytes(goaway[0][3][4:8], "big") == http2.FRAME_SIZE_ERROR
+    assert goaway_code(got) == http2.FRAME_SIZE_ERROR
 
 
 def test_one_message_split_over_three_frames_and_two_in_one_frame_are_read_right():
