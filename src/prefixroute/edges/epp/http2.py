@@ -49,7 +49,7 @@ import asyncio
 import logging
 import socket
 import struct
-from typing import Callable, Protocol
+from typing import Callable, Protocol, cast
 from urllib.parse import quote
 
 from hpack import Decoder
@@ -188,7 +188,7 @@ class HeaderBlocks:
         headers = self.decoded.get(block)
         if headers is not None:
             return headers
-        headers = self.decoder.decode(block, raw=True)
+        headers = cast("list[tuple[bytes, bytes]]", self.decoder.decode(block, raw=True))
         if not leaves_table_alone(block):
             self.decoded.clear()
         elif len(self.decoded) < DECODED_BLOCKS:
@@ -332,8 +332,9 @@ class Http2Connection(asyncio.Protocol):
                     break
                 start = position + 9
                 position = start + length
+                payload = buf[start:position]  # (bytes: the read's own, or copied out)
                 self.frame(word & 0xFF, flags, stream_id & 0x7FFFFFFF,
-                           bytes(buf[start:position]) if buf is buffer else buf[start:position])
+                           bytes(payload) if buf is buffer else cast(bytes, payload))
             if buf is buffer:
                 del buffer[:position]
             elif position < end:
