@@ -281,3 +281,41 @@ def test_a_stream_that_ends_inside_a_message_is_internal():
     decoder = hpack.Decoder()
     assert dict(decoder.decode(got[-1][3]))["grpc-status"] == str(http2.INTERNAL)
     assert served.log == [("reset",)]
+
+
+class _Transport:
+    """What the connection writes, kept; reading paused or not, ignored."""
+
+    def __init__(self):
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data):
+        self.written += data
+
+    def close(self):
+        self.closed = True
+
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+
+def test_bytes_arriving_one_at_a_time_are_read_as_whole_frames():
+    log: list = []
+    server = GrpcServer(lambda stream, path: Echo(stream, log))
+    connection = http2.Http2Connection(server.opener, server)
+    transport = _Transport()
+    connection.connection_made(transport)
+    client = hpack.Encoder()
+    block = client.encode([(":method", "POST"), (":scheme", "http"), (":path", METHOD),
+                           (":authority", "epp"), ("content-type", "application/grpc")])
+    wire = (http2.PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, block)
+            + frame(DATA, END_STREAM, 1, message(b"hello")))
+    for i in range(len(wire)):
+        connection.data_received(wire[i:i + 1])
+    assert log == [("message", 5), ("end",)]
+    assert message(b"olleh") in transport.written and not transport.closed
+    assert connection.streams == {}  # both sides ended: nothing kept

@@ -529,6 +529,8 @@ class Http2Connection(asyncio.Protocol):
                 if handler is not None:
                     _reset(handler)
             return  # a stream this side ended or reset: ignored (section 5.1)
+        if flags & END_STREAM:  # (known before the messages: an answer to them ends both)
+            stream.remote_closed = True
         if payload:
             # Messages are read from the frame itself; only a message split over frames
             # is gathered in the stream's buffer.
@@ -635,6 +637,7 @@ class Http2Connection(asyncio.Protocol):
             return
         stream = Stream(stream_id, self)
         self.streams[stream_id] = stream
+        stream.remote_closed = self.header_end_stream
         method = path = content_type = b""
         for name, value in headers:
             if name == b":path":
@@ -654,8 +657,10 @@ class Http2Connection(asyncio.Protocol):
             else:
                 if handler is None:
                     stream.close(UNIMPLEMENTED, f"no method {path.decode('latin-1')}")
-                elif stream.open and not stream.local_closed:  # (it may have ended it)
+                elif stream.open and not stream.local_closed:
                     stream.handler = handler
+                else:  # the service ended the stream already
+                    _reset(handler)
         if self.header_end_stream:
             self.remote_end(stream)
 

@@ -304,6 +304,10 @@ class ExchangeRun:
         self.task = None
         error = None if task.cancelled() else task.exception()
         if self.closed:  # reset or closed while the task ran: the exchange ends now
+            if error is not None:
+                log.error("unexpected error in an exchange that had ended", exc_info=error,
+                          extra={"fields": {"event": "internal_error",
+                                            "request_id": self.exchange.request_id}})
             self.exchange.close()
             return
         if task.cancelled():  # from outside: the loop is ending
@@ -344,8 +348,10 @@ class ExchangeRun:
         if self.closed:
             return
         self.closed = True
-        self.sink.close(status, message)
-        self._stop()
+        try:
+            self.sink.close(status, message)
+        finally:
+            self._stop()
 
     def _stop(self) -> None:
         self.waiting.clear()
