@@ -3,12 +3,13 @@ to answer Envoy's ext_proc streams, on the event loop, with few Python steps per
 
 Why not a gRPC library: per request, Envoy's ext_proc filter sends the EPP two messages and
 takes one or two answers and the trailers. Measured behind the same Envoy on one core, a
-server that does nothing but answer took 0.44 ms of CPU per request on grpclib (pure-Python
-HTTP/2 through ``h2``, a task and several futures per stream), 0.35 ms on grpcio's asyncio
-server (each message handed from gRPC's poller thread to the loop), 0.40 ms on grpcio's
-threaded server, and 0.07 ms on this module, which does only what such a server needs: a
-message costs a frame parse and a protobuf parse (``benchmarks/results/epp_history.md``;
-the routing itself costs about 0.15 ms).
+server that does nothing but answer took 0.38 to 0.46 ms of CPU per request on grpclib
+(pure-Python HTTP/2 through ``h2``, a task and several futures per stream), 0.35 ms on
+grpcio's asyncio server (each message handed from gRPC's poller thread to the loop), 0.40 ms
+on grpcio's threaded server, and 0.08 ms on this module, which does only what such a server
+needs: a message costs a frame parse and a protobuf parse
+(``benchmarks/results/epp_history.md``). The EPP's whole process, routing included, takes
+0.25 to 0.4 ms per request at its maximum.
 
 * **Framing** by hand (a 9-byte header, RFC 9113); **header blocks** through the ``hpack``
   library (the Huffman code and the dynamic table are the error-prone part). Envoy opens
