@@ -586,6 +586,9 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
             results["epp_alone"] = h2load_max(epp, address, bodies, workdir, THROUGHPUT_S,
                                               H2LOAD_STREAMS)
             epp.stop()
+        else:
+            log("no h2load: the EPP's own maximum is left out (apt-get install "
+                "nghttp2-client)")
         for name, urls in targets.items():
             if name == "direct":
                 continue  # wrk takes one URL: the floor is Envoy alone
