@@ -79,6 +79,7 @@ import yaml
 from prefixroute.core.simulator.generators import design_scenario
 from prefixroute.edges.epp.config import load_epp_config
 from prefixroute.edges.epp.envoy import bootstrap
+from prefixroute.edges.epp.protocol import ATTRIBUTES_KEY, PROCESS_METHOD
 from prefixroute.edges.listen import free_port
 from prefixroute.edges.loadtest.fleet import LocalFleet, ServiceProcess
 from prefixroute.edges.loadtest.replay import replay, summarize
@@ -395,28 +396,38 @@ def wrk_max(url: str, script: Path, seconds: float, connections: int) -> dict:
             "latency_p99_ms": float(p99), "connections": connections}
 
 
-def exchange_bodies(count: int, api_key: str, served: str) -> list[bytes]:
-    """What Envoy sends an EPP for one non-streamed request of the hop on the fast route,
-    as one gRPC request body: the request body message (the head as attributes) and the
-    answer's first message (its status, the replica that served, the answer with usage)."""
+def body_message(body: bytes, api_key: str) -> Any:
+    """Envoy's request body message on the fast route: the body whole, the request's head
+    as attributes."""
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
-    attributes = "envoy.filters.http.ext_proc"
+    message = ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=True))
+    message.attributes[ATTRIBUTES_KEY].update({
+        "request.path": "/v1/completions", "request.method": "POST",
+        "request.headers['authorization']": f"Bearer {api_key}"})
+    return message
+
+
+def answer_message(served: str) -> Any:
+    """Envoy's first message of a trivial replica's answer: its status, the replica that
+    served, the completion with usage (64 cached tokens)."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+
     usage = json.dumps({"choices": [], "usage": {
         "prompt_tokens": 100, "completion_tokens": 1,
         "prompt_tokens_details": {"cached_tokens": 64}}}).encode()
-    answer = ext.ProcessingRequest(response_body=ext.HttpBody(body=usage))
-    answer.attributes[attributes].update({"response.code": 200, "upstream.address": served})
-    bodies = []
-    for request in hop_requests(count, 100.0):
-        body = ext.ProcessingRequest(request_body=ext.HttpBody(body=request.body,
-                                                               end_of_stream=True))
-        body.attributes[attributes].update({
-            "request.path": "/v1/completions", "request.method": "POST",
-            "request.headers['authorization']": f"Bearer {api_key}"})
-        bodies.append(b"".join(b"\x00" + len(m).to_bytes(4, "big") + m for m in (
-            body.SerializeToString(), answer.SerializeToString())))
-    return bodies
+    message = ext.ProcessingRequest(response_body=ext.HttpBody(body=usage))
+    message.attributes[ATTRIBUTES_KEY].update({"response.code": 200, "upstream.address": served})
+    return message
+
+
+def exchange_bodies(count: int, api_key: str, served: str) -> list[bytes]:
+    """What Envoy sends an EPP for one non-streamed request of the hop on the fast route,
+    as one gRPC request body: the request body message and the answer's first message."""
+    answer = answer_message(served).SerializeToString()
+    return [b"".join(b"\x00" + len(m).to_bytes(4, "big") + m
+                     for m in (body_message(request.body, api_key).SerializeToString(), answer))
+            for request in hop_requests(count, 100.0)]
 
 
 def epp_requests_by_status(admin_url: str) -> dict[str, float]:
@@ -443,7 +454,6 @@ def h2load_max(epp: ServiceProcess, grpc_address: str, bodies: list[bytes], work
     comes with HTTP status 200 too), so the rate is the EPP's own count of requests it
     answered 200, between the end of h2load's warm-up and its exit; anything else the EPP
     answered is reported beside it, and so is its CPU over the same window."""
-    method = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
     runs = []
     for i, body in enumerate(bodies):
         path = workdir / f"exchange{i}.bin"
@@ -451,7 +461,7 @@ def h2load_max(epp: ServiceProcess, grpc_address: str, bodies: list[bytes], work
         cmd = [shutil.which("h2load") or "h2load", "-c1", f"-m{streams}", "-D", f"{seconds:g}",
                "--warm-up-time", f"{WARMUP_S:g}", "-d", str(path),
                "-H", "content-type: application/grpc", "-H", "te: trailers",
-               f"http://{grpc_address}{method}"]
+               f"http://{grpc_address}{PROCESS_METHOD}"]
         if shutil.which("taskset"):
             cmd = ["taskset", "-c", str(LOAD_CPU), *cmd]
         runs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -682,7 +692,6 @@ def run_in_process(count: int = 2000) -> dict:
     bootstrap's fast route (the body with the head as attributes, the answer with its
     attributes, its end), over a started gateway whose two replicas answer health checks
     in process. CPU milliseconds per request."""
-    import orjson
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
     from prefixroute.core.clock import ManualClock
@@ -701,18 +710,9 @@ def run_in_process(count: int = 2000) -> dict:
         "health": {"interval_s": 3600, "metrics_interval_s": 3600}}, "in-process")
     requests = hop_requests(count, 100.0)
 
-    usage = orjson.dumps({"choices": [], "usage": {
-        "prompt_tokens": 100, "completion_tokens": 1,
-        "prompt_tokens_details": {"cached_tokens": 64}}})
-    answers = {}  # the answer from each replica, as Envoy reports it
-    for endpoint in endpoints:
-        answer = answers[endpoint] = ext.ProcessingRequest(response_body=ext.HttpBody(
-            body=usage))
-        answer.attributes["envoy.filters.http.ext_proc"].update(
-            {"response.code": 200, "upstream.address": endpoint})
+    # the answer from each replica, as Envoy reports it
+    answers = {endpoint: answer_message(endpoint) for endpoint in endpoints}
     end = ext.ProcessingRequest(response_body=ext.HttpBody(end_of_stream=True))
-    head = {"request.path": "/v1/completions", "request.method": "POST",
-            "request.headers['authorization']": "Bearer sk-bench"}
 
     async def run() -> float:
         async def replica(request: httpx.Request) -> httpx.Response:
@@ -724,9 +724,7 @@ def run_in_process(count: int = 2000) -> dict:
         try:
             started = time.process_time()
             for request in requests:
-                body = ext.ProcessingRequest(request_body=ext.HttpBody(
-                    body=request.body, end_of_stream=True))
-                body.attributes["envoy.filters.http.ext_proc"].update(head)
+                body = body_message(request.body, "sk-bench")
 
                 replies: list = []
 

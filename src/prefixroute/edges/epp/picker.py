@@ -61,8 +61,9 @@ import orjson
 
 from prefixroute.edges.epp.config import EppSettings, endpoint_of
 from prefixroute.edges.epp.http2 import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE
-from prefixroute.edges.epp.protocol import (ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE, SERVED,
-                                            SUBSET, SUBSET_NAMESPACE, attribute_header)
+from prefixroute.edges.epp.protocol import (ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE,
+                                            PROCESS_METHOD, SERVED, SUBSET, SUBSET_NAMESPACE,
+                                            attribute_header)
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.backends import Backend, candidates_for
 from prefixroute.edges.gateway.errors import GatewayError
@@ -73,7 +74,6 @@ from prefixroute.edges.gateway.sanitize import encode_json
 log = logging.getLogger("prefixroute.epp")
 
 ENDPOINTS = {path: endpoint for endpoint, path in PATHS.items()}  # path -> endpoint
-PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 _NON_STREAM_LIMIT = 16 * 1024 * 1024  # a non-streamed answer kept to read its usage
 # What one message gets back: nothing yet, one answer, or (streamed request bodies) the
 # held-back headers answer and the body's, in order.

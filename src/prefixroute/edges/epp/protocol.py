@@ -10,6 +10,8 @@ SERVED = "x-gateway-destination-endpoint-served"
 # Where Envoy's ext_proc filter puts the attributes it sends, and the ones the bootstrap asks
 # for with each answer: its status and the replica's address.
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
+# The one gRPC method an ext_proc server serves: a stream per HTTP request.
+PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 RESPONSE_ATTRIBUTES = ("response.code", "upstream.address")
 # The protocol's endpoint subset: the data plane may name the endpoints a request may go to,
 # a list of ``ip:port`` under this key of this metadata namespace.
