@@ -31,9 +31,11 @@ Fronts, each in front of the same replicas:
     no router: the client takes turns between the replicas (fixed rate only).
 ``epp alone``
     one ``prefixroute epp`` process with no Envoy: h2load (C, on the load core) sends it
-    what Envoy sends for each request of the hop (the request body with the head as
-    attributes, then the answer's first message), four prompts, 8 streams each: the
-    maximum rate one EPP process decides, beside ``serve``'s under wrk (maximum only).
+    what Envoy sends for each request of the hop when answers come on the request's own
+    stream (the request body with the head as attributes, then the answer's first
+    message), four prompts, 8 streams each: the maximum rate one EPP process decides,
+    beside ``serve``'s under wrk (maximum only). Behind the bootstrap's Envoy (one EPP) the
+    answer comes instead as an access log entry, in batches, which costs the EPP less.
 
 Part 1, the hop: two trivial replicas (one Envoy answering fixed completions of one token,
 with usage: the routers are what is measured, not the replicas); short prompts of the

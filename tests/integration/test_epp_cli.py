@@ -70,8 +70,13 @@ def test_the_bootstrap_names_every_replica_and_the_failure_mode(tmp_path):
                  for e in replicas["load_assignment"]["endpoints"][0]["lb_endpoints"]]
     assert addresses == [("127.0.0.1", 18001), ("::1", 18002)]
     listener = closed["static_resources"]["listeners"][0]
-    assert listener["per_connection_buffer_limit_bytes"] == 2_000_000
+    # Room for the largest request body accepted, and for the answers whose usage Envoy
+    # reads (below 10 MB): the buffer filter sets that limit for the whole stream.
+    assert listener["per_connection_buffer_limit_bytes"] == 10_000_000 + 2**20
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    buffer = next(f["typed_config"] for f in hcm["http_filters"]
+                  if f["name"] == "envoy.filters.http.buffer")
+    assert buffer["max_request_bytes"] == 10_000_000 + 2**20
     route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     assert route["retry_policy"]["num_retries"] == 1
 
@@ -210,7 +215,49 @@ def test_completions_with_a_body_skip_the_headers_message_everything_else_sends_
     # removed only after it.
     assert filters == ["prefixroute.strip_destination", "envoy.filters.http.ext_proc",
                        "envoy.filters.http.buffer", "prefixroute.strip_api_key",
-                       "envoy.filters.http.router"]
+                       "prefixroute.usage_to_metadata", "envoy.filters.http.router"]
+
+
+def test_one_epp_gets_the_answers_by_access_log_several_on_each_requests_stream(tmp_path):
+    path = write_config(tmp_path, limits={"max_body_bytes": 2_000_000})
+    one = yaml.safe_load(envoy_config(path).stdout)
+    listener = one["static_resources"]["listeners"][0]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = next(f["typed_config"] for f in hcm["http_filters"]
+                    if f["name"] == "envoy.filters.http.ext_proc")
+    # The EPP learns from its stream's metadata that Envoy logs answers to it ...
+    assert ext_proc["grpc_service"]["initial_metadata"] == [
+        {"key": "x-prefixroute-answers", "value": "access-log"}]
+    assert ext_proc["metadata_options"]["receiving_namespaces"]["untyped"] == [
+        "envoy.lb", "prefixroute"]
+    # ... the requests it tagged only, over gRPC to the EPP's cluster, batched for 10 ms.
+    [log] = hcm["access_log"]
+    matcher = log["filter"]["metadata_filter"]["matcher"]
+    assert (matcher["filter"], matcher["path"]) == ("prefixroute", [{"key": "exchange"}])
+    common = log["typed_config"]["common_config"]
+    assert common["grpc_service"]["envoy_grpc"]["cluster_name"] == "prefixroute_epp"
+    assert common["buffer_flush_interval"] == "0.01s"
+    # The usage comes from the answer, for answers of a declared length under 10 MB.
+    usage = next(f["typed_config"] for f in hcm["http_filters"]
+                 if f["name"] == "prefixroute.usage_to_metadata")
+    rules = usage["extension_config"]["typed_config"]["response_rules"]["rules"]
+    assert [[s["key"] for s in r["selectors"]] for r in rules] == [
+        ["usage", "prompt_tokens"], ["usage", "completion_tokens"],
+        ["usage", "prompt_tokens_details", "cached_tokens"]]
+    [skip] = usage["xds_matcher"]["matcher_list"]["matchers"]
+    length = skip["predicate"]["not_matcher"]["single_predicate"]
+    assert length["input"]["typed_config"]["header_name"] == "content-length"
+    assert length["value_match"]["safe_regex"]["regex"] == "[0-9]{1,7}"
+    # Two EPPs: an access log stream could reach the one that did not route the request.
+    several = yaml.safe_load(envoy_config(path, "--epp", "127.0.0.1:9004").stdout)
+    listener = several["static_resources"]["listeners"][0]
+    assert listener["per_connection_buffer_limit_bytes"] == 2_000_000
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert "access_log" not in hcm
+    assert "prefixroute.usage_to_metadata" not in [f["name"] for f in hcm["http_filters"]]
+    ext_proc = next(f["typed_config"] for f in hcm["http_filters"]
+                    if f["name"] == "envoy.filters.http.ext_proc")
+    assert "initial_metadata" not in ext_proc["grpc_service"]
 
 
 @pytest.mark.parametrize("flags", [["--request-body", "streamed"],

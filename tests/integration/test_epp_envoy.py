@@ -10,13 +10,14 @@ base id hot-restart each other, and the older one exits.
 from __future__ import annotations
 
 import concurrent.futures
+import http.server
 import json
 import os
 import shutil
 import signal
 import subprocess
-import threading
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,14 @@ import yaml
 
 from prefixroute.edges.listen import free_port
 from prefixroute.edges.loadtest.dns import Dnsmasq, dnsmasq_path
-from tests.integration.test_gateway_fleet import (KEYS, SECRET, Fleet, needs_emulator,
-                                                  stop_process, wait_healthy)
+from tests.integration.test_gateway_fleet import (
+    KEYS,
+    SECRET,
+    Fleet,
+    needs_emulator,
+    stop_process,
+    wait_healthy,
+)
 
 pytest.importorskip("hpack")
 pytest.importorskip("envoy.service.ext_proc.v3.external_processor_pb2")
@@ -98,6 +105,16 @@ class EnvoyFleet(Fleet):
 
     def debug(self, n: int = 20, url: str | None = None) -> dict:
         return super().debug(n, url or self.admin_url)
+
+    def decisions(self, n: int = 20, url: str | None = None) -> list[dict]:
+        """The latest decisions, once none waits for its end: a non-streamed request's end
+        reaches the EPP with Envoy's access log entry, sent in batches every 10 ms."""
+        deadline = time.monotonic() + 10
+        while True:
+            found = super().decisions(n, url)
+            if all(d["outcome"] != "pending" for d in found) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
 
     def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(f"{self.admin_url}/metrics", timeout=10).text
@@ -489,3 +506,80 @@ def test_replicas_join_and_leave_through_dns_behind_envoy(tmp_path):
             after = fleet.served()
             assert after[0] == before[0] and after[1] == before[1] + 4
             assert sum(after) == sent  # every request answered by a replica, none lost
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """A stub replica: 200 to any GET (health, metrics), and to a completion a JSON answer
+    whose text is ``server.size`` characters, with usage (7 cached tokens)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._send(b"{}")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self._send(json.dumps({
+            "id": "cmpl-stub", "object": "text_completion", "model": "tiny",
+            "choices": [{"index": 0, "text": "a" * self.server.size,  # type: ignore
+                         "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11,
+                      "prompt_tokens_details": {"cached_tokens": 7}}}).encode())
+
+
+class StubFleet(EnvoyFleet):
+    """Envoy and the EPP in front of one stub replica (a thread of this process)."""
+
+    def __init__(self, directory: Path):
+        super().__init__(directory, replicas=0)
+        self.stub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+        self.stub.size = 1  # type: ignore[attr-defined]
+        self.thread = threading.Thread(target=self.stub.serve_forever, daemon=True)
+
+    def config(self) -> dict[str, Any]:
+        config = super().config()
+        config["backends"] = [{"name": "r0", "models": [self.model],
+                               "url": f"http://127.0.0.1:{self.stub.server_address[1]}"}]
+        return config
+
+    def start(self) -> "StubFleet":
+        self.thread.start()
+        try:
+            self.start_gateway()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        super().stop()
+        self.stub.shutdown()
+        self.stub.server_close()
+
+
+def test_large_answers_pass_whole_and_their_usage_is_read_below_ten_megabytes(tmp_path):
+    """Envoy holds a non-streamed answer whole to read its usage for the access log, and
+    only one of a declared length under 10 MB: a larger one passes unread (not refused for
+    the buffer), and its request still ends ok."""
+    with StubFleet(tmp_path) as fleet:
+        for size in (6_000_000, 12_000_000):  # (above the default body limit of 4 MiB)
+            fleet.stub.size = size  # type: ignore[attr-defined]
+            answer = httpx.post(f"{fleet.url}/v1/completions", timeout=60,
+                                headers={"authorization": f"Bearer {KEYS['a']}"},
+                                json={"model": "tiny", "prompt": "hi", "max_tokens": 1})
+            assert answer.status_code == 200
+            assert len(answer.json()["choices"][0]["text"]) == size
+        large, small = fleet.decisions(2)
+        assert small["outcome"] == large["outcome"] == "ok"
+        assert small["reported_cached_tokens"] == 7
+        assert large["reported_cached_tokens"] is None

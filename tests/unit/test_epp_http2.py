@@ -56,7 +56,7 @@ class Served:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
-        self.server = GrpcServer(lambda stream, path: Echo(stream, self.log)
+        self.server = GrpcServer(lambda stream, path, headers: Echo(stream, self.log)
                                  if path == METHOD else None, max_message=max_message)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
@@ -305,7 +305,7 @@ class _Transport:
 
 def test_bytes_arriving_one_at_a_time_are_read_as_whole_frames():
     log: list = []
-    server = GrpcServer(lambda stream, path: Echo(stream, log))
+    server = GrpcServer(lambda stream, path, headers: Echo(stream, log))
     connection = http2.Http2Connection(server.opener, server)
     transport = _Transport()
     connection.connection_made(transport)

@@ -443,3 +443,135 @@ def test_a_stream_cut_while_its_request_waits_for_a_slot_leaks_neither_slot_nor_
                 assert h.gateway.open_requests == 0, turns
                 assert [b.in_flight for b in h.gateway.pool.backends] == [0, 0, 0], turns
     run(scenario())
+
+
+# -- answers by access log ---------------------------------------------------------------
+# A data plane that logs answers to the EPP (``prefixroute envoy-config`` with one EPP) says
+# so in its ext_proc stream's initial metadata; the EPP then closes a non-streamed request's
+# stream once routed and learns its end from Envoy's access log entry.
+
+BY_ACCESS_LOG = [(b"x-prefixroute-answers", b"access-log")]
+
+
+def log_entry(tag: str, status: int = 200, served: str | None = R0, **usage: int):
+    from envoy.data.accesslog.v3 import accesslog_pb2
+
+    entry = accesslog_pb2.HTTPAccessLogEntry()
+    ours = entry.common_properties.metadata.filter_metadata["prefixroute"]
+    ours.update({"exchange": tag, **usage})  # Envoy's json_to_metadata writes numbers
+    if status:
+        entry.response.response_code.value = status
+    if served:
+        host, port = served.rsplit(":", 1)
+        address = entry.common_properties.upstream_remote_address.socket_address
+        address.address, address.port_value = host, int(port)
+    return entry
+
+
+def access_log(*entries) -> bytes:
+    from envoy.service.accesslog.v3 import als_pb2
+
+    message = als_pb2.StreamAccessLogsMessage()
+    message.http_logs.log_entry.extend(entries)
+    return message.SerializeToString()
+
+
+class Recorded(_Collected):
+    """A sink that also notes which answers left in one write with the close."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed_with: list[ext.ProcessingResponse] | None = None
+
+    def send_and_close(self, payloads: list[bytes]) -> None:
+        self.closed_with = [ext.ProcessingResponse.FromString(p) for p in payloads]
+        super().send_and_close(payloads)
+
+
+async def routed_by_access_log(h: Harness, body: dict
+                               ) -> tuple[ExchangeRun, Recorded, str | None]:
+    """One request through a stream that declares the access log: its run, its sink, and
+    the tag its routing answer carries (``None``: none)."""
+    sink = Recorded()
+    run_ = h.picker.open(sink, "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+                         BY_ACCESS_LOG)
+    run_.message(request_headers().SerializeToString())
+    await run_.settled()
+    run_.message(request_body(body).SerializeToString())
+    await run_.settled()
+    routed = sink.answers[-1]
+    ours = routed.dynamic_metadata.fields.get("prefixroute")
+    return run_, sink, ours.struct_value.fields["exchange"].string_value if ours else None
+
+
+def test_by_access_log_the_routed_stream_closes_and_the_log_entry_ends_the_request(
+        monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            _, sink, tag = await routed_by_access_log(h, CHAT)
+            # The routing answer and the close left together: Envoy needs the EPP no more.
+            assert sink.status == 0 and [a.WhichOneof("response") for a in
+                                         sink.closed_with] == ["request_body"]
+            assert tag
+            # The request still runs: slot held, replica booked, nothing decided yet.
+            assert h.gateway.admission.active == 1 and h.gateway.open_requests == 1
+            assert [b.in_flight for b in h.gateway.pool.backends] == [1, 0, 0]
+            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
+                                 "AccessLogService/StreamAccessLogs", [])
+            logs.message(access_log(log_entry("not-ours"),
+                                    log_entry(tag, prompt_tokens=9, completion_tokens=1,
+                                              cached_tokens=8)))
+            [decision] = h.gateway.router.recent(1)
+            assert decision["outcome"] == "ok" and decision["reported_cached_tokens"] == 8
+            assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+            assert [b.in_flight for b in h.gateway.pool.backends] == [0, 0, 0]
+            assert h.picker.handed_off == {}
+    run(scenario())
+
+
+def test_by_access_log_a_streamed_answer_stays_on_its_stream(monkeypatch):
+    """The usage chunk the caller did not ask for is cut from a streamed answer, which
+    takes an answer to each message: that stream stays open, untagged."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            stream, sink, tag = await routed_by_access_log(h, {**CHAT, "stream": True})
+            assert tag is None and sink.status is None and sink.closed_with is None
+            assert h.picker.handed_off == {} and h.gateway.open_requests == 1
+            stream.reset()  # the caller left
+            await stream.settled()
+            assert h.gateway.open_requests == 0
+    run(scenario())
+
+
+def test_a_log_entry_with_no_status_ends_the_request_abandoned_and_a_fallback_is_booked(
+        monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            *_, left = await routed_by_access_log(h, CHAT)
+            *_, retried = await routed_by_access_log(h, CHAT)
+            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
+                                 "AccessLogService/StreamAccessLogs", [])
+            # The caller left before any answer (r0); the other, routed to r1 (least loaded),
+            # failed there and Envoy's retry went to the first fallback, r2.
+            logs.message(access_log(log_entry(left, status=0, served=None),
+                                    log_entry(retried, served=R2, cached_tokens=0)))
+            outcomes = [(d["replica"], d["outcome"]) for d in h.gateway.router.recent(4)]
+            assert sorted(outcomes) == [("r0", "abandoned"), ("r1", "failed:envoy_retry"),
+                                        ("r2", "ok")]
+            assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+    run(scenario())
+
+
+def test_a_request_whose_log_entry_never_comes_ends_abandoned_after_the_wait(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            # The wait is the route's timeout plus a grace; shortened here.
+            assert h.picker.log_wait_s == h.gateway.config.timeouts.read_s + 30
+            h.picker.log_wait_s = 0.05
+            await routed_by_access_log(h, CHAT)
+            assert h.gateway.admission.active == 1
+            await asyncio.sleep(0.2)
+            [decision] = h.gateway.router.recent(1)
+            assert decision["outcome"] == "abandoned"
+            assert h.gateway.admission.active == 0 and h.picker.handed_off == {}
+    run(scenario())

@@ -28,6 +28,17 @@ What it sets up, and why:
   message. ``request_body="streamed"`` sends the request body in ``FULL_DUPLEX_STREAMED``
   chunks instead (the Inference Extension's EPP mode: no whole-body buffer in Envoy); the
   EPP holds its headers answer until the body is complete.
+* **Answers by access log** (one EPP): the ext_proc stream's initial metadata tells the EPP
+  that Envoy logs answers to it. The EPP then closes a non-streamed request's stream with
+  its routing answer, which tags the request in the ``prefixroute`` metadata namespace, so
+  the answer goes back to the caller with no message to the EPP on its way. A
+  ``json_to_metadata`` filter reads the answer's usage into the same namespace (only an
+  answer of a declared length under :data:`ANSWER_READ_BYTES`: it holds the answer whole
+  to parse it), and the HTTP connection manager's gRPC access log sends the EPP the entry of
+  each tagged request when it ends, in batches every :data:`ACCESS_LOG_FLUSH_S`. Streamed
+  answers keep the response body messages above (the EPP cuts the usage chunk it asked
+  for). With several EPPs a request's entry could reach another EPP than the one that
+  routed it, so answers stay on each request's stream.
 * **The protocol's endpoint subset** (``envoy.lb.subset_hint`` metadata, set by a gateway in
   front) is forwarded to the EPP, which then picks only among those endpoints.
   ``failure_mode_allow`` is ``--fail-open``: with it, when the EPP is down or too slow
@@ -53,8 +64,10 @@ import yaml
 
 from prefixroute.core.errors import ConfigError, InputError
 from prefixroute.edges.epp.config import endpoint_of
-from prefixroute.edges.epp.protocol import (DESTINATION, LB_NAMESPACE, RESPONSE_ATTRIBUTES,
-                                            SUBSET_NAMESPACE, request_attributes)
+from prefixroute.edges.epp.protocol import (ANSWERS_BY_ACCESS_LOG, ANSWERS_HEADER,
+                                            DESTINATION, EXCHANGE_KEY, LB_NAMESPACE,
+                                            METADATA_NAMESPACE, RESPONSE_ATTRIBUTES,
+                                            SUBSET_NAMESPACE, USAGE_KEYS, request_attributes)
 from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.proxy import PATHS
 
@@ -70,6 +83,14 @@ EPP_STREAMS_PER_CONNECTION = 64
 MAX_HEADERS_KB = 64  # Envoy's default is 60 KiB; API keys and tracing headers fit well within
 MAX_HEADERS_COUNT = 100  # Envoy's default
 RETRY_ON = "connect-failure,reset,refused-stream,gateway-error"
+# How long Envoy gathers access log entries before it sends them to the EPP: a handed-off
+# request's end (its replica's load, its admission slot) reaches the EPP this much later at
+# most, and at 500 requests/s a batch carries about five entries.
+ACCESS_LOG_FLUSH_S = 0.01
+# Non-streamed answers shorter than this (a power of ten: the bootstrap matches the
+# content-length's digits) have their usage read by Envoy, which holds them whole to parse
+# them; the listener's buffer limit makes room.
+ANSWER_READ_BYTES = 10_000_000
 
 _TYPE = "type.googleapis.com/envoy.extensions."
 
@@ -114,10 +135,17 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
     read_timeout = _duration(config.timeouts.read_s)
     connect_timeout = _duration(config.timeouts.connect_s)
 
+    # One EPP: Envoy logs the answers of the requests it tags to it, so their streams end
+    # once routed. (With several, the access log stream could reach another EPP than the
+    # one that routed a request: answers then come on each request's own stream.)
+    by_access_log = len(epps) == 1
     ext_proc = {
         "@type": _TYPE + "filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "prefixroute_epp"},
-                         "timeout": _duration(MESSAGE_TIMEOUT_S)},
+                         "timeout": _duration(MESSAGE_TIMEOUT_S),
+                         **({"initial_metadata": [{"key": ANSWERS_HEADER,
+                                                   "value": ANSWERS_BY_ACCESS_LOG}]}
+                            if by_access_log else {})},
         "failure_mode_allow": fail_open,
         # Failing closed, the caller gets 503 (retry later) rather than Envoy's default 500.
         "status_on_error": {"code": "ServiceUnavailable"},
@@ -131,9 +159,52 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         # answered: Envoy waits that long too, plus the message's own time.
         "message_timeout": _duration(config.limits.queue_timeout_s + MESSAGE_TIMEOUT_S),
         # The EPP's endpoint metadata lands in envoy.lb, where override_host reads it.
-        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+        "metadata_options": {"receiving_namespaces": {"untyped": [
+                                 LB_NAMESPACE, *([METADATA_NAMESPACE] if by_access_log else [])]},
                              # The endpoint subset a gateway in front allows, to the EPP.
                              "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
+    }
+    # The usage of a non-streamed (JSON) answer, into the EPP's metadata namespace, where
+    # the access log entry carries it. The filter holds the whole answer to parse it, so it
+    # reads only answers of a declared length below ANSWER_READ_BYTES (Envoy answers 500 to
+    # one past its buffer limit); a larger one passes unread, and its end comes without
+    # usage.
+    usage_to_metadata = {
+        "@type": "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher",
+        "extension_config": {"name": "envoy.filters.http.json_to_metadata", "typed_config": {
+            "@type": _TYPE + "filters.http.json_to_metadata.v3.JsonToMetadata",
+            "response_rules": {"rules": [
+                {"selectors": [{"key": key} for key in path],
+                 "on_present": {"metadata_namespace": METADATA_NAMESPACE, "key": name,
+                                "type": "NUMBER"}}
+                for name, path in USAGE_KEYS.items()]}}},
+        "xds_matcher": {"matcher_list": {"matchers": [{
+            "predicate": {"not_matcher": {"single_predicate": {
+                "input": {"name": "content-length", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.type.matcher.v3."
+                             "HttpResponseHeaderMatchInput",
+                    "header_name": "content-length"}},
+                "value_match": {"safe_regex": {
+                    "google_re2": {},
+                    "regex": f"[0-9]{{1,{len(str(ANSWER_READ_BYTES)) - 1}}}"}}}}},
+            "on_match": {"action": {"name": "skip", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.common.matcher."
+                         "action.v3.SkipFilter"}}}}]}},
+    }
+    limit = buffer_limit(config, by_access_log)
+    # Envoy's gRPC access log to the EPP, for the requests the EPP tagged only.
+    access_log = {
+        "name": "envoy.access_loggers.http_grpc",
+        "filter": {"metadata_filter": {
+            "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": EXCHANGE_KEY}],
+                        "value": {"present_match": True}},
+            "match_if_key_not_found": False}},
+        "typed_config": {
+            "@type": _TYPE + "access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": "prefixroute", "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": "prefixroute_epp"}},
+                "buffer_flush_interval": _duration(ACCESS_LOG_FLUSH_S)}},
     }
     strip_destination = {
         "@type": _TYPE + "filters.http.header_mutation.v3.HeaderMutation",
@@ -160,7 +231,7 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
     # buffer holds them, with the body, until the EPP has answered. The full route does not
     # need it (the ext_proc filter holds the headers itself there).
     hold_until_picked = {"@type": _TYPE + "filters.http.buffer.v3.Buffer",
-                         "max_request_bytes": config.limits.max_body_bytes}
+                         "max_request_bytes": limit}
     # The caller's API key is the EPP's to read, not the replicas': on the fast route the
     # EPP's answer changes no header, so this filter, after the buffer, removes it.
     strip_api_key = {
@@ -176,6 +247,7 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         "stream_idle_timeout": read_timeout,
         # The EPP's request id (sent to the replica, in /debug/decisions) back to the caller.
         "always_set_request_id_in_response": True,
+        **({"access_log": [access_log]} if by_access_log else {}),
         "route_config": {"name": "prefixroute", "virtual_hosts": [
             {"name": "inference", "domains": ["*"], "routes": routes}]},
         "http_filters": [
@@ -184,6 +256,8 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
             *([{"name": "envoy.filters.http.buffer", "typed_config": hold_until_picked},
                {"name": "prefixroute.strip_api_key", "typed_config": strip_api_key}]
               if fast else []),
+            *([{"name": "prefixroute.usage_to_metadata", "typed_config": usage_to_metadata}]
+              if by_access_log else []),
             {"name": "envoy.filters.http.router", "typed_config": {
                 "@type": _TYPE + "filters.http.router.v3.Router"}},
         ],
@@ -191,8 +265,8 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
     listener = {
         "name": "prefixroute",
         "address": _address(listen_host, listen_port),
-        # Envoy buffers the whole request body for the EPP: room for the largest accepted.
-        "per_connection_buffer_limit_bytes": config.limits.max_body_bytes,
+        # Envoy buffers the whole request body for the EPP, and answers whose usage it reads.
+        "per_connection_buffer_limit_bytes": limit,
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                         "typed_config": hcm}]}],
     }
@@ -230,6 +304,15 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         admin_host, admin_port = split_host_port(admin, "--admin")
         out["admin"] = {"address": _address(admin_host, admin_port)}
     return out
+
+
+def buffer_limit(config: GatewayConfig, by_access_log: bool = True) -> int:
+    """How much of one request Envoy holds: its body for the EPP (up to the largest
+    accepted; the EPP refuses a larger one with its own error, so it must take a message
+    this large) and, when it reads the usage for the access log, its answer. One limit
+    covers both: the buffer filter sets it for the whole stream."""
+    return max(config.limits.max_body_bytes,
+               ANSWER_READ_BYTES + (1 << 20) if by_access_log else 0)
 
 
 def _count(n: int) -> int:

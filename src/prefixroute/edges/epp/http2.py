@@ -211,8 +211,9 @@ class StreamHandler(Protocol):
     def reset(self) -> None: ...
 
 
-# What the service makes of a new stream: its handler, or None to answer UNIMPLEMENTED.
-Opener = Callable[["Stream", str], "StreamHandler | None"]
+# What the service makes of a new stream (its path and request headers): its handler, or
+# None to answer UNIMPLEMENTED.
+Opener = Callable[["Stream", str, "list[tuple[bytes, bytes]]"], "StreamHandler | None"]
 
 
 class Stream:
@@ -249,6 +250,22 @@ class Stream:
             self.pending += data
             return
         self.connection.write(head + self.connection.data_frames(self, data))
+
+    def send_and_close(self, payloads: list[bytes]) -> None:
+        """Each message, then the close (status OK), in one write: the peer wakes once."""
+        connection = self.connection
+        gathered = connection.out is not None  # inside a read: written at its end anyway
+        if not gathered:
+            connection.out = []
+        try:
+            for payload in payloads:
+                self.send(payload)
+            self.close()
+        finally:
+            if not gathered:
+                out, connection.out = connection.out, None
+                if out and connection.transport is not None:
+                    connection.transport.write(b"".join(out))
 
     def close(self, status: int = OK, message: str = "") -> None:
         if self.local_closed or not self.open:
@@ -651,7 +668,7 @@ class Http2Connection(asyncio.Protocol):
             stream.close(UNIMPLEMENTED, "not a gRPC request")
         else:
             try:
-                handler = self.opener(stream, path.decode("latin-1"))
+                handler = self.opener(stream, path.decode("latin-1"), headers)
             except Exception as exc:
                 _log_bug(exc)
                 stream.close(INTERNAL, "internal error")

@@ -41,29 +41,57 @@ the stream ends       the attempt ends: completed with its usage, refused, faile
 
 Refusals are immediate responses with the OpenAI error object and status ``serve`` would
 answer (400, 401, 404, 413, 429, 503), so a client sees the same errors through either.
+
+**Answers by access log.** When the stream's initial metadata says the data plane logs
+answers to the EPP (the bootstrap of ``prefixroute envoy-config`` with one EPP), a
+non-streamed request is tagged in its routing answer and its stream closed in the same
+write: Envoy then sends the request on and its answer back without waiting for the EPP.
+The exchange stays open (its admission slot, its booking) until Envoy's access log entry
+for the tag arrives on the access log stream (:class:`AccessLogRun`, entries in batches):
+the entry's status, the replica that served and the usage Envoy read from the answer end
+it as the answer's messages would. An entry with no status means no answer (the caller
+left, or Envoy gave up). An entry that never comes (lost with Envoy's log buffer) ends the
+exchange as abandoned once the route's timeout and :data:`LOG_GRACE_S` have passed.
+Streamed answers stay on their stream: the usage chunk the caller did not ask for is cut
+from them, which takes an answer to each message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections import deque
 from typing import Any, AsyncIterator, Protocol
 
+import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.accesslog.v3 import als_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
-import orjson
 
 from prefixroute.edges.epp.config import EppSettings, endpoint_of
 from prefixroute.edges.epp.http2 import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE
-from prefixroute.edges.epp.protocol import (ATTRIBUTES_KEY, DESTINATION, LB_NAMESPACE,
-                                            PROCESS_METHOD, SERVED, SUBSET, SUBSET_NAMESPACE,
-                                            attribute_header)
+from prefixroute.edges.epp.protocol import (
+    ACCESS_LOG_METHOD,
+    ANSWERS_BY_ACCESS_LOG,
+    ANSWERS_HEADER,
+    ATTRIBUTES_KEY,
+    DESTINATION,
+    EXCHANGE_KEY,
+    LB_NAMESPACE,
+    METADATA_NAMESPACE,
+    PROCESS_METHOD,
+    SERVED,
+    SUBSET,
+    SUBSET_NAMESPACE,
+    USAGE_KEYS,
+    attribute_header,
+)
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.backends import Backend, candidates_for
 from prefixroute.edges.gateway.errors import GatewayError
@@ -115,6 +143,11 @@ _CONTINUE_REQUEST_BODY = ext.ProcessingResponse(
     request_body=ext.BodyResponse(response=ext.CommonResponse()))
 _CONTINUE_RESPONSE_TRAILERS = ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
 LATER = object()  # the message is answered by the asynchronous Exchange.handle
+_ANSWERS = (ANSWERS_HEADER.encode(), ANSWERS_BY_ACCESS_LOG.encode())
+# How long past the route's timeout a handed-off exchange waits for its access log entry
+# (Envoy logs a request when it ends, at the latest at that timeout, and sends its entries
+# batched): past it the entry was lost, and the exchange ends as abandoned.
+LOG_GRACE_S = 30.0
 
 
 class EndpointPicker:
@@ -133,24 +166,76 @@ class EndpointPicker:
         # picker, holds the caller's connection, so a shutdown has no stream of its own to cut.
         self.streams: set = set()
         self.runs: set[ExchangeRun] = set()  # the open exchanges (shut down on close)
+        # Exchanges routed and handed off to the access log, by tag, with the timer that
+        # ends one whose entry never comes.
+        self.handed_off: dict[str, tuple[Exchange, asyncio.TimerHandle]] = {}
+        self._tags = itertools.count(1)
+        self.log_wait_s = gateway.config.timeouts.read_s + LOG_GRACE_S
         self.closing = False
 
-    def open(self, stream: Sink, path: str) -> "ExchangeRun | None":
-        """A new ext_proc stream (the gRPC server's opener): its run, or ``None`` for a
-        method other than ext_proc's ``Process``. Once shut down, a new stream ends
-        ``UNAVAILABLE`` at once."""
+    def open(self, stream: Sink, path: str, headers: Any = ()
+             ) -> "ExchangeRun | AccessLogRun | None":
+        """A new stream (the gRPC server's opener): an ext_proc exchange's run, Envoy's
+        access log stream, or ``None`` for another method. An ext_proc stream whose
+        initial metadata says the data plane logs answers to the EPP hands its exchange off
+        once routed. Once shut down, a new exchange ends ``UNAVAILABLE`` at once."""
+        if path == ACCESS_LOG_METHOD:
+            return AccessLogRun(self, stream)
         if path != PROCESS_METHOD:
             return None
-        run = ExchangeRun(self, stream)
+        run = ExchangeRun(self, stream, by_access_log=_ANSWERS in headers)
         if self.closing:
             run.shutdown()
         return run
 
     def shutdown(self) -> None:
-        """End every open exchange ``UNAVAILABLE``, and any new one (the EPP is stopping)."""
+        """End every open exchange ``UNAVAILABLE``, and any new one (the EPP is stopping);
+        those waiting for their access log entry end as they stand."""
         self.closing = True
         for run in list(self.runs):
             run.shutdown()
+        for tag in list(self.handed_off):
+            self._unlogged(tag)
+
+    def new_tag(self) -> str:
+        return f"{next(self._tags):x}"
+
+    def hand_off(self, exchange: "Exchange") -> None:
+        """``exchange`` was routed and its stream closed: its access log entry ends it."""
+        assert exchange.tag is not None
+        timer = asyncio.get_running_loop().call_later(self.log_wait_s, self._unlogged,
+                                                      exchange.tag)
+        self.handed_off[exchange.tag] = (exchange, timer)
+
+    def logged(self, entry: Any) -> None:
+        """One access log entry: the request it names (if handed off here) is over."""
+        ours = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
+        if ours is None:
+            return
+        handed = self.handed_off.pop(ours.fields[EXCHANGE_KEY].string_value, None)
+        if handed is None:
+            return  # ended already (its wait ran out), or another EPP's
+        exchange, timer = handed
+        timer.cancel()
+        try:
+            exchange.logged(entry, ours)
+        except Exception as exc:  # a bug of ours: the exchange still ends
+            log.error("unexpected error reading an access log entry", exc_info=exc,
+                      extra={"fields": {"event": "internal_error",
+                                        "request_id": exchange.request_id}})
+            exchange.close()
+
+    def _unlogged(self, tag: str) -> None:
+        handed = self.handed_off.pop(tag, None)
+        if handed is None:
+            return
+        exchange, timer = handed
+        timer.cancel()
+        if not self.closing:
+            log.warning("no access log entry came for a request routed here; it ends as "
+                        "abandoned", extra={"fields": {"event": "access_log_entry_missing",
+                                                       "request_id": exchange.request_id}})
+        exchange.close()
 
     def address(self, backend: Backend) -> str | None:
         """The ``ip:port`` Envoy reaches ``backend`` at, or ``None`` when its URL names a
@@ -205,6 +290,7 @@ class Sink(Protocol):
 
     def send(self, payload: bytes) -> None: ...
     def close(self, status: int = OK, message: str = "") -> None: ...
+    def send_and_close(self, payloads: list[bytes]) -> None: ...
 
 
 class _Collected:
@@ -219,6 +305,11 @@ class _Collected:
 
     def close(self, status: int = OK, message: str = "") -> None:
         self.status = status
+
+    def send_and_close(self, payloads: list[bytes]) -> None:
+        for payload in payloads:
+            self.send(payload)
+        self.close()
 
 
 class ExchangeRun:
@@ -238,10 +329,10 @@ class ExchangeRun:
 
     __slots__ = ("picker", "sink", "exchange", "waiting", "task", "ended", "closed")
 
-    def __init__(self, picker: "EndpointPicker", sink: Sink):
+    def __init__(self, picker: "EndpointPicker", sink: Sink, by_access_log: bool = False):
         self.picker = picker
         self.sink = sink
-        self.exchange = Exchange(picker)
+        self.exchange = Exchange(picker, by_access_log)
         self.waiting: deque[ext.ProcessingRequest] = deque()
         self.task: asyncio.Task | None = None
         self.ended = False  # the data plane sent its last message
@@ -326,6 +417,18 @@ class ExchangeRun:
             self._internal_error(exc)
 
     def _answer(self, answer: Answer) -> None:
+        exchange = self.exchange
+        if exchange.tag is not None and not exchange.done and not self.closed:
+            # Routed, and the access log will say how it ends: the answer and the close go
+            # in one write, and Envoy sends the request on and its answer back without
+            # consulting the EPP again.
+            self.closed = True
+            self.waiting.clear()
+            self.picker.runs.discard(self)
+            self.picker.hand_off(exchange)
+            answers = () if answer is None else answer if type(answer) is tuple else (answer,)
+            self.sink.send_and_close([a.SerializeToString() for a in answers])
+            return
         if answer is not None:
             if type(answer) is tuple:  # a held-back headers answer, then the body's
                 for each in answer:
@@ -367,15 +470,43 @@ class ExchangeRun:
             await asyncio.wait([self.task])
 
 
+class AccessLogRun:
+    """Envoy's access log stream (one per Envoy worker, open for as long as Envoy runs):
+    each message is a batch of entries, and each entry of a request handed off here ends
+    it. Nothing is answered until Envoy ends the stream."""
+
+    __slots__ = ("picker", "sink")
+
+    def __init__(self, picker: EndpointPicker, sink: Sink):
+        self.picker = picker
+        self.sink = sink
+
+    def message(self, data: bytes) -> None:
+        try:
+            message = als_pb2.StreamAccessLogsMessage.FromString(data)
+        except DecodeError:
+            self.sink.close(INVALID_ARGUMENT, "not a StreamAccessLogsMessage")
+            return
+        logged = self.picker.logged
+        for entry in message.http_logs.log_entry:
+            logged(entry)
+
+    def end(self) -> None:
+        self.sink.close(OK)
+
+    def reset(self) -> None:
+        pass
+
+
 class Exchange:
     """One HTTP request's ext_proc stream, from its headers to the end of its answer."""
 
     __slots__ = ("picker", "gateway", "request_id", "started", "endpoint", "tenant",
                  "headers", "body", "job", "attempt", "tried", "relay", "status",
                  "answer", "answer_size", "open", "done", "subset", "head_seen",
-                 "via_headers", "held", "body_size", "complete")
+                 "via_headers", "held", "body_size", "complete", "by_access_log", "tag")
 
-    def __init__(self, picker: EndpointPicker):
+    def __init__(self, picker: EndpointPicker, by_access_log: bool = False):
         self.picker = picker
         self.gateway = picker.gateway
         self.request_id = ""  # set with the head (Envoy's id, or one of our own)
@@ -401,6 +532,10 @@ class Exchange:
         self.body_size = 0
         self.held = False  # the headers' answer waits for the whole body (streamed mode)
         self.complete = False  # the answer was read whole before its end: close the stream
+        # The data plane logs answers to the EPP: a non-streamed request is handed off to
+        # its access log entry once routed, under this tag (in the routing answer's metadata).
+        self.by_access_log = by_access_log
+        self.tag: str | None = None
 
     def answer_now(self, message: ext.ProcessingRequest) -> Answer | object:
         """The answer to a message about the response (it never waits), or :data:`LATER`
@@ -618,6 +753,12 @@ class Exchange:
         destination = ",".join(address(b) for b in self.tried)  # type: ignore[misc]
         metadata = struct_pb2.Struct()
         metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
+        if self.by_access_log and not job.checked.stream:
+            # (A streamed answer stays on this stream: the usage chunk the caller did not
+            # ask for is cut from it, which only an answer to each message can do.)
+            self.tag = self.picker.new_tag()
+            metadata.fields[METADATA_NAMESPACE].struct_value.fields[EXCHANGE_KEY] \
+                .string_value = self.tag
         if not self.via_headers:
             # The fast route: Envoy applies no header change from a body answer when no
             # headers message came first, so none is sent (the metadata names the replica).
@@ -771,6 +912,34 @@ class Exchange:
         if body.end_of_stream:
             self._end_of_answer()
         return response
+
+    def logged(self, entry: Any, ours: struct_pb2.Struct) -> None:
+        """Envoy's access log entry of this handed-off request (``ours``: the entry's
+        metadata in the EPP's namespace): it ended with the entry's status, on the replica
+        it names, with the usage Envoy read from the answer; with no status, before any
+        answer (the caller left, or Envoy gave up)."""
+        if self.attempt is None or self.job is None or self.done:
+            self.close()
+            return
+        status = entry.response.response_code.value
+        if not status:
+            self.close()
+            return
+        address = entry.common_properties.upstream_remote_address.socket_address
+        self._answer_started(status, f"{address.address}:{address.port_value}"
+                             if address.address else None)
+        if self.attempt.finished:  # failed or refused: nothing to read
+            self._finish()
+            return
+        fields = ours.fields
+        usage: dict | None = None
+        if "prompt_tokens" in fields or "cached_tokens" in fields:
+            usage = {key: int(fields[key].number_value) for key in USAGE_KEYS
+                     if key != "cached_tokens" and key in fields}
+            if "cached_tokens" in fields:
+                usage["prompt_tokens_details"] = {
+                    "cached_tokens": int(fields["cached_tokens"].number_value)}
+        self._end_of_answer(usage)
 
     def _end_of_answer(self, usage: dict | None = None) -> None:
         """The answer ended; ``usage``: its usage when the caller already parsed it, else

@@ -13,6 +13,23 @@ ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 # The one gRPC method an ext_proc server serves: a stream per HTTP request.
 PROCESS_METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 RESPONSE_ATTRIBUTES = ("response.code", "upstream.address")
+
+# Answers by access log: a data plane whose ext_proc stream carries this initial metadata
+# sends the EPP its access log entries (Envoy's gRPC access log service) for the requests the
+# EPP tags, with the answer's usage read into the same metadata namespace. The EPP then
+# closes a non-streamed request's stream as soon as it has routed it, and learns how the
+# request ended from the log entry instead: Envoy sends the answer on without a round trip
+# to the EPP, and the entries come batched.
+ANSWERS_HEADER = "x-prefixroute-answers"
+ANSWERS_BY_ACCESS_LOG = "access-log"
+ACCESS_LOG_METHOD = "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
+# The EPP's own dynamic metadata namespace: the tag (``exchange``, set by the EPP's routing
+# answer) and the usage of a non-streamed answer (set by Envoy's json_to_metadata filter).
+METADATA_NAMESPACE = "prefixroute"
+EXCHANGE_KEY = "exchange"
+USAGE_KEYS = {"prompt_tokens": ("usage", "prompt_tokens"),
+              "completion_tokens": ("usage", "completion_tokens"),
+              "cached_tokens": ("usage", "prompt_tokens_details", "cached_tokens")}
 # The protocol's endpoint subset: the data plane may name the endpoints a request may go to,
 # a list of ``ip:port`` under this key of this metadata namespace.
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"

@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.edges.epp.config import EppSettings
+from prefixroute.edges.epp.envoy import buffer_limit
 from prefixroute.edges.epp.http2 import MAX_GRPC_MESSAGE, GrpcServer
 from prefixroute.edges.epp.picker import EndpointPicker
 from prefixroute.edges.gateway.app import Gateway
@@ -52,7 +53,7 @@ log = logging.getLogger("prefixroute.epp")
 
 LISTEN_BACKLOG = 128  # Envoy holds few connections to an EPP
 CLOSE_ANSWER_S = 2.0  # how long the streams ended at shutdown get to take their answer
-# A message carries the request body Envoy buffered (up to the config's limit) and the
+# A message carries the request body Envoy buffered (up to its buffer limit) and the
 # attributes with it.
 MESSAGE_OVERHEAD = 1 << 20
 
@@ -88,7 +89,7 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
         raise
     picker = EndpointPicker(gateway, settings)
     server = GrpcServer(picker.open, max_message=max(
-        MAX_GRPC_MESSAGE, config.limits.max_body_bytes + MESSAGE_OVERHEAD))
+        MAX_GRPC_MESSAGE, buffer_limit(config) + MESSAGE_OVERHEAD))
     admin = _AdminServer(uvicorn.Config(
         admin_app(gateway), lifespan="off", log_config=log_config, log_level=log_level,
         access_log=False, proxy_headers=False))
