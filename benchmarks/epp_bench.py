@@ -35,7 +35,7 @@ Fronts, each in front of the same replicas:
     stream (the request body with the head as attributes, then the answer's first
     message), four prompts, 8 streams each: the maximum rate one EPP process decides,
     beside ``serve``'s under wrk (maximum only). Behind the bootstrap's Envoy (one EPP) the
-    answer comes instead as an access log entry, in batches, which costs the EPP less.
+    answer comes instead as an access log entry, in batches.
 
 Part 1, the hop: two trivial replicas (one Envoy answering fixed completions of one token,
 with usage: the routers are what is measured, not the replicas); short prompts of the

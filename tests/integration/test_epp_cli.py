@@ -230,10 +230,13 @@ def test_one_epp_gets_the_answers_by_access_log_several_on_each_requests_stream(
         {"key": "x-prefixroute-answers", "value": "access-log"}]
     assert ext_proc["metadata_options"]["receiving_namespaces"]["untyped"] == [
         "envoy.lb", "prefixroute"]
-    # ... the requests it tagged only, over gRPC to the EPP's cluster, batched for 10 ms.
+    # ... the requests it tagged (and those whose caller left: the tag may not have reached
+    # Envoy), over gRPC to the EPP's cluster, batched for 10 ms.
     [log] = hcm["access_log"]
-    matcher = log["filter"]["metadata_filter"]["matcher"]
+    tagged, left = log["filter"]["or_filter"]["filters"]
+    matcher = tagged["metadata_filter"]["matcher"]
     assert (matcher["filter"], matcher["path"]) == ("prefixroute", [{"key": "exchange"}])
+    assert left == {"response_flag_filter": {"flags": ["DC"]}}
     common = log["typed_config"]["common_config"]
     assert common["grpc_service"]["envoy_grpc"]["cluster_name"] == "prefixroute_epp"
     assert common["buffer_flush_interval"] == "0.01s"

@@ -554,11 +554,7 @@ class StubFleet(EnvoyFleet):
 
     def start(self) -> "StubFleet":
         self.thread.start()
-        try:
-            self.start_gateway()
-        except BaseException:
-            self.stop()
-            raise
+        super().start()
         return self
 
     def stop(self) -> None:

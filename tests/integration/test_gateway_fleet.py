@@ -174,8 +174,10 @@ class Fleet:
                 self.start_replica(i, wait=False)
             for i in range(len(self.ports)):
                 wait_healthy(self.replica_url(i), self.replicas[i], self.log(f"replica{i}"))
-            models = httpx.get(self.replica_url(0) + "/v1/models", timeout=5).json()["data"]
-            self.model = models[0]["id"]
+            if self.ports:  # (else the model named at construction)
+                models = httpx.get(self.replica_url(0) + "/v1/models",
+                                   timeout=5).json()["data"]
+                self.model = models[0]["id"]
             self.start_gateway()
         except BaseException:
             self.stop()

@@ -453,18 +453,24 @@ def test_a_stream_cut_while_its_request_waits_for_a_slot_leaks_neither_slot_nor_
 BY_ACCESS_LOG = [(b"x-prefixroute-answers", b"access-log")]
 
 
-def log_entry(tag: str, status: int = 200, served: str | None = R0, **usage: int):
+def log_entry(tag: str | None, status: int = 200, served: str | None = R0,
+              request_id: str = "", flags: tuple[str, ...] = (), **usage: int):
+    """An entry as Envoy's gRPC access log writes it (``tag`` ``None``: untagged)."""
     from envoy.data.accesslog.v3 import accesslog_pb2
 
     entry = accesslog_pb2.HTTPAccessLogEntry()
-    ours = entry.common_properties.metadata.filter_metadata["prefixroute"]
-    ours.update({"exchange": tag, **usage})  # Envoy's json_to_metadata writes numbers
+    if tag is not None:
+        ours = entry.common_properties.metadata.filter_metadata["prefixroute"]
+        ours.update({"exchange": tag, **usage})  # Envoy's json_to_metadata writes numbers
     if status:
         entry.response.response_code.value = status
     if served:
         host, port = served.rsplit(":", 1)
         address = entry.common_properties.upstream_remote_address.socket_address
-        address.address, address.port_value = host, int(port)
+        address.address, address.port_value = host.strip("[]"), int(port)
+    entry.request.request_id = request_id
+    for flag in flags:
+        setattr(entry.common_properties.response_flags, flag, True)
     return entry
 
 
@@ -488,16 +494,20 @@ class Recorded(_Collected):
         super().send_and_close(payloads)
 
 
-async def routed_by_access_log(h: Harness, body: dict
+async def routed_by_access_log(h: Harness, body: dict, envoy_id: str = "envoy-id-1"
                                ) -> tuple[ExchangeRun, Recorded, str | None]:
-    """One request through a stream that declares the access log: its run, its sink, and
-    the tag its routing answer carries (``None``: none)."""
+    """One request on the fast route (no headers message: its head, with Envoy's request
+    id, as attributes of the body) through a stream that declares the access log: its run,
+    its sink, and the tag its routing answer carries (``None``: none)."""
     sink = Recorded()
     run_ = h.picker.open(sink, "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
                          BY_ACCESS_LOG)
-    run_.message(request_headers().SerializeToString())
-    await run_.settled()
-    run_.message(request_body(body).SerializeToString())
+    message = request_body(body)
+    message.attributes["envoy.filters.http.ext_proc"].update({
+        "request.path": "/v1/chat/completions", "request.method": "POST",
+        "request.headers['authorization']": "Bearer key-alice",
+        "request.headers['x-request-id']": envoy_id})
+    run_.message(message.SerializeToString())
     await run_.settled()
     routed = sink.answers[-1]
     ours = routed.dynamic_metadata.fields.get("prefixroute")
@@ -547,8 +557,8 @@ def test_a_log_entry_with_no_status_ends_the_request_abandoned_and_a_fallback_is
         monkeypatch):
     async def scenario():
         async with Harness(make_config(monkeypatch)) as h:
-            *_, left = await routed_by_access_log(h, CHAT)
-            *_, retried = await routed_by_access_log(h, CHAT)
+            *_, left = await routed_by_access_log(h, CHAT, "id-left")
+            *_, retried = await routed_by_access_log(h, CHAT, "id-retried")
             logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
                                  "AccessLogService/StreamAccessLogs", [])
             # The caller left before any answer (r0); the other, routed to r1 (least loaded),
@@ -574,4 +584,84 @@ def test_a_request_whose_log_entry_never_comes_ends_abandoned_after_the_wait(mon
             [decision] = h.gateway.router.recent(1)
             assert decision["outcome"] == "abandoned"
             assert h.gateway.admission.active == 0 and h.picker.handed_off == {}
+    run(scenario())
+
+
+def test_a_request_whose_caller_left_as_it_was_routed_ends_by_its_request_id(monkeypatch):
+    """The caller left just as the routing answer went out: Envoy never applied the tag,
+    and logs the request untagged (for its caller leaving); the EPP finds it by the
+    request id Envoy logs, and the slot goes back at once."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            *_, tag = await routed_by_access_log(h, CHAT, "envoy-7")
+            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
+                                 "AccessLogService/StreamAccessLogs", [])
+            logs.message(access_log(log_entry(None, status=0, served=None,
+                                              request_id="somebody-else",
+                                              flags=("downstream_connection_termination",))))
+            assert h.gateway.admission.active == 1  # not this one's id
+            logs.message(access_log(log_entry(None, status=0, served=None,
+                                              request_id="envoy-7",
+                                              flags=("downstream_connection_termination",))))
+            [decision] = h.gateway.router.recent(1)
+            assert decision["outcome"] == "abandoned"
+            assert h.gateway.admission.active == 0
+            assert h.picker.handed_off == {} and h.picker.tags_by_id == {}
+    run(scenario())
+
+
+def test_an_answer_cut_short_after_its_status_ends_abandoned_not_ok(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            *_, tag = await routed_by_access_log(h, CHAT)
+            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
+                                 "AccessLogService/StreamAccessLogs", [])
+            logs.message(access_log(log_entry(tag, flags=("upstream_remote_reset",))))
+            [decision] = h.gateway.router.recent(1)
+            assert decision["outcome"] == "abandoned"
+            assert h.gateway.pool.backends[0].in_flight == 0
+    run(scenario())
+
+
+def test_an_ipv6_replica_that_served_as_a_fallback_is_booked(monkeypatch):
+    v6 = ["[fd00::1]:8000", "[fd00::2]:8000"]
+    config = make_config(monkeypatch, backends=[
+        {"name": f"r{i}", "url": f"http://{e}", "models": ["tiny"]} for i, e in enumerate(v6)])
+
+    async def scenario():
+        async with Harness(config) as h:
+            *_, tag = await routed_by_access_log(h, CHAT)
+            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
+                                 "AccessLogService/StreamAccessLogs", [])
+            logs.message(access_log(log_entry(tag, served=v6[1], cached_tokens=3)))
+            served, picked = h.gateway.router.recent(2)
+            assert (picked["replica"], picked["outcome"]) == ("r0", "failed:envoy_retry")
+            assert (served["replica"], served["outcome"]) == ("r1", "ok")
+            assert served["reported_cached_tokens"] == 3
+    run(scenario())
+
+
+def test_at_shutdown_requests_waiting_for_their_entry_end_and_log_streams_close(monkeypatch):
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            await routed_by_access_log(h, CHAT)
+            log_sink = _Collected()
+            h.picker.open(log_sink, "/envoy.service.accesslog.v3."
+                          "AccessLogService/StreamAccessLogs", [])
+            h.picker.shutdown()
+            assert h.gateway.admission.active == 0 and h.picker.handed_off == {}
+            assert log_sink.status == 0 and h.picker.logs == set()
+    run(scenario())
+
+
+def test_instances_sharing_state_keep_answers_on_each_requests_stream(monkeypatch):
+    """Several EPP processes (shared state) may sit behind one address: an access log
+    entry could reach another than the one that routed the request."""
+    config = make_config(monkeypatch, shared_state={"redis": "redis://127.0.0.1:1"})
+
+    async def scenario():
+        h = Harness(config)  # (not started: no Redis here; opening a stream needs none)
+        run_ = h.picker.open(Recorded(), "/envoy.service.ext_proc.v3.ExternalProcessor/"
+                             "Process", BY_ACCESS_LOG)
+        assert run_.exchange.by_access_log is False
     run(scenario())

@@ -52,8 +52,12 @@ def endpoint_of(url: str) -> str | None:
         address = ipaddress.ip_address(host)
     except ValueError:
         return None
-    port = parts.port or 80
-    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+    return address_of(str(address), parts.port or 80)
+
+
+def address_of(host: str, port: int) -> str:
+    """``ip:port`` as the EPP names endpoints to Envoy (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def load_epp_config(path: str | os.PathLike) -> tuple[GatewayConfig, EppSettings]:

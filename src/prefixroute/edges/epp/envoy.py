@@ -195,10 +195,15 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
     # Envoy's gRPC access log to the EPP, for the requests the EPP tagged only.
     access_log = {
         "name": "envoy.access_loggers.http_grpc",
-        "filter": {"metadata_filter": {
-            "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": EXCHANGE_KEY}],
-                        "value": {"present_match": True}},
-            "match_if_key_not_found": False}},
+        # The requests the EPP tagged; and those the caller left early, in case the EPP's
+        # routing answer (and its tag) crossed the caller's leaving: the EPP finds those by
+        # their request id.
+        "filter": {"or_filter": {"filters": [
+            {"metadata_filter": {
+                "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": EXCHANGE_KEY}],
+                            "value": {"present_match": True}},
+                "match_if_key_not_found": False}},
+            {"response_flag_filter": {"flags": ["DC"]}}]}},
         "typed_config": {
             "@type": _TYPE + "access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
             "common_config": {
@@ -289,7 +294,7 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
                 "@type": _TYPE + "upstreams.http.v3.HttpProtocolOptions",
                 "explicit_http_config": {"http2_protocol_options": {
                     "max_concurrent_streams": EPP_STREAMS_PER_CONNECTION}}}},
-        # Every request holds its ext_proc stream until its answer ends (minutes for a long
+        # A request holds its ext_proc stream until its answer ends (minutes for a long
         # generation), so Envoy's default of 1,024 requests at once to a cluster would answer
         # 503 past it with the EPPs idle. The EPPs' own admission limits decide instead
         # (past them, an OpenAI-style 429): room for all they admit and queue, and as many

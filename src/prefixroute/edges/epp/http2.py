@@ -264,8 +264,7 @@ class Stream:
         finally:
             if not gathered:
                 out, connection.out = connection.out, None
-                if out and connection.transport is not None:
-                    connection.transport.write(b"".join(out))
+                connection.flush(out)
 
     def close(self, status: int = OK, message: str = "") -> None:
         if self.local_closed or not self.open:
@@ -361,11 +360,16 @@ class Http2Connection(asyncio.Protocol):
             self.fail(error.code, str(error))
         finally:
             self.out = None
-            if self.transport is not None:
-                if out:
-                    self.transport.write(b"".join(out))
-                if self.failed or (self.closing or self.peer_goaway) and not self.streams:
-                    self.transport.close()
+            self.flush(out)
+
+    def flush(self, out: list[bytes]) -> None:
+        """Write the frames gathered while the connection's writes were held (one write),
+        then close the connection if it failed, or it is going away with no stream left."""
+        if self.transport is not None:
+            if out:
+                self.transport.write(b"".join(out))
+            if self.failed or (self.closing or self.peer_goaway) and not self.streams:
+                self.transport.close()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport (connection_lost follows)

@@ -74,7 +74,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
-from prefixroute.edges.epp.config import EppSettings, endpoint_of
+from prefixroute.edges.epp.config import EppSettings, address_of, endpoint_of
 from prefixroute.edges.epp.http2 import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE
 from prefixroute.edges.epp.protocol import (
     ACCESS_LOG_METHOD,
@@ -144,6 +144,12 @@ _CONTINUE_REQUEST_BODY = ext.ProcessingResponse(
 _CONTINUE_RESPONSE_TRAILERS = ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
 LATER = object()  # the message is answered by the asynchronous Exchange.handle
 _ANSWERS = (ANSWERS_HEADER.encode(), ANSWERS_BY_ACCESS_LOG.encode())
+# Envoy's response flags that mean the answer did not reach the caller whole (the caller
+# left, or the replica's connection broke or timed out after the status): as on a
+# request's own stream, which Envoy then ends early, the request ends as abandoned.
+_CUT_SHORT = ("downstream_connection_termination", "upstream_remote_reset",
+              "upstream_connection_termination", "upstream_request_timeout",
+              "stream_idle_timeout", "upstream_protocol_error")
 # How long past the route's timeout a handed-off exchange waits for its access log entry
 # (Envoy logs a request when it ends, at the latest at that timeout, and sends its entries
 # batched): past it the entry was lost, and the exchange ends as abandoned.
@@ -169,8 +175,19 @@ class EndpointPicker:
         # Exchanges routed and handed off to the access log, by tag, with the timer that
         # ends one whose entry never comes.
         self.handed_off: dict[str, tuple[Exchange, asyncio.TimerHandle]] = {}
+        # ... and their tags by the request id Envoy logs: a request whose caller left as
+        # the routing answer went out may be logged without the tag.
+        self.tags_by_id: dict[str, str] = {}
+        # Tags are this process's random prefix and a count: never one of an earlier
+        # process's (Envoy may still log those after a restart), and not guessable.
+        self._tag_prefix = os.urandom(8).hex()
         self._tags = itertools.count(1)
         self.log_wait_s = gateway.config.timeouts.read_s + LOG_GRACE_S
+        # Several instances sharing state are several processes behind one data plane: an
+        # entry could reach another than the one that routed its request, so answers stay
+        # on each request's stream there.
+        self.by_access_log = gateway.config.shared_state is None
+        self.logs: set[AccessLogRun] = set()  # Envoy's access log streams
         self.closing = False
 
     def open(self, stream: Sink, path: str, headers: Any = ()
@@ -183,7 +200,8 @@ class EndpointPicker:
             return AccessLogRun(self, stream)
         if path != PROCESS_METHOD:
             return None
-        run = ExchangeRun(self, stream, by_access_log=_ANSWERS in headers)
+        run = ExchangeRun(self, stream, by_access_log=self.by_access_log
+                          and _ANSWERS in headers)
         if self.closing:
             run.shutdown()
         return run
@@ -196,27 +214,41 @@ class EndpointPicker:
             run.shutdown()
         for tag in list(self.handed_off):
             self._unlogged(tag)
+        for run in list(self.logs):
+            run.end()
 
     def new_tag(self) -> str:
-        return f"{next(self._tags):x}"
+        return f"{self._tag_prefix}{next(self._tags):x}"
 
     def hand_off(self, exchange: "Exchange") -> None:
         """``exchange`` was routed and its stream closed: its access log entry ends it."""
-        assert exchange.tag is not None
-        timer = asyncio.get_running_loop().call_later(self.log_wait_s, self._unlogged,
-                                                      exchange.tag)
-        self.handed_off[exchange.tag] = (exchange, timer)
+        tag = exchange.tag
+        assert tag is not None
+        timer = asyncio.get_running_loop().call_later(self.log_wait_s, self._unlogged, tag)
+        self.handed_off[tag] = (exchange, timer)
+        # (A request id a caller reused for another request still open keeps the first.)
+        self.tags_by_id.setdefault(exchange.logged_id, tag)
+
+    def _take(self, tag: str) -> "Exchange | None":
+        handed = self.handed_off.pop(tag, None)
+        if handed is None:
+            return None
+        exchange, timer = handed
+        timer.cancel()
+        if self.tags_by_id.get(exchange.logged_id) == tag:
+            del self.tags_by_id[exchange.logged_id]
+        return exchange
 
     def logged(self, entry: Any) -> None:
         """One access log entry: the request it names (if handed off here) is over."""
         ours = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
-        if ours is None:
-            return
-        handed = self.handed_off.pop(ours.fields[EXCHANGE_KEY].string_value, None)
-        if handed is None:
-            return  # ended already (its wait ran out), or another EPP's
-        exchange, timer = handed
-        timer.cancel()
+        if ours is not None:
+            tag = ours.fields[EXCHANGE_KEY].string_value
+        else:  # logged for its caller leaving: its tag may not have reached Envoy
+            tag = self.tags_by_id.get(entry.request.request_id, "")
+        exchange = self._take(tag) if tag else None
+        if exchange is None:
+            return  # ended already (its wait ran out), or not routed here
         try:
             exchange.logged(entry, ours)
         except Exception as exc:  # a bug of ours: the exchange still ends
@@ -226,11 +258,9 @@ class EndpointPicker:
             exchange.close()
 
     def _unlogged(self, tag: str) -> None:
-        handed = self.handed_off.pop(tag, None)
-        if handed is None:
+        exchange = self._take(tag)
+        if exchange is None:
             return
-        exchange, timer = handed
-        timer.cancel()
         if not self.closing:
             log.warning("no access log entry came for a request routed here; it ends as "
                         "abandoned", extra={"fields": {"event": "access_log_entry_missing",
@@ -417,6 +447,8 @@ class ExchangeRun:
             self._internal_error(exc)
 
     def _answer(self, answer: Answer) -> None:
+        # (a tuple: a held-back headers answer, then the body's)
+        answers = () if answer is None else answer if type(answer) is tuple else (answer,)
         exchange = self.exchange
         if exchange.tag is not None and not exchange.done and not self.closed:
             # Routed, and the access log will say how it ends: the answer and the close go
@@ -426,16 +458,11 @@ class ExchangeRun:
             self.waiting.clear()
             self.picker.runs.discard(self)
             self.picker.hand_off(exchange)
-            answers = () if answer is None else answer if type(answer) is tuple else (answer,)
             self.sink.send_and_close([a.SerializeToString() for a in answers])
             return
-        if answer is not None:
-            if type(answer) is tuple:  # a held-back headers answer, then the body's
-                for each in answer:
-                    self.sink.send(each.SerializeToString())
-            else:
-                self.sink.send(answer.SerializeToString())  # type: ignore[union-attr]
-        if self.exchange.complete:
+        for each in answers:
+            self.sink.send(each.SerializeToString())
+        if exchange.complete:
             # Nothing left to learn: closing the stream (status OK) tells Envoy to go on
             # without the EPP, so what remains of the answer (at least its end-of-stream
             # message) needs no answer from here.
@@ -480,6 +507,7 @@ class AccessLogRun:
     def __init__(self, picker: EndpointPicker, sink: Sink):
         self.picker = picker
         self.sink = sink
+        picker.logs.add(self)
 
     def message(self, data: bytes) -> None:
         try:
@@ -492,10 +520,11 @@ class AccessLogRun:
             logged(entry)
 
     def end(self) -> None:
+        self.picker.logs.discard(self)
         self.sink.close(OK)
 
     def reset(self) -> None:
-        pass
+        self.picker.logs.discard(self)
 
 
 class Exchange:
@@ -504,7 +533,8 @@ class Exchange:
     __slots__ = ("picker", "gateway", "request_id", "started", "endpoint", "tenant",
                  "headers", "body", "job", "attempt", "tried", "relay", "status",
                  "answer", "answer_size", "open", "done", "subset", "head_seen",
-                 "via_headers", "held", "body_size", "complete", "by_access_log", "tag")
+                 "via_headers", "held", "body_size", "complete", "by_access_log", "tag",
+                 "logged_id")
 
     def __init__(self, picker: EndpointPicker, by_access_log: bool = False):
         self.picker = picker
@@ -536,6 +566,8 @@ class Exchange:
         # its access log entry once routed, under this tag (in the routing answer's metadata).
         self.by_access_log = by_access_log
         self.tag: str | None = None
+        # The request id Envoy logs: its own on the fast route, else the one the EPP sets.
+        self.logged_id = ""
 
     def answer_now(self, message: ext.ProcessingRequest) -> Answer | object:
         """The answer to a message about the response (it never waits), or :data:`LATER`
@@ -606,6 +638,7 @@ class Exchange:
         request_id = headers.get("x-request-id", "")
         if 0 < len(request_id) <= 128 and request_id.isprintable():
             self.request_id = f"{request_id}.{os.urandom(6).hex()}"
+            self.logged_id = request_id
         return await self._check_head(end_of_stream=False)
 
     async def _check_head(self, end_of_stream: bool) -> ext.ProcessingResponse | None:
@@ -754,6 +787,7 @@ class Exchange:
         metadata = struct_pb2.Struct()
         metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
         if self.by_access_log and not job.checked.stream:
+            self.logged_id = self.logged_id or self.request_id
             # (A streamed answer stays on this stream: the usage chunk the caller did not
             # ask for is cut from it, which only an answer to each message can do.)
             self.tag = self.picker.new_tag()
@@ -913,33 +947,27 @@ class Exchange:
             self._end_of_answer()
         return response
 
-    def logged(self, entry: Any, ours: struct_pb2.Struct) -> None:
+    def logged(self, entry: Any, ours: struct_pb2.Struct | None) -> None:
         """Envoy's access log entry of this handed-off request (``ours``: the entry's
         metadata in the EPP's namespace): it ended with the entry's status, on the replica
-        it names, with the usage Envoy read from the answer; with no status, before any
-        answer (the caller left, or Envoy gave up)."""
+        it names, with the usage Envoy read from the answer; with no status (the caller
+        left, or Envoy gave up before any answer) or cut short after it, abandoned."""
         if self.attempt is None or self.job is None or self.done:
             self.close()
             return
         status = entry.response.response_code.value
-        if not status:
+        flags = entry.common_properties.response_flags
+        if not status or any(getattr(flags, flag) for flag in _CUT_SHORT):
+            self.status = status
             self.close()
             return
         address = entry.common_properties.upstream_remote_address.socket_address
-        self._answer_started(status, f"{address.address}:{address.port_value}"
+        self._answer_started(status, address_of(address.address, address.port_value)
                              if address.address else None)
         if self.attempt.finished:  # failed or refused: nothing to read
             self._finish()
             return
-        fields = ours.fields
-        usage: dict | None = None
-        if "prompt_tokens" in fields or "cached_tokens" in fields:
-            usage = {key: int(fields[key].number_value) for key in USAGE_KEYS
-                     if key != "cached_tokens" and key in fields}
-            if "cached_tokens" in fields:
-                usage["prompt_tokens_details"] = {
-                    "cached_tokens": int(fields["cached_tokens"].number_value)}
-        self._end_of_answer(usage)
+        self._end_of_answer(_usage_from(ours.fields) if ours is not None else None)
 
     def _end_of_answer(self, usage: dict | None = None) -> None:
         """The answer ended; ``usage``: its usage when the caller already parsed it, else
@@ -996,6 +1024,20 @@ class Exchange:
         elif self.open:
             self.open = False
             self.gateway.open_requests -= 1
+
+
+def _usage_from(fields: Any) -> dict | None:
+    """The answer's ``usage`` object rebuilt from the values Envoy read into metadata (each
+    under its name in :data:`USAGE_KEYS`, at its path there), or ``None`` if it read none."""
+    usage: dict = {}
+    for name, path in USAGE_KEYS.items():
+        if name in fields:
+            *parents, last = path[1:]
+            node = usage
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[last] = int(fields[name].number_value)
+    return usage or None
 
 
 def _whole_json(parts: list[bytes]) -> object | None:
