@@ -239,7 +239,13 @@ def test_debug_decisions_show_the_decision_of_a_request(fleet):
                         status="200") >= 1
     debug = fleet.debug(1)
     assert [r["view"] for r in debug["replicas"]] == ["events", "events"]
-    assert fleet.metric("prefixroute_gateway_kv_events_total") > 0
+    # A prompt of whole blocks makes its replica publish KV events; the EPP has them shortly
+    # after.
+    chat(fleet, "a", "events")
+    deadline = time.monotonic() + 10
+    while fleet.metric("prefixroute_gateway_kv_events_total") == 0:
+        assert time.monotonic() < deadline, "no KV event reached the EPP"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("fail_open", [False, True])
