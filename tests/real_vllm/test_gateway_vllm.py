@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -111,10 +112,17 @@ def client(fleet, tenant: str, url: str | None = None) -> openai.OpenAI:
 
 
 def decisions(fleet, n: int = 50, url: str | None = None) -> list[dict]:
-    response = httpx.get((url or fleet["url"]) + f"/debug/decisions?n={n}",
-                         headers={"authorization": f"Bearer {KEYS['ops']}"}, timeout=10)
-    response.raise_for_status()
-    return response.json()["decisions"]
+    """The latest decisions, once none waits for its end (behind Envoy, a non-streamed
+    request's end reaches the EPP with Envoy's access log entry, in batches every 10 ms)."""
+    deadline = time.monotonic() + 10
+    while True:
+        response = httpx.get((url or fleet["url"]) + f"/debug/decisions?n={n}",
+                             headers={"authorization": f"Bearer {KEYS['ops']}"}, timeout=10)
+        response.raise_for_status()
+        found = response.json()["decisions"]
+        if all(d["outcome"] != "pending" for d in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def usage_cached(result) -> int:
