@@ -585,3 +585,22 @@ def test_large_answers_pass_whole_and_their_usage_is_read_below_ten_megabytes(tm
         assert small["outcome"] == large["outcome"] == "ok"
         assert small["reported_cached_tokens"] == 7
         assert large["reported_cached_tokens"] is None
+
+
+def test_a_caller_that_leaves_mid_answer_frees_its_slot_at_once(tmp_path):
+    """A non-streamed request's stream closed once it was routed: when its caller leaves
+    during the generation, Envoy's access log entry (status 0, caller gone) ends it as
+    abandoned within moments, not at the route's timeout."""
+    with EnvoyFleet(tmp_path, replicas=1, replica_args=["--time-scale", "1"]) as fleet:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{fleet.url}/v1/completions", timeout=1.0,
+                       headers={"authorization": f"Bearer {KEYS['a']}"},
+                       json={"model": fleet.model, "prompt": SYSTEM, "max_tokens": 2000,
+                             "ignore_eos": True})
+        deadline = time.monotonic() + 10
+        while fleet.metric("prefixroute_gateway_active_requests") > 0:
+            assert time.monotonic() < deadline, "the slot is still held"
+            time.sleep(0.1)
+        [decision] = fleet.decisions(1)
+        assert decision["outcome"] == "abandoned"
+        assert fleet.metric("prefixroute_gateway_replica_in_flight") == 0
