@@ -261,6 +261,11 @@ def test_one_epp_gets_the_answers_by_access_log_several_on_each_requests_stream(
     ext_proc = next(f["typed_config"] for f in hcm["http_filters"]
                     if f["name"] == "envoy.filters.http.ext_proc")
     assert "initial_metadata" not in ext_proc["grpc_service"]
+    # Instances sharing state are several processes, maybe behind one address: the same.
+    shared = write_config(tmp_path, shared_state={"redis": "redis://127.0.0.1:6379"})
+    hcm = yaml.safe_load(envoy_config(shared).stdout)["static_resources"]["listeners"][0][
+        "filter_chains"][0]["filters"][0]["typed_config"]
+    assert "access_log" not in hcm
 
 
 @pytest.mark.parametrize("flags", [["--request-body", "streamed"],

@@ -29,6 +29,7 @@ import yaml
 
 from prefixroute.edges.listen import free_port
 from prefixroute.edges.loadtest.dns import Dnsmasq, dnsmasq_path
+from tests.helpers.decisions import settled_decisions
 from tests.integration.test_gateway_fleet import (
     KEYS,
     SECRET,
@@ -107,14 +108,7 @@ class EnvoyFleet(Fleet):
         return super().debug(n, url or self.admin_url)
 
     def decisions(self, n: int = 20, url: str | None = None) -> list[dict]:
-        """The latest decisions, once none waits for its end: a non-streamed request's end
-        reaches the EPP with Envoy's access log entry, sent in batches every 10 ms."""
-        deadline = time.monotonic() + 10
-        while True:
-            found = super().decisions(n, url)
-            if all(d["outcome"] != "pending" for d in found) or time.monotonic() > deadline:
-                return found
-            time.sleep(0.05)
+        return settled_decisions(url or self.admin_url, KEYS["ops"], n)
 
     def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(f"{self.admin_url}/metrics", timeout=10).text
@@ -604,3 +598,24 @@ def test_a_caller_that_leaves_mid_answer_frees_its_slot_at_once(tmp_path):
         [decision] = fleet.decisions(1)
         assert decision["outcome"] == "abandoned"
         assert fleet.metric("prefixroute_gateway_replica_in_flight") == 0
+
+
+def test_a_non_streamed_request_sends_the_epp_one_message_and_ends_by_access_log(tmp_path):
+    """Envoy's own counters: each non-streamed request's stream carried its body only (the
+    EPP closed it with the routing answer), and each request was logged to the EPP, which
+    booked it ok with the usage Envoy read from the answer."""
+    admin = free_port()
+    with EnvoyFleet(tmp_path, envoy_args=("--admin", f"127.0.0.1:{admin}")) as fleet:
+        replies = [chat(fleet, "a", f"question {i}") for i in range(3)]
+        decisions = fleet.decisions(3)
+        assert [d["outcome"] for d in decisions] == ["ok"] * 3
+        assert sorted(d["reported_cached_tokens"] for d in decisions) == sorted(
+            r.usage.prompt_tokens_details.cached_tokens for r in replies)
+        text = httpx.get(f"http://127.0.0.1:{admin}/stats", timeout=10).text
+        stats = dict(line.rsplit(": ", 1) for line in text.splitlines() if ": " in line)
+        ext_proc = {k.rsplit(".", 1)[1]: int(v) for k, v in stats.items()
+                    if k.startswith("http.prefixroute.ext_proc.")}
+        # (one more stream: the fleet's readiness probe, a GET answered by the EPP itself)
+        assert ext_proc["stream_msgs_sent"] == ext_proc["streams_started"], text
+        assert ext_proc["server_half_closed"] == 3, text
+        assert int(stats["access_logs.grpc_access_log.logs_written"]) >= 3, text

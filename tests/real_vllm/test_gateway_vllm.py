@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -30,6 +29,7 @@ import pytest
 
 from prefixroute.core.identity.identity import derive_trust_group_salt
 from prefixroute.edges.gateway.config import hash_api_key
+from tests.helpers.decisions import settled_decisions
 
 from .vllm_server import (BLOCK_SIZE, SERVED_MODEL_NAME, VllmServer, cached_tokens, free_port,
                           install_problem, running_epp_behind_envoy, running_gateway,
@@ -112,17 +112,7 @@ def client(fleet, tenant: str, url: str | None = None) -> openai.OpenAI:
 
 
 def decisions(fleet, n: int = 50, url: str | None = None) -> list[dict]:
-    """The latest decisions, once none waits for its end (behind Envoy, a non-streamed
-    request's end reaches the EPP with Envoy's access log entry, in batches every 10 ms)."""
-    deadline = time.monotonic() + 10
-    while True:
-        response = httpx.get((url or fleet["url"]) + f"/debug/decisions?n={n}",
-                             headers={"authorization": f"Bearer {KEYS['ops']}"}, timeout=10)
-        response.raise_for_status()
-        found = response.json()["decisions"]
-        if all(d["outcome"] != "pending" for d in found) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+    return settled_decisions(url or fleet["url"], KEYS["ops"], n)
 
 
 def usage_cached(result) -> int:

@@ -20,7 +20,7 @@ from prefixroute.core.clock import ManualClock  # noqa: E402
 from prefixroute.core.identity.identity import derive_trust_group_salt  # noqa: E402
 from prefixroute.edges.epp.config import EppSettings  # noqa: E402
 from prefixroute.edges.epp.picker import EndpointPicker, ExchangeRun, _Collected  # noqa: E402
-from prefixroute.edges.epp.protocol import DESTINATION, SERVED  # noqa: E402
+from prefixroute.edges.epp.protocol import ACCESS_LOG_METHOD, DESTINATION, SERVED  # noqa: E402
 from prefixroute.edges.gateway.app import Gateway  # noqa: E402
 from prefixroute.edges.gateway.config import hash_api_key, parse_config  # noqa: E402
 
@@ -526,8 +526,7 @@ def test_by_access_log_the_routed_stream_closes_and_the_log_entry_ends_the_reque
             # The request still runs: slot held, replica booked, nothing decided yet.
             assert h.gateway.admission.active == 1 and h.gateway.open_requests == 1
             assert [b.in_flight for b in h.gateway.pool.backends] == [1, 0, 0]
-            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
-                                 "AccessLogService/StreamAccessLogs", [])
+            logs = h.picker.open(_Collected(), ACCESS_LOG_METHOD, [])
             logs.message(access_log(log_entry("not-ours"),
                                     log_entry(tag, prompt_tokens=9, completion_tokens=1,
                                               cached_tokens=8)))
@@ -559,8 +558,7 @@ def test_a_log_entry_with_no_status_ends_the_request_abandoned_and_a_fallback_is
         async with Harness(make_config(monkeypatch)) as h:
             *_, left = await routed_by_access_log(h, CHAT, "id-left")
             *_, retried = await routed_by_access_log(h, CHAT, "id-retried")
-            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
-                                 "AccessLogService/StreamAccessLogs", [])
+            logs = h.picker.open(_Collected(), ACCESS_LOG_METHOD, [])
             # The caller left before any answer (r0); the other, routed to r1 (least loaded),
             # failed there and Envoy's retry went to the first fallback, r2.
             logs.message(access_log(log_entry(left, status=0, served=None),
@@ -594,8 +592,7 @@ def test_a_request_whose_caller_left_as_it_was_routed_ends_by_its_request_id(mon
     async def scenario():
         async with Harness(make_config(monkeypatch)) as h:
             *_, tag = await routed_by_access_log(h, CHAT, "envoy-7")
-            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
-                                 "AccessLogService/StreamAccessLogs", [])
+            logs = h.picker.open(_Collected(), ACCESS_LOG_METHOD, [])
             logs.message(access_log(log_entry(None, status=0, served=None,
                                               request_id="somebody-else",
                                               flags=("downstream_connection_termination",))))
@@ -614,8 +611,7 @@ def test_an_answer_cut_short_after_its_status_ends_abandoned_not_ok(monkeypatch)
     async def scenario():
         async with Harness(make_config(monkeypatch)) as h:
             *_, tag = await routed_by_access_log(h, CHAT)
-            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
-                                 "AccessLogService/StreamAccessLogs", [])
+            logs = h.picker.open(_Collected(), ACCESS_LOG_METHOD, [])
             logs.message(access_log(log_entry(tag, flags=("upstream_remote_reset",))))
             [decision] = h.gateway.router.recent(1)
             assert decision["outcome"] == "abandoned"
@@ -631,8 +627,7 @@ def test_an_ipv6_replica_that_served_as_a_fallback_is_booked(monkeypatch):
     async def scenario():
         async with Harness(config) as h:
             *_, tag = await routed_by_access_log(h, CHAT)
-            logs = h.picker.open(_Collected(), "/envoy.service.accesslog.v3."
-                                 "AccessLogService/StreamAccessLogs", [])
+            logs = h.picker.open(_Collected(), ACCESS_LOG_METHOD, [])
             logs.message(access_log(log_entry(tag, served=v6[1], cached_tokens=3)))
             served, picked = h.gateway.router.recent(2)
             assert (picked["replica"], picked["outcome"]) == ("r0", "failed:envoy_retry")
@@ -646,11 +641,11 @@ def test_at_shutdown_requests_waiting_for_their_entry_end_and_log_streams_close(
         async with Harness(make_config(monkeypatch)) as h:
             await routed_by_access_log(h, CHAT)
             log_sink = _Collected()
-            h.picker.open(log_sink, "/envoy.service.accesslog.v3."
-                          "AccessLogService/StreamAccessLogs", [])
+            h.picker.open(log_sink, ACCESS_LOG_METHOD, [])
             h.picker.shutdown()
             assert h.gateway.admission.active == 0 and h.picker.handed_off == {}
             assert log_sink.status == 0 and h.picker.logs == set()
+            assert h.picker.open_ids == {} and h.picker.tags_by_id == {}
     run(scenario())
 
 
@@ -664,4 +659,58 @@ def test_instances_sharing_state_keep_answers_on_each_requests_stream(monkeypatc
         run_ = h.picker.open(Recorded(), "/envoy.service.ext_proc.v3.ExternalProcessor/"
                              "Process", BY_ACCESS_LOG)
         assert run_.exchange.by_access_log is False
+    run(scenario())
+
+
+def test_on_the_full_route_a_caller_leaving_is_found_by_envoys_own_request_id(monkeypatch):
+    """With a headers message, the routing answer also sets the EPP's own request id; an
+    answer Envoy dropped set nothing, so Envoy logs the id the request came with."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            run_ = h.picker.open(Recorded(), "/envoy.service.ext_proc.v3.ExternalProcessor/"
+                                 "Process", BY_ACCESS_LOG)
+            for message in (request_headers(x_request_id="envoy-9"), request_body(CHAT)):
+                run_.message(message.SerializeToString())
+                await run_.settled()
+            assert h.gateway.admission.active == 1
+            logs = h.picker.open(_Collected(), ACCESS_LOG_METHOD, [])
+            logs.message(access_log(log_entry(None, status=0, served=None,
+                                              request_id="envoy-9",
+                                              flags=("downstream_connection_termination",))))
+            assert h.gateway.router.recent(1)[0]["outcome"] == "abandoned"
+            assert h.gateway.admission.active == 0 and h.picker.open_ids == {}
+    run(scenario())
+
+
+def test_a_request_id_two_open_requests_share_finds_neither(monkeypatch):
+    """A caller may reuse a request id: the entry of one request that left must not end
+    another with the same id, so such an id finds no request (its tag still does)."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            stream, _, none = await routed_by_access_log(h, {**CHAT, "stream": True}, "dup")
+            *_, tag = await routed_by_access_log(h, CHAT, "dup")
+            assert none is None and h.picker.tags_by_id == {"dup": None}
+            logs = h.picker.open(_Collected(), ACCESS_LOG_METHOD, [])
+            logs.message(access_log(log_entry(None, status=0, served=None, request_id="dup",
+                                              flags=("downstream_connection_termination",))))
+            assert tag in h.picker.handed_off  # still waiting for its own entry
+            logs.message(access_log(log_entry(tag, served=R1, cached_tokens=1)))
+            stream.reset()
+            await stream.settled()
+            assert sorted(d["outcome"] for d in h.gateway.router.recent(2)) == \
+                ["abandoned", "ok"]
+            assert h.picker.open_ids == {} and h.picker.tags_by_id == {}
+    run(scenario())
+
+
+def test_envoys_own_503_after_the_replica_failed_fails_the_request(monkeypatch):
+    """Retries spent on resets, Envoy answers 503 itself (flag: upstream reset): the
+    request failed on its replica, as on its own stream, rather than being abandoned."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            *_, tag = await routed_by_access_log(h, CHAT)
+            logs = h.picker.open(_Collected(), ACCESS_LOG_METHOD, [])
+            logs.message(access_log(log_entry(tag, status=503, served=None,
+                                              flags=("upstream_remote_reset",))))
+            assert h.gateway.router.recent(1)[0]["outcome"] == "failed:http_503"
     run(scenario())

@@ -28,7 +28,7 @@ What it sets up, and why:
   message. ``request_body="streamed"`` sends the request body in ``FULL_DUPLEX_STREAMED``
   chunks instead (the Inference Extension's EPP mode: no whole-body buffer in Envoy); the
   EPP holds its headers answer until the body is complete.
-* **Answers by access log** (one EPP): the ext_proc stream's initial metadata tells the EPP
+* **Answers by access log** (one EPP, no shared state): the ext_proc stream's initial metadata tells the EPP
   that Envoy logs answers to it. The EPP then closes a non-streamed request's stream with
   its routing answer, which tags the request in the ``prefixroute`` metadata namespace, so
   the answer goes back to the caller with no message to the EPP on its way. A
@@ -136,9 +136,10 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
     connect_timeout = _duration(config.timeouts.connect_s)
 
     # One EPP: Envoy logs the answers of the requests it tags to it, so their streams end
-    # once routed. (With several, the access log stream could reach another EPP than the
-    # one that routed a request: answers then come on each request's own stream.)
-    by_access_log = len(epps) == 1
+    # once routed. (With several, or instances sharing state, the access log stream could
+    # reach another EPP than the one that routed a request: answers then come on each
+    # request's own stream.)
+    by_access_log = len(epps) == 1 and config.shared_state is None
     ext_proc = {
         "@type": _TYPE + "filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "prefixroute_epp"},

@@ -144,12 +144,11 @@ _CONTINUE_REQUEST_BODY = ext.ProcessingResponse(
 _CONTINUE_RESPONSE_TRAILERS = ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
 LATER = object()  # the message is answered by the asynchronous Exchange.handle
 _ANSWERS = (ANSWERS_HEADER.encode(), ANSWERS_BY_ACCESS_LOG.encode())
-# Envoy's response flags that mean the answer did not reach the caller whole (the caller
-# left, or the replica's connection broke or timed out after the status): as on a
-# request's own stream, which Envoy then ends early, the request ends as abandoned.
-_CUT_SHORT = ("downstream_connection_termination", "upstream_remote_reset",
-              "upstream_connection_termination", "upstream_request_timeout",
-              "stream_idle_timeout", "upstream_protocol_error")
+# Envoy's response flags that, on an answer the replica started (not one Envoy made itself
+# after the replica failed: that one fails the request), mean it did not reach the caller
+# whole: the request ends as abandoned, as on its own stream, which Envoy then ends early.
+_UPSTREAM_CUT = ("upstream_remote_reset", "upstream_connection_termination",
+                 "upstream_request_timeout", "stream_idle_timeout", "upstream_protocol_error")
 # How long past the route's timeout a handed-off exchange waits for its access log entry
 # (Envoy logs a request when it ends, at the latest at that timeout, and sends its entries
 # batched): past it the entry was lost, and the exchange ends as abandoned.
@@ -175,9 +174,11 @@ class EndpointPicker:
         # Exchanges routed and handed off to the access log, by tag, with the timer that
         # ends one whose entry never comes.
         self.handed_off: dict[str, tuple[Exchange, asyncio.TimerHandle]] = {}
-        # ... and their tags by the request id Envoy logs: a request whose caller left as
-        # the routing answer went out may be logged without the tag.
-        self.tags_by_id: dict[str, str] = {}
+        # ... and their tags by the request id Envoy logs (a request whose caller left as
+        # the routing answer went out may be logged without the tag); ``None`` for an id
+        # another open request has too (a caller may reuse ids): that id finds none.
+        self.tags_by_id: dict[str, str | None] = {}
+        self.open_ids: dict[str, int] = {}  # open requests by that id
         # Tags are this process's random prefix and a count: never one of an earlier
         # process's (Envoy may still log those after a restart), and not guessable.
         self._tag_prefix = os.urandom(8).hex()
@@ -226,8 +227,20 @@ class EndpointPicker:
         assert tag is not None
         timer = asyncio.get_running_loop().call_later(self.log_wait_s, self._unlogged, tag)
         self.handed_off[tag] = (exchange, timer)
-        # (A request id a caller reused for another request still open keeps the first.)
-        self.tags_by_id.setdefault(exchange.logged_id, tag)
+        request_id = exchange.logged_id
+        if request_id:
+            alone = request_id not in self.tags_by_id and self.open_ids.get(request_id) == 1
+            self.tags_by_id[request_id] = tag if alone else None
+
+    def id_opened(self, request_id: str) -> None:
+        self.open_ids[request_id] = self.open_ids.get(request_id, 0) + 1
+        if request_id in self.tags_by_id:  # another open request has it: it finds none
+            self.tags_by_id[request_id] = None
+
+    def id_closed(self, request_id: str) -> None:
+        left = self.open_ids.pop(request_id, 1) - 1
+        if left:
+            self.open_ids[request_id] = left
 
     def _take(self, tag: str) -> "Exchange | None":
         handed = self.handed_off.pop(tag, None)
@@ -235,7 +248,8 @@ class EndpointPicker:
             return None
         exchange, timer = handed
         timer.cancel()
-        if self.tags_by_id.get(exchange.logged_id) == tag:
+        if exchange.logged_id in self.tags_by_id \
+                and self.tags_by_id[exchange.logged_id] in (tag, None):
             del self.tags_by_id[exchange.logged_id]
         return exchange
 
@@ -245,7 +259,7 @@ class EndpointPicker:
         if ours is not None:
             tag = ours.fields[EXCHANGE_KEY].string_value
         else:  # logged for its caller leaving: its tag may not have reached Envoy
-            tag = self.tags_by_id.get(entry.request.request_id, "")
+            tag = self.tags_by_id.get(entry.request.request_id) or ""
         exchange = self._take(tag) if tag else None
         if exchange is None:
             return  # ended already (its wait ran out), or not routed here
@@ -566,7 +580,8 @@ class Exchange:
         # its access log entry once routed, under this tag (in the routing answer's metadata).
         self.by_access_log = by_access_log
         self.tag: str | None = None
-        # The request id Envoy logs: its own on the fast route, else the one the EPP sets.
+        # Envoy's request id as it came (Envoy logs it when the routing answer, which sets
+        # the EPP's own on the full route, did not reach it).
         self.logged_id = ""
 
     def answer_now(self, message: ext.ProcessingRequest) -> Answer | object:
@@ -638,7 +653,6 @@ class Exchange:
         request_id = headers.get("x-request-id", "")
         if 0 < len(request_id) <= 128 and request_id.isprintable():
             self.request_id = f"{request_id}.{os.urandom(6).hex()}"
-            self.logged_id = request_id
         return await self._check_head(end_of_stream=False)
 
     async def _check_head(self, end_of_stream: bool) -> ext.ProcessingResponse | None:
@@ -646,8 +660,11 @@ class Exchange:
         self.head_seen = True
         if not self.request_id:
             self.request_id = f"pr-{os.urandom(16).hex()}"
-        gateway = self.gateway
         headers = self.headers
+        if self.by_access_log and headers.get("x-request-id"):
+            self.logged_id = headers["x-request-id"]
+            self.picker.id_opened(self.logged_id)
+        gateway = self.gateway
         path = headers.get(":path", "").split("?", 1)[0]
         method = headers.get(":method", "")
         self.gateway.open_requests += 1
@@ -787,7 +804,6 @@ class Exchange:
         metadata = struct_pb2.Struct()
         metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
         if self.by_access_log and not job.checked.stream:
-            self.logged_id = self.logged_id or self.request_id
             # (A streamed answer stays on this stream: the usage chunk the caller did not
             # ask for is cut from it, which only an answer to each message can do.)
             self.tag = self.picker.new_tag()
@@ -956,14 +972,18 @@ class Exchange:
             self.close()
             return
         status = entry.response.response_code.value
-        flags = entry.common_properties.response_flags
-        if not status or any(getattr(flags, flag) for flag in _CUT_SHORT):
+        common = entry.common_properties
+        address = common.upstream_remote_address.socket_address
+        served = address_of(address.address, address.port_value) if address.address else None
+        flags = common.response_flags
+        if not status or flags.downstream_connection_termination or (
+                status < 500 and any(getattr(flags, flag) for flag in _UPSTREAM_CUT)):
             self.status = status
+            if status:
+                self._follow_fallback(served)
             self.close()
             return
-        address = entry.common_properties.upstream_remote_address.socket_address
-        self._answer_started(status, address_of(address.address, address.port_value)
-                             if address.address else None)
+        self._answer_started(status, served)
         if self.attempt.finished:  # failed or refused: nothing to read
             self._finish()
             return
@@ -993,6 +1013,7 @@ class Exchange:
 
     def _account(self, status: str, error: str | None = None) -> None:
         """A request answered without a replica (refused, or ``/v1/models``)."""
+        self._forget_id()
         self.done = True
         if self.open:
             self.open = False
@@ -1005,6 +1026,7 @@ class Exchange:
         """The request's answer is complete (or it ended): its slot and count go back, once."""
         if self.done:
             return
+        self._forget_id()
         self.done = True
         job = self.job
         if job is not None:
@@ -1024,6 +1046,12 @@ class Exchange:
         elif self.open:
             self.open = False
             self.gateway.open_requests -= 1
+        self._forget_id()
+
+    def _forget_id(self) -> None:
+        if self.logged_id:
+            self.picker.id_closed(self.logged_id)
+            self.logged_id = ""
 
 
 def _usage_from(fields: Any) -> dict | None:
