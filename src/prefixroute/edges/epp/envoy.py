@@ -28,17 +28,17 @@ What it sets up, and why:
   message. ``request_body="streamed"`` sends the request body in ``FULL_DUPLEX_STREAMED``
   chunks instead (the Inference Extension's EPP mode: no whole-body buffer in Envoy); the
   EPP holds its headers answer until the body is complete.
-* **Answers by access log** (one EPP, no shared state): the ext_proc stream's initial metadata tells the EPP
-  that Envoy logs answers to it. The EPP then closes a non-streamed request's stream with
-  its routing answer, which tags the request in the ``prefixroute`` metadata namespace, so
-  the answer goes back to the caller with no message to the EPP on its way. A
-  ``json_to_metadata`` filter reads the answer's usage into the same namespace (only an
-  answer of a declared length under :data:`ANSWER_READ_BYTES`: it holds the answer whole
-  to parse it), and the HTTP connection manager's gRPC access log sends the EPP the entry of
-  each tagged request when it ends, in batches every :data:`ACCESS_LOG_FLUSH_S`. Streamed
-  answers keep the response body messages above (the EPP cuts the usage chunk it asked
-  for). With several EPPs a request's entry could reach another EPP than the one that
-  routed it, so answers stay on each request's stream.
+* **Answers by access log** (one EPP, no shared state): the ext_proc stream's initial
+  metadata tells the EPP that Envoy logs answers to it. The EPP then closes a non-streamed
+  request's stream with its routing answer, which tags the request in the ``prefixroute``
+  metadata namespace, so the answer goes back to the caller with no message to the EPP on
+  its way. A ``json_to_metadata`` filter reads the answer's usage into the same namespace
+  (only an answer of a declared length under :data:`ANSWER_READ_BYTES`: it holds the answer
+  whole to parse it), and the HTTP connection manager's gRPC access log sends the EPP the
+  entry of each tagged request when it ends, in batches every :data:`ACCESS_LOG_FLUSH_S`.
+  Streamed answers keep the response body messages above (the EPP cuts the usage chunk it
+  asked for). With several EPPs, or instances sharing state, a request's entry could reach
+  another EPP than the one that routed it, so answers stay on each request's stream.
 * **The protocol's endpoint subset** (``envoy.lb.subset_hint`` metadata, set by a gateway in
   front) is forwarded to the EPP, which then picks only among those endpoints.
   ``failure_mode_allow`` is ``--fail-open``: with it, when the EPP is down or too slow
@@ -67,7 +67,8 @@ from prefixroute.edges.epp.config import endpoint_of
 from prefixroute.edges.epp.protocol import (ANSWERS_BY_ACCESS_LOG, ANSWERS_HEADER,
                                             DESTINATION, EXCHANGE_KEY, LB_NAMESPACE,
                                             METADATA_NAMESPACE, RESPONSE_ATTRIBUTES,
-                                            SUBSET_NAMESPACE, USAGE_KEYS, request_attributes)
+                                            SUBSET_NAMESPACE, USAGE_KEYS,
+                                            answers_by_access_log, request_attributes)
 from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.proxy import PATHS
 
@@ -135,11 +136,9 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
     read_timeout = _duration(config.timeouts.read_s)
     connect_timeout = _duration(config.timeouts.connect_s)
 
-    # One EPP: Envoy logs the answers of the requests it tags to it, so their streams end
-    # once routed. (With several, or instances sharing state, the access log stream could
-    # reach another EPP than the one that routed a request: answers then come on each
-    # request's own stream.)
-    by_access_log = len(epps) == 1 and config.shared_state is None
+    # Envoy logs the answers of the requests the EPP tags to it, so their streams end once
+    # routed (one EPP, no shared state).
+    by_access_log = answers_by_access_log(config, len(epps))
     ext_proc = {
         "@type": _TYPE + "filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "prefixroute_epp"},
@@ -160,8 +159,8 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
         # answered: Envoy waits that long too, plus the message's own time.
         "message_timeout": _duration(config.limits.queue_timeout_s + MESSAGE_TIMEOUT_S),
         # The EPP's endpoint metadata lands in envoy.lb, where override_host reads it.
-        "metadata_options": {"receiving_namespaces": {"untyped": [
-                                 LB_NAMESPACE, *([METADATA_NAMESPACE] if by_access_log else [])]},
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE] + (
+                                 [METADATA_NAMESPACE] if by_access_log else [])},
                              # The endpoint subset a gateway in front allows, to the EPP.
                              "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}},
     }
@@ -171,7 +170,8 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
     # one past its buffer limit); a larger one passes unread, and its end comes without
     # usage.
     usage_to_metadata = {
-        "@type": "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher",
+        "@type": "type.googleapis.com/envoy.extensions.common.matching.v3."
+                 "ExtensionWithMatcher",
         "extension_config": {"name": "envoy.filters.http.json_to_metadata", "typed_config": {
             "@type": _TYPE + "filters.http.json_to_metadata.v3.JsonToMetadata",
             "response_rules": {"rules": [
@@ -193,7 +193,7 @@ def bootstrap(config: GatewayConfig, listen: str, epp: str | list[str], *,
                          "action.v3.SkipFilter"}}}}]}},
     }
     limit = buffer_limit(config, by_access_log)
-    # Envoy's gRPC access log to the EPP, for the requests the EPP tagged only.
+    # Envoy's gRPC access log to the EPP.
     access_log = {
         "name": "envoy.access_loggers.http_grpc",
         # The requests the EPP tagged; and those the caller left early, in case the EPP's

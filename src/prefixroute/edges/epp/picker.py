@@ -65,7 +65,6 @@ import os
 from collections import deque
 from typing import Any, AsyncIterator, Protocol
 
-import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.accesslog.v3 import als_pb2
@@ -73,25 +72,16 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
+import orjson
 
 from prefixroute.edges.epp.config import EppSettings, address_of, endpoint_of
 from prefixroute.edges.epp.http2 import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE
-from prefixroute.edges.epp.protocol import (
-    ACCESS_LOG_METHOD,
-    ANSWERS_BY_ACCESS_LOG,
-    ANSWERS_HEADER,
-    ATTRIBUTES_KEY,
-    DESTINATION,
-    EXCHANGE_KEY,
-    LB_NAMESPACE,
-    METADATA_NAMESPACE,
-    PROCESS_METHOD,
-    SERVED,
-    SUBSET,
-    SUBSET_NAMESPACE,
-    USAGE_KEYS,
-    attribute_header,
-)
+from prefixroute.edges.epp.protocol import (ACCESS_LOG_METHOD, ANSWERS_BY_ACCESS_LOG,
+                                            ANSWERS_HEADER, ATTRIBUTES_KEY, DESTINATION,
+                                            EXCHANGE_KEY, LB_NAMESPACE, METADATA_NAMESPACE,
+                                            PROCESS_METHOD, SERVED, SUBSET, SUBSET_NAMESPACE,
+                                            USAGE_KEYS, attribute_header,
+                                            answers_by_access_log)
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.backends import Backend, candidates_for
 from prefixroute.edges.gateway.errors import GatewayError
@@ -184,10 +174,8 @@ class EndpointPicker:
         self._tag_prefix = os.urandom(8).hex()
         self._tags = itertools.count(1)
         self.log_wait_s = gateway.config.timeouts.read_s + LOG_GRACE_S
-        # Several instances sharing state are several processes behind one data plane: an
-        # entry could reach another than the one that routed its request, so answers stay
-        # on each request's stream there.
-        self.by_access_log = gateway.config.shared_state is None
+        # (Never for instances sharing state: the rule is the bootstrap's, in one place.)
+        self.by_access_log = answers_by_access_log(gateway.config)
         self.logs: set[AccessLogRun] = set()  # Envoy's access log streams
         self.closing = False
 
@@ -238,9 +226,11 @@ class EndpointPicker:
             self.tags_by_id[request_id] = None
 
     def id_closed(self, request_id: str) -> None:
-        left = self.open_ids.pop(request_id, 1) - 1
-        if left:
+        left = self.open_ids.get(request_id, 0) - 1
+        if left > 0:
             self.open_ids[request_id] = left
+        else:
+            self.open_ids.pop(request_id, None)
 
     def _take(self, tag: str) -> "Exchange | None":
         handed = self.handed_off.pop(tag, None)
