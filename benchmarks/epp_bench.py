@@ -1,7 +1,7 @@
 """Envoy + Endpoint Picker against ``prefixroute serve``, the peer routers and Envoy alone,
 on the same replicas, in one run.
 
-Run: ``python benchmarks/epp_bench.py`` (about 15 minutes; needs ``envoy``, ``wrk`` and,
+Run: ``python benchmarks/epp_bench.py`` (about 6 minutes; needs ``envoy``, ``wrk`` and,
 for the EPP's own maximum, ``h2load`` (Debian's nghttp2-client), and installs sglang-router
 and vllm-router into ~/.cache/prefixroute/peer-routers once).
 ``--json`` prints the results as JSON; ``--out FILE`` writes the Markdown report (default
@@ -42,8 +42,11 @@ with usage: the routers are what is measured, not the replicas); short prompts o
 design scenario's shape, non-streamed. The replicas and the load generators run on core 0,
 the router under test (Envoy and its EPP together, except in ``envoy+epp split``) on core 1.
 
-* **max requests/s**: wrk (C, closed loop), 32 connections, 8 s after 2 s of warm-up, one
-  front at a time; the router's CPU (``/proc``: EPP and its Envoy together) per request;
+* **max requests/s**: wrk (C, closed loop), 32 connections, and h2load for the EPP alone;
+  three rounds of 4 s (after 1 s of warm-up) taking turns between the fronts, each
+  front's median round reported (minute-scale slowdowns of a shared machine then land on
+  every front); the router's CPU (``/proc``: EPP and its Envoy together) per request over
+  all rounds;
 * **latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s from a Python
   generator under uvloop, in blocks of 5 s taking turns between all fronts (three rounds;
   the first second of each block is not counted), so all see the same machine minute by
@@ -73,6 +76,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any, Callable
 
 import httpx
@@ -91,7 +95,10 @@ MODEL = "emulated"
 LOAD_CPU, ROUTER_CPU = 0, 1
 DEFAULT_RATE = 500.0
 WRK_CONNECTIONS = 32  # as the first comparison of these routers (wrk, 32 connections)
-THROUGHPUT_S, WARMUP_S = 8.0, 2.0
+# Maximum rates: rounds of ROUND_S (after ROUND_WARMUP_S) taking turns between the fronts,
+# each front's median round reported, so that a slow minute of this shared machine lands
+# on every front rather than on whichever ran in it.
+ROUND_S, ROUND_WARMUP_S, MAX_ROUNDS = 4.0, 1.0, 3
 BLOCK_S, SETTLE_S, PAIRS = 5.0, 1.0, 3
 REQUEST_TIMEOUT_S = 30.0  # the open-loop client gives up on a request after this
 DEFAULT_PEER_DIR = Path.home() / ".cache" / "prefixroute" / "peer-routers"
@@ -463,19 +470,19 @@ def h2load_max(epp: ServiceProcess, grpc_address: str, bodies: list[bytes], work
         path = workdir / f"exchange{i}.bin"
         path.write_bytes(body)
         cmd = [shutil.which("h2load") or "h2load", "-c1", f"-m{streams}", "-D", f"{seconds:g}",
-               "--warm-up-time", f"{WARMUP_S:g}", "-d", str(path),
+               "--warm-up-time", f"{ROUND_WARMUP_S:g}", "-d", str(path),
                "-H", "content-type: application/grpc", "-H", "te: trailers",
                f"http://{grpc_address}{PROCESS_METHOD}"]
         if shutil.which("taskset"):
             cmd = ["taskset", "-c", str(LOAD_CPU), *cmd]
         runs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True))
-    time.sleep(WARMUP_S)
+    time.sleep(ROUND_WARMUP_S)
     started, cpu = time.perf_counter(), cpu_seconds(epp.process.pid)
     before = epp_requests_by_status(epp.url)
     h2load_rate, h2load_failed = 0.0, 0
     for run in runs:
-        out, _ = run.communicate(timeout=seconds + WARMUP_S + 60)
+        out, _ = run.communicate(timeout=seconds + ROUND_WARMUP_S + 60)
         for line in out.splitlines():
             if line.startswith("finished in"):
                 h2load_rate += float(line.split(",")[1].split()[0])
@@ -495,6 +502,42 @@ def h2load_max(epp: ServiceProcess, grpc_address: str, bodies: list[bytes], work
             "h2load_requests_per_second": round(h2load_rate, 1),
             "epp_cpu_ms_per_request": round(1000 * cpu / max(1, ok), 3),
             "streams": streams * len(bodies)}
+
+
+def merge_wrk_rounds(rows: list[dict], pids: list[int]) -> dict:
+    """One front's wrk rounds as one row: the median round's requests/s and latencies
+    (each field's own median), the rounds' counts summed, and the router's CPU per request
+    over all of them (the EPP's own share when the front has one: its first process)."""
+    ok = sum(r["requests_ok"] for r in rows)
+    cpu = {pid: sum(r["cpu_s"][pid] for r in rows) for pid in pids}
+    merged = {"requests_per_second": median(r["requests_per_second"] for r in rows),
+              "rounds_requests_per_second": [r["requests_per_second"] for r in rows],
+              "requests_ok": ok, "requests_failed": sum(r["requests_failed"] for r in rows),
+              "latency_p50_ms": median(r["latency_p50_ms"] for r in rows),
+              "latency_p99_ms": median(r["latency_p99_ms"] for r in rows),
+              "connections": rows[0]["connections"],
+              "router_cpu_ms_per_request": round(1000 * sum(cpu.values()) / max(1, ok), 3)}
+    if len(pids) > 1:  # the EPP's own share (Envoy's is the rest)
+        merged["epp_cpu_ms_per_request"] = round(1000 * cpu[pids[0]] / max(1, ok), 3)
+    return merged
+
+
+def merge_h2load_rounds(rows: list[dict]) -> dict:
+    """The EPP alone's h2load rounds as one row, as :func:`merge_wrk_rounds` does."""
+    ok = sum(r["requests_ok"] for r in rows)
+    answered: dict[str, int] = {}
+    for row in rows:
+        for status, n in row["answered_by_status"].items():
+            answered[status] = answered.get(status, 0) + n
+    return {"requests_per_second": median(r["requests_per_second"] for r in rows),
+            "rounds_requests_per_second": [r["requests_per_second"] for r in rows],
+            "requests_ok": ok, "requests_failed": sum(r["requests_failed"] for r in rows),
+            "answered_by_status": answered,
+            "h2load_requests_per_second": median(r["h2load_requests_per_second"]
+                                                 for r in rows),
+            "epp_cpu_ms_per_request": round(sum(r["epp_cpu_ms_per_request"] * r["requests_ok"]
+                                                for r in rows) / max(1, ok), 3),
+            "streams": rows[0]["streams"]}
 
 
 def start_epp_process(config_path: Path, workdir: Path, name: str, *,
@@ -584,6 +627,7 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
 
         script = wrk_lua(workdir / "hop.lua", key)
         results["max_rps"] = {}
+        alone: tuple[ServiceProcess, str, list[bytes]] | None = None
         if shutil.which("h2load"):
             # One EPP process's own maximum: no Envoy, h2load sending what Envoy would.
             # The stand-in answer names one replica as the one that served; the EPP names
@@ -594,30 +638,35 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
                                     + "epp:\n  fallback_endpoints: 0\n")
             epp, address = start_epp_process(alone_config, workdir, "epp-alone")
             processes.append(epp)
-            log(f"max req/s of the EPP alone: h2load, {H2LOAD_CLIENTS} clients x "
-                f"{H2LOAD_STREAMS} streams, {THROUGHPUT_S:g} s")
-            bodies = exchange_bodies(H2LOAD_CLIENTS, key, f"127.0.0.1:{ports[0]}")
-            results["epp_alone"] = h2load_max(epp, address, bodies, workdir, THROUGHPUT_S,
-                                              H2LOAD_STREAMS)
-            epp.stop()
+            alone = (epp, address, exchange_bodies(H2LOAD_CLIENTS, key,
+                                                   f"127.0.0.1:{ports[0]}"))
         else:
             log("no h2load: the EPP's own maximum is left out (apt-get install "
                 "nghttp2-client)")
-        for name, urls in targets.items():
-            if name == "direct":
-                continue  # wrk takes one URL: the floor is Envoy alone
-            log(f"max req/s through {name}: wrk, {WRK_CONNECTIONS} connections, "
-                f"{THROUGHPUT_S:g} s")
-            wrk_max(urls[0], script, WARMUP_S, WRK_CONNECTIONS)  # warm-up
-            before = {pid: cpu_seconds(pid) for pid in pids[name]}
-            row = wrk_max(urls[0], script, THROUGHPUT_S, WRK_CONNECTIONS)
-            used = {pid: cpu_seconds(pid) - before[pid] for pid in pids[name]}
-            row["router_cpu_ms_per_request"] = round(1000 * sum(used.values())
-                                                     / max(1, row["requests_ok"]), 3)
-            if len(pids[name]) > 1:  # the EPP's own share (Envoy's is the rest)
-                row["epp_cpu_ms_per_request"] = round(1000 * used[pids[name][0]]
-                                                      / max(1, row["requests_ok"]), 3)
-            results["max_rps"][name] = row
+        measured = [name for name in targets if name != "direct"]  # wrk takes one URL
+        log(f"max req/s: {MAX_ROUNDS} rounds taking turns between "
+            f"{', '.join((['epp alone'] if alone else []) + measured)}: h2load "
+            f"({H2LOAD_CLIENTS} clients x {H2LOAD_STREAMS} streams) for the EPP alone, wrk "
+            f"({WRK_CONNECTIONS} connections) for the rest, {ROUND_S:g} s each after "
+            f"{ROUND_WARMUP_S:g} s of warm-up")
+        rounds: dict[str, list[dict]] = {}
+        for _ in range(MAX_ROUNDS):
+            if alone is not None:
+                epp, address, bodies = alone
+                rounds.setdefault("epp alone", []).append(
+                    h2load_max(epp, address, bodies, workdir, ROUND_S, H2LOAD_STREAMS))
+            for name in measured:
+                url = targets[name][0]
+                wrk_max(url, script, ROUND_WARMUP_S, WRK_CONNECTIONS)  # warm-up
+                before = {pid: cpu_seconds(pid) for pid in pids[name]}
+                row = wrk_max(url, script, ROUND_S, WRK_CONNECTIONS)
+                row["cpu_s"] = {pid: cpu_seconds(pid) - before[pid] for pid in pids[name]}
+                rounds.setdefault(name, []).append(row)
+        if alone is not None:
+            results["epp_alone"] = merge_h2load_rounds(rounds.pop("epp alone"))
+            alone[0].stop()
+        for name, rows in rounds.items():
+            results["max_rps"][name] = merge_wrk_rounds(rows, pids[name])
 
         fronts = {name: urls for name, urls in targets.items()}
         log(f"fixed rate {rate:g}/s, open loop: {PAIRS} rounds of {BLOCK_S:g} s blocks over "
@@ -767,11 +816,14 @@ def markdown(result: dict) -> str:
         fixed = part1["fixed_rate"]
         lines += ["## Part 1: the hop", "",
                   "Trivial replicas (Envoy direct responses) and the load generators on core "
-                  "0, the router under test (Envoy and its EPP together, except in ``envoy+epp split``) on core 1. **max "
-                  f"req/s**: wrk, {WRK_CONNECTIONS} connections, {THROUGHPUT_S:g} s, one front "
-                  f"at a time. **At {part1['rate']:g} req/s**: open loop (Poisson), blocks of "
-                  f"{BLOCK_S:g} s taking turns between the fronts ({PAIRS} rounds, the first "
-                  f"{SETTLE_S:g} s of each block not counted; a block ends when its front has "
+                  "0, the router under test (Envoy and its EPP together, except in "
+                  "`envoy+epp split`) on core 1. **max req/s**: wrk, "
+                  f"{WRK_CONNECTIONS} connections (h2load for the EPP alone), {MAX_ROUNDS} "
+                  f"rounds of {ROUND_S:g} s taking turns between the fronts, the median "
+                  f"round (CPU over all rounds). **At {part1['rate']:g} req/s**: open loop "
+                  f"(Poisson), blocks of {BLOCK_S:g} s taking turns between the fronts "
+                  f"({PAIRS} rounds, the first {SETTLE_S:g} s of each block not counted; a "
+                  "block ends when its front has "
                   "answered all it was sent, **drain s** is how long that took past the "
                   "block's end), latency from the planned send time to the last byte; CPU "
                   "per request of the router's process(es) over the whole run (their idle "
