@@ -44,9 +44,10 @@ the router under test (Envoy and its EPP together, except in ``envoy+epp split``
 
 * **max requests/s**: wrk (C, closed loop), 32 connections, and h2load for the EPP alone;
   three rounds of 4 s (after 1 s of warm-up) taking turns between the fronts, each
-  front's median round reported (minute-scale slowdowns of a shared machine then land on
-  every front); the router's CPU (``/proc``: EPP and its Envoy together) per request over
-  all rounds;
+  round starting one front later; requests/s and latencies are each the median over the
+  rounds (minute-scale slowdowns of a shared machine then land on every front); the
+  router's CPU (``/proc``: EPP and its Envoy together) per request over all rounds. Every
+  process stays up throughout, idle when not measured;
 * **latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s from a Python
   generator under uvloop, in blocks of 5 s taking turns between all fronts (three rounds;
   the first second of each block is not counted), so all see the same machine minute by
@@ -54,7 +55,8 @@ the router under test (Envoy and its EPP together, except in ``envoy+epp split``
   behind would otherwise work off its backlog on the shared router core during the next
   front's block); p50 and p99 from the planned send time to the last byte, and Envoy+EPP's
   minus Envoy's; each router's CPU per request over the whole run (their idle work
-  included).
+  included); and the share of each core's time the host gave to other machines meanwhile
+  (steal): on a shared host a wake-up waits while it is taken.
 
 Part 2, the design scenario (the simulator's generator, timestamp fixed):
 four replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
@@ -243,6 +245,22 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process (all its threads) from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_times(cpu: int) -> list[int]:
+    """The kernel's time counters of one CPU (``/proc/stat``): user, nice, system, idle,
+    iowait, irq, softirq, steal."""
+    line = next(row for row in Path("/proc/stat").read_text().splitlines()
+                if row.startswith(f"cpu{cpu} "))
+    return [int(v) for v in line.split()[1:9]]
+
+
+def steal_share(before: list[int], after: list[int]) -> float:
+    """The share of a CPU's time the hypervisor gave to other machines between two
+    :func:`cpu_times` readings: on a shared host, wake-ups wait while it is taken, so it
+    tells a noisy minute from a slow router."""
+    used = [b - a for a, b in zip(before, after)]
+    return round(used[7] / max(1, sum(used)), 3)
 
 
 class Envoy:
@@ -478,8 +496,8 @@ def h2load_max(epp: ServiceProcess, grpc_address: str, bodies: list[bytes], work
         runs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True))
     time.sleep(ROUND_WARMUP_S)
-    started, cpu = time.perf_counter(), cpu_seconds(epp.process.pid)
     before = epp_requests_by_status(epp.url)
+    started, cpu = time.perf_counter(), cpu_seconds(epp.process.pid)
     h2load_rate, h2load_failed = 0.0, 0
     for run in runs:
         out, _ = run.communicate(timeout=seconds + ROUND_WARMUP_S + 60)
@@ -500,14 +518,14 @@ def h2load_max(epp: ServiceProcess, grpc_address: str, bodies: list[bytes], work
     return {"requests_per_second": round(ok / elapsed, 1), "requests_ok": ok,
             "requests_failed": failed, "answered_by_status": answered,
             "h2load_requests_per_second": round(h2load_rate, 1),
-            "epp_cpu_ms_per_request": round(1000 * cpu / max(1, ok), 3),
+            "epp_cpu_ms_per_request": round(1000 * cpu / max(1, ok), 3), "cpu_s": cpu,
             "streams": streams * len(bodies)}
 
 
 def merge_wrk_rounds(rows: list[dict], pids: list[int]) -> dict:
-    """One front's wrk rounds as one row: the median round's requests/s and latencies
-    (each field's own median), the rounds' counts summed, and the router's CPU per request
-    over all of them (the EPP's own share when the front has one: its first process)."""
+    """One front's wrk rounds as one row: requests/s and latencies each the median over
+    the rounds, the counts summed, and the router's CPU per request over all rounds (the
+    EPP's own share when the front has one: its first process)."""
     ok = sum(r["requests_ok"] for r in rows)
     cpu = {pid: sum(r["cpu_s"][pid] for r in rows) for pid in pids}
     merged = {"requests_per_second": median(r["requests_per_second"] for r in rows),
@@ -535,8 +553,8 @@ def merge_h2load_rounds(rows: list[dict]) -> dict:
             "answered_by_status": answered,
             "h2load_requests_per_second": median(r["h2load_requests_per_second"]
                                                  for r in rows),
-            "epp_cpu_ms_per_request": round(sum(r["epp_cpu_ms_per_request"] * r["requests_ok"]
-                                                for r in rows) / max(1, ok), 3),
+            "epp_cpu_ms_per_request": round(1000 * sum(r["cpu_s"] for r in rows)
+                                            / max(1, ok), 3),
             "streams": rows[0]["streams"]}
 
 
@@ -627,44 +645,51 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
 
         script = wrk_lua(workdir / "hop.lua", key)
         results["max_rps"] = {}
-        alone: tuple[ServiceProcess, str, list[bytes]] | None = None
+        epp_alone: tuple[ServiceProcess, str, list[bytes]] | None = None
         if shutil.which("h2load"):
             # One EPP process's own maximum: no Envoy, h2load sending what Envoy would.
             # The stand-in answer names one replica as the one that served; the EPP names
             # no fallback, so an answer from another replica than it picked is not read as
             # a retry (it is ignored, and the picked replica's attempt succeeds).
-            alone_config = workdir / "router-alone.yaml"
-            alone_config.write_text(config_path.read_text()
-                                    + "epp:\n  fallback_endpoints: 0\n")
-            epp, address = start_epp_process(alone_config, workdir, "epp-alone")
+            epp_alone_config = workdir / "router-alone.yaml"
+            epp_alone_config.write_text(config_path.read_text()
+                                        + "epp:\n  fallback_endpoints: 0\n")
+            epp, address = start_epp_process(epp_alone_config, workdir, "epp-alone")
             processes.append(epp)
-            alone = (epp, address, exchange_bodies(H2LOAD_CLIENTS, key,
-                                                   f"127.0.0.1:{ports[0]}"))
+            epp_alone = (epp, address, exchange_bodies(H2LOAD_CLIENTS, key,
+                                                       f"127.0.0.1:{ports[0]}"))
         else:
             log("no h2load: the EPP's own maximum is left out (apt-get install "
                 "nghttp2-client)")
-        measured = [name for name in targets if name != "direct"]  # wrk takes one URL
-        log(f"max req/s: {MAX_ROUNDS} rounds taking turns between "
-            f"{', '.join((['epp alone'] if alone else []) + measured)}: h2load "
-            f"({H2LOAD_CLIENTS} clients x {H2LOAD_STREAMS} streams) for the EPP alone, wrk "
-            f"({WRK_CONNECTIONS} connections) for the rest, {ROUND_S:g} s each after "
-            f"{ROUND_WARMUP_S:g} s of warm-up")
-        rounds: dict[str, list[dict]] = {}
-        for _ in range(MAX_ROUNDS):
-            if alone is not None:
-                epp, address, bodies = alone
-                rounds.setdefault("epp alone", []).append(
-                    h2load_max(epp, address, bodies, workdir, ROUND_S, H2LOAD_STREAMS))
-            for name in measured:
-                url = targets[name][0]
-                wrk_max(url, script, ROUND_WARMUP_S, WRK_CONNECTIONS)  # warm-up
-                before = {pid: cpu_seconds(pid) for pid in pids[name]}
-                row = wrk_max(url, script, ROUND_S, WRK_CONNECTIONS)
-                row["cpu_s"] = {pid: cpu_seconds(pid) - before[pid] for pid in pids[name]}
-                rounds.setdefault(name, []).append(row)
-        if alone is not None:
+
+        def measure(name: str) -> dict:
+            """One round of one front at its maximum."""
+            if name == "epp alone":
+                assert epp_alone is not None
+                epp, address, bodies = epp_alone
+                return h2load_max(epp, address, bodies, workdir, ROUND_S, H2LOAD_STREAMS)
+            url = targets[name][0]
+            wrk_max(url, script, ROUND_WARMUP_S, WRK_CONNECTIONS)  # warm-up
+            before = {pid: cpu_seconds(pid) for pid in pids[name]}
+            row = wrk_max(url, script, ROUND_S, WRK_CONNECTIONS)
+            row["cpu_s"] = {pid: cpu_seconds(pid) - before[pid] for pid in pids[name]}
+            return row
+
+        # (wrk takes one URL: "direct" has no maximum; the floor is Envoy alone)
+        order = (["epp alone"] if epp_alone else []) + [n for n in targets if n != "direct"]
+        log(f"max req/s: {MAX_ROUNDS} rounds taking turns between {', '.join(order)}, "
+            f"{ROUND_S:g} s each after {ROUND_WARMUP_S:g} s of warm-up: wrk "
+            f"({WRK_CONNECTIONS} connections)"
+            + (f", h2load ({H2LOAD_CLIENTS} clients x {H2LOAD_STREAMS} streams) for the "
+               "EPP alone" if epp_alone else ""))
+        rounds: dict[str, list[dict]] = {name: [] for name in order}
+        for i in range(MAX_ROUNDS):
+            # Each round starts one front later: no front always runs first.
+            for name in order[i:] + order[:i]:
+                rounds[name].append(measure(name))
+        if epp_alone is not None:
             results["epp_alone"] = merge_h2load_rounds(rounds.pop("epp alone"))
-            alone[0].stop()
+            epp_alone[0].stop()
         for name, rows in rounds.items():
             results["max_rps"][name] = merge_wrk_rounds(rows, pids[name])
 
@@ -674,6 +699,7 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
         router_pids = {name: pid for name, ps in pids.items() for pid in ps[:1]}
         envoy_pids = {name: ps[1] for name, ps in pids.items() if len(ps) > 1}
         before = {pid: cpu_seconds(pid) for ps in pids.values() for pid in ps}
+        times = {cpu: cpu_times(cpu) for cpu in (LOAD_CPU, ROUTER_CPU)}
         blocks = run_loadgen({"mode": "blocks", "api_key": key, "rate": rate,
                               "targets": fronts, "block": BLOCK_S, "settle": SETTLE_S,
                               "pairs": PAIRS},
@@ -692,6 +718,8 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
                     1000 * (cpu_seconds(pid) - before[pid]) / sent, 3)
         results["fixed_rate"] = {name: blocks[name] for name in fronts}
         results["loadgen_elapsed_s"] = blocks.get("elapsed_s")
+        results["steal_share"] = {f"cpu{cpu}": steal_share(times[cpu], cpu_times(cpu))
+                                  for cpu in times}
     finally:
         for process in reversed(processes):
             process.stop()
@@ -818,9 +846,11 @@ def markdown(result: dict) -> str:
                   "Trivial replicas (Envoy direct responses) and the load generators on core "
                   "0, the router under test (Envoy and its EPP together, except in "
                   "`envoy+epp split`) on core 1. **max req/s**: wrk, "
-                  f"{WRK_CONNECTIONS} connections (h2load for the EPP alone), {MAX_ROUNDS} "
-                  f"rounds of {ROUND_S:g} s taking turns between the fronts, the median "
-                  f"round (CPU over all rounds). **At {part1['rate']:g} req/s**: open loop "
+                  f"{WRK_CONNECTIONS} connections"
+                  + (" (h2load for the EPP alone)" if part1.get("epp_alone") else "")
+                  + f", {MAX_ROUNDS} rounds of {ROUND_S:g} s taking turns between the "
+                  "fronts, each column the median over the rounds (CPU over all of them). "
+                  f"**At {part1['rate']:g} req/s**: open loop "
                   f"(Poisson), blocks of {BLOCK_S:g} s taking turns between the fronts "
                   f"({PAIRS} rounds, the first {SETTLE_S:g} s of each block not counted; a "
                   "block ends when its front has "
@@ -847,6 +877,12 @@ def markdown(result: dict) -> str:
                 f"{row.get('router_cpu_ms_per_request', '-')} | "
                 f"{row.get('envoy_cpu_ms_per_request', '-')} |")
         lines += [""]
+        if part1.get("steal_share"):
+            lines += ["Time the host took from this machine during the fixed-rate part "
+                      "(steal, `/proc/stat`): " + ", ".join(
+                          f"{share:.1%} of {cpu}" for cpu, share in
+                          part1["steal_share"].items())
+                      + f" (the router's is cpu{ROUTER_CPU}).", ""]
         for name, added in result.get("added", {}).items():
             lines.append(f"Added by {name} over Envoy alone at {part1['rate']:g} req/s: p50 "
                          f"{added['p50_ms']} ms (target <= {TARGET_ADDED_P50_MS:g}), p99 "
