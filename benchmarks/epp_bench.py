@@ -98,8 +98,8 @@ LOAD_CPU, ROUTER_CPU = 0, 1
 DEFAULT_RATE = 500.0
 WRK_CONNECTIONS = 32  # as the first comparison of these routers (wrk, 32 connections)
 # Maximum rates: rounds of ROUND_S (after ROUND_WARMUP_S) taking turns between the fronts,
-# each front's median round reported, so that a slow minute of this shared machine lands
-# on every front rather than on whichever ran in it.
+# each figure the median over the rounds, so that a slow minute of this shared machine
+# lands on every front rather than on whichever ran in it.
 ROUND_S, ROUND_WARMUP_S, MAX_ROUNDS = 4.0, 1.0, 3
 BLOCK_S, SETTLE_S, PAIRS = 5.0, 1.0, 3
 REQUEST_TIMEOUT_S = 30.0  # the open-loop client gives up on a request after this
@@ -496,8 +496,10 @@ def h2load_max(epp: ServiceProcess, grpc_address: str, bodies: list[bytes], work
         runs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True))
     time.sleep(ROUND_WARMUP_S)
+    # (the count is read inside the scrape: the window starts halfway through it)
+    asked = time.perf_counter()
     before = epp_requests_by_status(epp.url)
-    started, cpu = time.perf_counter(), cpu_seconds(epp.process.pid)
+    started, cpu = (asked + time.perf_counter()) / 2, cpu_seconds(epp.process.pid)
     h2load_rate, h2load_failed = 0.0, 0
     for run in runs:
         out, _ = run.communicate(timeout=seconds + ROUND_WARMUP_S + 60)
@@ -878,11 +880,12 @@ def markdown(result: dict) -> str:
                 f"{row.get('envoy_cpu_ms_per_request', '-')} |")
         lines += [""]
         if part1.get("steal_share"):
-            lines += ["Time the host took from this machine during the fixed-rate part "
+            role = {f"cpu{LOAD_CPU}": "the load generators' and replicas' core",
+                    f"cpu{ROUTER_CPU}": "the router's core"}
+            lines += ["Time the host gave to other machines during the fixed-rate part "
                       "(steal, `/proc/stat`): " + ", ".join(
-                          f"{share:.1%} of {cpu}" for cpu, share in
-                          part1["steal_share"].items())
-                      + f" (the router's is cpu{ROUTER_CPU}).", ""]
+                          f"{share:.1%} of {role.get(cpu, cpu)}" for cpu, share in
+                          part1["steal_share"].items()) + ".", ""]
         for name, added in result.get("added", {}).items():
             lines.append(f"Added by {name} over Envoy alone at {part1['rate']:g} req/s: p50 "
                          f"{added['p50_ms']} ms (target <= {TARGET_ADDED_P50_MS:g}), p99 "
