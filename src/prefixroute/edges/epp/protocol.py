@@ -24,10 +24,9 @@ RESPONSE_ATTRIBUTES = ("response.code", "upstream.address")
 # Answers by access log: a data plane whose ext_proc stream carries this initial metadata
 # sends the EPP its access log entries (Envoy's gRPC access log service) for the requests the
 # EPP tags (and those whose caller left), with the answer's usage read into the same
-# metadata namespace. The EPP then
-# closes a non-streamed request's stream as soon as it has routed it, and learns how the
-# request ended from the log entry instead: Envoy sends the answer on without a round trip
-# to the EPP, and the entries come batched.
+# metadata namespace. The EPP then closes a non-streamed request's stream as soon as it has
+# routed it, and learns how the request ended from the log entry instead: Envoy sends the
+# answer on without a round trip to the EPP, and the entries come batched.
 ANSWERS_HEADER = "x-prefixroute-answers"
 ANSWERS_BY_ACCESS_LOG = "access-log"
 ACCESS_LOG_METHOD = "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
@@ -39,13 +38,6 @@ USAGE_KEYS = {"prompt_tokens": ("usage", "prompt_tokens"),
               "completion_tokens": ("usage", "completion_tokens"),
               "cached_tokens": ("usage", "prompt_tokens_details", "cached_tokens")}
 
-
-def answers_by_access_log(config: GatewayConfig, epps: int = 1) -> bool:
-    """Whether answers come by access log for a data plane in front of ``epps`` EPP
-    addresses: only for one, and only without shared state. With several addresses, or
-    instances sharing state (several processes, maybe behind one address), an entry could
-    reach another EPP than the one that routed its request."""
-    return epps == 1 and config.shared_state is None
 # The protocol's endpoint subset: the data plane may name the endpoints a request may go to,
 # a list of ``ip:port`` under this key of this metadata namespace.
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
@@ -73,3 +65,11 @@ def attribute_header(attribute: str) -> str | None:
     if attribute.startswith("request.headers['") and attribute.endswith("']"):
         return attribute[17:-2]
     return _HEAD_ATTRIBUTES.get(attribute)
+
+
+def answers_by_access_log(config: GatewayConfig, epps: int = 1) -> bool:
+    """Whether answers come by access log for a data plane in front of ``epps`` EPP
+    addresses: only for one, and only without shared state. With several addresses, or
+    instances sharing state (several processes, maybe behind one address), an entry could
+    reach another EPP than the one that routed its request."""
+    return epps == 1 and config.shared_state is None
