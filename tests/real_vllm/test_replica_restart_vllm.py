@@ -81,7 +81,7 @@ SETTLE_S = BreakerConfig().open_s + 2 * HealthConfig().interval_s
 def wait_for(check, timeout: float, what: str, detail=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what} {detail()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}{detail()}"
         time.sleep(0.5)
 
 
@@ -142,8 +142,10 @@ def test_a_restarted_replica_s_view_resets_and_rebuilds(tmp_path):
                     assert (view["state"], view["restarts"]) == ("exact", 0)
                     # The background traffic flows before the restart: on a slow machine its
                     # first answer can come after the steps above.
-                    wait_for(lambda: any(code == 200 for _, code in list(statuses)), 120,
-                             "background traffic before the restart", lambda: statuses)
+                    wait_for(lambda: any(code == 200 for _, code in list(statuses))
+                             or not traffic.is_alive(), 120,
+                             "background traffic before the restart", lambda: f": {statuses}")
+                    assert traffic.is_alive(), f"the background traffic stopped: {statuses}"
 
                     server.stop()  # under traffic
                     server.start()
@@ -174,6 +176,7 @@ def test_a_restarted_replica_s_view_resets_and_rebuilds(tmp_path):
                     traffic.join(timeout=330)
     finally:
         server.stop()
-    assert any(code == 200 for t, code in statuses if t < back), statuses
+    assert any(code == 200 for t, code in statuses if t < back), \
+        f"no traffic before the restart: {statuses}"
     after_back = [code for t, code in statuses if t > back + SETTLE_S]
     assert after_back and all(code == 200 for code in after_back), statuses
