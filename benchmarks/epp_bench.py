@@ -524,40 +524,45 @@ def h2load_max(epp: ServiceProcess, grpc_address: str, bodies: list[bytes], work
             "streams": streams * len(bodies)}
 
 
+def _merge_rounds(rows: list[dict]) -> dict:
+    """What every front's rounds merge the same way: requests/s the median over the
+    rounds (each round's kept beside it), the counts summed."""
+    return {"requests_per_second": median(r["requests_per_second"] for r in rows),
+            "rounds_requests_per_second": [r["requests_per_second"] for r in rows],
+            "requests_ok": sum(r["requests_ok"] for r in rows),
+            "requests_failed": sum(r["requests_failed"] for r in rows)}
+
+
 def merge_wrk_rounds(rows: list[dict], pids: list[int]) -> dict:
     """One front's wrk rounds as one row: requests/s and latencies each the median over
     the rounds, the counts summed, and the router's CPU per request over all rounds (the
     EPP's own share when the front has one: its first process)."""
-    ok = sum(r["requests_ok"] for r in rows)
+    merged = _merge_rounds(rows)
+    ok = max(1, merged["requests_ok"])
     cpu = {pid: sum(r["cpu_s"][pid] for r in rows) for pid in pids}
-    merged = {"requests_per_second": median(r["requests_per_second"] for r in rows),
-              "rounds_requests_per_second": [r["requests_per_second"] for r in rows],
-              "requests_ok": ok, "requests_failed": sum(r["requests_failed"] for r in rows),
-              "latency_p50_ms": median(r["latency_p50_ms"] for r in rows),
-              "latency_p99_ms": median(r["latency_p99_ms"] for r in rows),
-              "connections": rows[0]["connections"],
-              "router_cpu_ms_per_request": round(1000 * sum(cpu.values()) / max(1, ok), 3)}
+    merged.update({"latency_p50_ms": median(r["latency_p50_ms"] for r in rows),
+                   "latency_p99_ms": median(r["latency_p99_ms"] for r in rows),
+                   "connections": rows[0]["connections"],
+                   "router_cpu_ms_per_request": round(1000 * sum(cpu.values()) / ok, 3)})
     if len(pids) > 1:  # the EPP's own share (Envoy's is the rest)
-        merged["epp_cpu_ms_per_request"] = round(1000 * cpu[pids[0]] / max(1, ok), 3)
+        merged["epp_cpu_ms_per_request"] = round(1000 * cpu[pids[0]] / ok, 3)
     return merged
 
 
 def merge_h2load_rounds(rows: list[dict]) -> dict:
     """The EPP alone's h2load rounds as one row, as :func:`merge_wrk_rounds` does."""
-    ok = sum(r["requests_ok"] for r in rows)
+    merged = _merge_rounds(rows)
     answered: dict[str, int] = {}
     for row in rows:
         for status, n in row["answered_by_status"].items():
             answered[status] = answered.get(status, 0) + n
-    return {"requests_per_second": median(r["requests_per_second"] for r in rows),
-            "rounds_requests_per_second": [r["requests_per_second"] for r in rows],
-            "requests_ok": ok, "requests_failed": sum(r["requests_failed"] for r in rows),
-            "answered_by_status": answered,
-            "h2load_requests_per_second": median(r["h2load_requests_per_second"]
-                                                 for r in rows),
-            "epp_cpu_ms_per_request": round(1000 * sum(r["cpu_s"] for r in rows)
-                                            / max(1, ok), 3),
-            "streams": rows[0]["streams"]}
+    merged.update({"answered_by_status": answered,
+                   "h2load_requests_per_second": median(r["h2load_requests_per_second"]
+                                                        for r in rows),
+                   "epp_cpu_ms_per_request": round(1000 * sum(r["cpu_s"] for r in rows)
+                                                   / max(1, merged["requests_ok"]), 3),
+                   "streams": rows[0]["streams"]})
+    return merged
 
 
 def start_epp_process(config_path: Path, workdir: Path, name: str, *,

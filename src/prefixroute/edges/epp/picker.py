@@ -65,6 +65,7 @@ import os
 from collections import deque
 from typing import Any, AsyncIterator, Protocol
 
+import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.accesslog.v3 import als_pb2
@@ -72,7 +73,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
-import orjson
 
 from prefixroute.edges.epp.config import EppSettings, address_of, endpoint_of
 from prefixroute.edges.epp.http2 import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE
