@@ -110,6 +110,21 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
+async def from_callback(fn, *args):
+    """``fn(*args)`` from a plain event-loop callback, outside any task, as the transport's
+    read callback calls the EPP."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def call():
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+    loop.call_soon(call)
+    return await done
+
+
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
 
 
@@ -408,6 +423,80 @@ def test_discovered_replicas_are_named_by_address_and_a_host_name_never(monkeypa
             assert [b.name for b in h.gateway.pool.backends] == ["by-name", "by-ip"]
             _, routed = await h.process(request_headers(), request_body(CHAT))
             assert set_headers(routed.request_body.response)[DESTINATION] == "10.0.0.9:8000"
+    run(scenario())
+
+
+def test_a_request_that_waits_for_nothing_is_answered_in_the_call_that_brought_it(
+        monkeypatch):
+    """No task and no turn of the event loop between Envoy's message and the EPP's answer:
+    the answer is there when the transport's callback returns, so it leaves in the write of
+    the read that brought the message. A request that must wait (a full admission queue,
+    below) goes on in a task."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch)) as h:
+            sink = _Collected()
+            run_ = ExchangeRun(h.picker, sink)
+            await from_callback(run_.take, request_headers())
+            await from_callback(run_.take, request_body(CHAT))
+            assert run_.task is None
+            assert [a.WhichOneof("response") for a in sink.answers] == [
+                "request_headers", "request_body"]
+            assert set_headers(sink.answers[1].request_body.response)[DESTINATION]
+            run_.reset()
+    run(scenario())
+
+
+def test_requests_under_a_fleet_rate_limit_in_redis_are_routed(monkeypatch, tmp_path):
+    """Started in the read's callback, outside any task, requests whose tenant's limit is
+    the fleet's (in Redis) are routed: the limiter asks Redis in tasks of its own."""
+    from tests.helpers.redis_server import RedisServer, needs_redis
+
+    if needs_redis.args[0]:
+        pytest.skip(needs_redis.kwargs["reason"])
+
+    async def scenario(url):
+        config = make_config(monkeypatch, shared_state={"redis": url, "namespace": "eager"},
+                             tenants=[{"name": "alice", "api_key_sha256":
+                                       hash_api_key("key-alice"),
+                                       "rate_limit": {"requests_per_second": 100}}])
+        async with Harness(config) as h:
+            shared = h.gateway.shared
+            for _ in range(200):
+                if shared.link.usable():
+                    break
+                await asyncio.sleep(0.05)
+            for _ in range(5):
+                sink = _Collected()
+                run_ = ExchangeRun(h.picker, sink)
+                await from_callback(run_.take, request_headers())
+                await run_.settled()
+                await from_callback(run_.take, request_body(CHAT))
+                await run_.settled()
+                assert sink.status is None, sink.status
+                assert set_headers(sink.answers[-1].request_body.response)[DESTINATION]
+                run_.reset()
+            assert sum(shared.limiter.counts.values()) >= 5
+
+    with RedisServer(tmp_path) as redis:
+        run(scenario(redis.url))
+
+
+def test_a_backend_render_is_called_inside_a_task(monkeypatch):
+    """With ``tokenization: backend`` the render call (under ``asyncio.timeout``, which needs
+    a task) goes on in a task; these replicas cannot render, so the request is routed on the
+    local fallback."""
+    async def scenario():
+        async with Harness(make_config(monkeypatch, tokenization="backend")) as h:
+            sink = _Collected()
+            run_ = ExchangeRun(h.picker, sink)
+            await from_callback(run_.take, request_headers())
+            await from_callback(run_.take, request_body(CHAT))
+            await run_.settled()
+            assert sink.status is None, sink.status
+            assert set_headers(sink.answers[-1].request_body.response)[DESTINATION]
+            assert h.gateway.metrics.registry.get_sample_value(
+                "prefixroute_gateway_tokenize_fallbacks_total") == 1
+            run_.reset()
     run(scenario())
 
 

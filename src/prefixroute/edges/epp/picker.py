@@ -74,6 +74,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
+from prefixroute.edges.eager import start
 from prefixroute.edges.epp.config import EppSettings, address_of, endpoint_of
 from prefixroute.edges.epp.http2 import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE
 from prefixroute.edges.epp.protocol import (ACCESS_LOG_METHOD, ANSWERS_BY_ACCESS_LOG,
@@ -354,7 +355,9 @@ class ExchangeRun:
     The answer messages (response headers and body, trailers) never wait: when nothing is
     ahead of them they are answered inside the read that brought them, with no task, and
     the answer leaves in that read's write. The request's messages may wait (the rate
-    limit, tokenization, an admission slot), so each runs as a task; messages that arrive
+    limit, tokenization, an admission slot): each starts inside the read too
+    (:func:`prefixroute.edges.eager.start`), and one that waits for nothing is answered
+    there as well; one that must wait goes on as a task, and messages that arrive
     meanwhile wait their turn behind it.
 
     The exchange is closed (its admission slot and booking released) only once no task of
@@ -419,11 +422,25 @@ class ExchangeRun:
         except Exception as exc:
             self._internal_error(exc)
             return
-        if answer is LATER:
-            self.task = asyncio.get_running_loop().create_task(self.exchange.handle(message))
-            self.task.add_done_callback(self._handled)
-        else:
+        if answer is not LATER:
             self._answer(answer)
+            return
+        # Started here, in the read that brought the message: a request that waits for
+        # nothing is answered in this read's write, with no task and no turn of the loop.
+        started = start(self.exchange.handle(message))
+        if started.task is not None:
+            self.task = started.task
+            self.task.add_done_callback(self._handled)
+            return
+        try:
+            if started.error is not None:
+                if not isinstance(started.error, Exception):
+                    raise started.error
+                self._internal_error(started.error)
+                return
+            self._answer(started.result)
+        except Exception as exc:
+            self._internal_error(exc)
 
     def _handled(self, task: asyncio.Task) -> None:
         self.task = None

@@ -41,6 +41,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from prefixroute.core.identity.identity import MediaItem
+from prefixroute.edges.eager import in_task
 from prefixroute.edges.gateway.metrics import LATENCY_BUCKETS
 from prefixroute.edges.gateway.sanitize import encode_json
 from prefixroute.edges.http1 import RequestTimeout, TransportError
@@ -103,6 +104,7 @@ class RenderClient:
         return rendered
 
     async def _render(self, endpoint: str, body: dict, backends: Sequence[Any]) -> Rendered:
+        await in_task()  # asyncio.timeout, below, needs a task
         backend = self.pick(backends)
         if backend is None:
             raise RenderError("no_replica", "no available replica serves the model")
