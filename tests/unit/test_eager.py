@@ -8,6 +8,7 @@ import contextvars
 import pytest
 
 from prefixroute.edges.eager import in_task, start
+from tests.helpers.loop import from_callback
 
 SEEN = contextvars.ContextVar("seen", default="unset")
 
@@ -16,12 +17,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def start_from_callback(coro):
+def start_from_callback(coro, then=None):
     """:func:`start` as a transport's read callback calls it: outside any task."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    loop.call_soon(lambda: done.set_result(start(coro)))
-    return await done
+    return from_callback(start, coro, then=then)
 
 
 def test_a_coroutine_that_never_waits_finishes_inside_start_without_a_task():
@@ -34,7 +32,7 @@ def test_a_coroutine_that_never_waits_finishes_inside_start_without_a_task():
 
     async def scenario():
         started = await start_from_callback(work())
-        assert steps == ["ran"]  # before start returned, with no turn of the loop
+        assert steps == ["ran"]
         assert started.task is None and started.result == 42 and started.error is None
         assert SEEN.get() == "unset"  # it ran in a copy of the caller's context
     run(scenario())
@@ -96,10 +94,56 @@ def test_cancelling_the_task_cancels_the_coroutine_where_it_waits():
     async def scenario():
         future = asyncio.get_running_loop().create_future()
         started = await start_from_callback(work(future))
+        await asyncio.sleep(0)  # the task has taken its first step: it waits on the future
         started.task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await started.task
         assert cleaned == [True] and future.cancelled()
+    run(scenario())
+
+
+def test_cancelled_before_its_tasks_first_step_the_wait_is_cancelled_with_its_message():
+    """(As when the stream is cut in the same read that brought the request.)"""
+    seen = []
+
+    async def work(future):
+        try:
+            await future
+        except asyncio.CancelledError as error:
+            seen.append(error.args)
+            raise
+
+    async def scenario():
+        future = asyncio.get_running_loop().create_future()
+        started = await start_from_callback(work(future),
+                                            then=lambda s: s.task.cancel("stream reset"))
+        with pytest.raises(asyncio.CancelledError):
+            await started.task
+        assert future.cancelled() and seen == [("stream reset",)]
+    run(scenario())
+
+
+def test_a_future_done_before_the_tasks_first_step_is_read_at_that_step():
+    async def work(future):
+        return await future + 1
+
+    async def scenario():
+        future = asyncio.get_running_loop().create_future()
+        started = await start_from_callback(work(future),
+                                            then=lambda s: future.set_result(1))
+        assert await started.task == 2
+    run(scenario())
+
+
+def test_an_error_raised_after_the_wait_ends_the_task_with_it():
+    async def work():
+        await asyncio.sleep(0)
+        raise LookupError("later")
+
+    async def scenario():
+        started = await start_from_callback(work())
+        with pytest.raises(LookupError, match="later"):
+            await started.task
     run(scenario())
 
 
@@ -134,9 +178,6 @@ def test_in_task_puts_what_follows_in_the_task_so_asyncio_timeout_works():
 
 def test_in_task_inside_a_task_does_not_wait():
     async def scenario():
-        started = await start_from_callback(in_task())  # under an eager start on 3.12 there is a task already
-        if started.task is not None:
-            await started.task
         steps = []
 
         async def inner():
@@ -161,8 +202,7 @@ def test_a_cancelled_wait_for_a_semaphore_gives_back_no_slot_it_never_had():
         async def wait_for_slot():
             await slots.acquire()
 
-        started = await start_from_callback(wait_for_slot())
-        started.task.cancel()
+        started = await start_from_callback(wait_for_slot(), then=lambda s: s.task.cancel())
         with pytest.raises(asyncio.CancelledError):
             await started.task
         slots.release()

@@ -23,6 +23,8 @@ from prefixroute.edges.epp.picker import EndpointPicker, ExchangeRun, _Collected
 from prefixroute.edges.epp.protocol import ACCESS_LOG_METHOD, DESTINATION, SERVED  # noqa: E402
 from prefixroute.edges.gateway.app import Gateway  # noqa: E402
 from prefixroute.edges.gateway.config import hash_api_key, parse_config  # noqa: E402
+from tests.helpers.loop import from_callback  # noqa: E402
+from tests.helpers.redis_server import RedisServer, needs_redis  # noqa: E402
 
 SECRET = "5e" * 32  # 64 hex digits: a 32-byte key
 STREAMED_BODY = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
@@ -109,20 +111,6 @@ class Harness:
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
-
-async def from_callback(fn, *args):
-    """``fn(*args)`` from a plain event-loop callback, outside any task, as the transport's
-    read callback calls the EPP."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def call():
-        try:
-            done.set_result(fn(*args))
-        except BaseException as exc:
-            done.set_exception(exc)
-    loop.call_soon(call)
-    return await done
 
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
@@ -430,8 +418,7 @@ def test_a_request_that_waits_for_nothing_is_answered_in_the_call_that_brought_i
         monkeypatch):
     """No task and no turn of the event loop between Envoy's message and the EPP's answer:
     the answer is there when the transport's callback returns, so it leaves in the write of
-    the read that brought the message. A request that must wait (a full admission queue,
-    below) goes on in a task."""
+    the read that brought the message."""
     async def scenario():
         async with Harness(make_config(monkeypatch)) as h:
             sink = _Collected()
@@ -446,13 +433,10 @@ def test_a_request_that_waits_for_nothing_is_answered_in_the_call_that_brought_i
     run(scenario())
 
 
+@needs_redis
 def test_requests_under_a_fleet_rate_limit_in_redis_are_routed(monkeypatch, tmp_path):
     """Started in the read's callback, outside any task, requests whose tenant's limit is
-    the fleet's (in Redis) are routed: the limiter asks Redis in tasks of its own."""
-    from tests.helpers.redis_server import RedisServer, needs_redis
-
-    if needs_redis.args[0]:
-        pytest.skip(needs_redis.kwargs["reason"])
+    the fleet's (in Redis) are routed: what asks Redis runs in a task."""
 
     async def scenario(url):
         config = make_config(monkeypatch, shared_state={"redis": url, "namespace": "eager"},
@@ -516,10 +500,9 @@ def test_a_stream_cut_while_its_request_waits_for_a_slot_leaks_neither_slot_nor_
                 await holder.settled()
                 assert h.gateway.admission.active == 1
                 waiter = ExchangeRun(h.picker, _Collected())
-                waiter.take(request_headers())
+                await from_callback(waiter.take, request_headers())
                 await waiter.settled()
-                waiter.take(request_body(CHAT))
-                await asyncio.sleep(0)
+                await from_callback(waiter.take, request_body(CHAT))
                 assert h.gateway.admission.waiting == 1
                 holder.take(response_headers(200, served=R0))
                 holder.take(response_body(b"", end=True))  # the slot goes to the waiter
@@ -531,6 +514,42 @@ def test_a_stream_cut_while_its_request_waits_for_a_slot_leaks_neither_slot_nor_
                 assert h.gateway.admission.active == 0, turns
                 assert h.gateway.open_requests == 0, turns
                 assert [b.in_flight for b in h.gateway.pool.backends] == [0, 0, 0], turns
+    run(scenario())
+
+
+def test_a_stream_cut_in_the_read_that_brought_its_request_takes_no_slot(monkeypatch):
+    """The request reaches the full admission queue inside the read, and Envoy's reset
+    comes in that same read, before the request's task took a step: the wait is cancelled,
+    and the slot freed later goes to nobody (it is not counted as granted and handed back)."""
+    async def scenario():
+        config = make_config(monkeypatch, limits={"max_concurrent": 1, "max_queued": 4})
+        async with Harness(config) as h:
+            holder = ExchangeRun(h.picker, _Collected())
+            await from_callback(holder.take, request_headers())
+            await from_callback(holder.take, request_body(CHAT))
+            assert holder.task is None and h.gateway.admission.active == 1
+            waiter = ExchangeRun(h.picker, _Collected())
+            await from_callback(waiter.take, request_headers())
+            await from_callback(waiter.take, request_body(CHAT),
+                                then=lambda _: waiter.reset())
+            await waiter.settled()
+            assert h.gateway.admission.waiting == 0 and h.gateway.open_requests == 1
+            holder.take(response_headers(200, served=R0))
+            holder.take(response_body(b"", end=True))
+            holder.reset()
+            assert h.gateway.admission.active == 0 and h.gateway.open_requests == 0
+            assert [b.in_flight for b in h.gateway.pool.backends] == [0, 0, 0]
+            # One slot, free: a new request takes it at once, and a second waits.
+            first, second = ExchangeRun(h.picker, _Collected()), ExchangeRun(h.picker,
+                                                                              _Collected())
+            for each in (first, second):
+                await from_callback(each.take, request_headers())
+                await from_callback(each.take, request_body(CHAT))
+            assert first.task is None and second.task is not None
+            assert h.gateway.admission.active == 1 and h.gateway.admission.waiting == 1
+            first.reset()
+            second.reset()
+            await second.settled()
     run(scenario())
 
 
@@ -596,7 +615,7 @@ async def routed_by_access_log(h: Harness, body: dict, envoy_id: str = "envoy-id
         "request.path": "/v1/chat/completions", "request.method": "POST",
         "request.headers['authorization']": "Bearer key-alice",
         "request.headers['x-request-id']": envoy_id})
-    run_.message(message.SerializeToString())
+    await from_callback(run_.message, message.SerializeToString())
     await run_.settled()
     routed = sink.answers[-1]
     ours = routed.dynamic_metadata.fields.get("prefixroute")

@@ -7,14 +7,16 @@ the coroutine rarely waits (a request admitted at once, routed, answered), start
 the callback answers in the same turn, and its write leaves with the read's.
 
 :func:`start` does that. The coroutine's first step runs in a copy of the caller's context
-(as a task's would); if it finishes there, its result (or its exception) is returned and no
-task exists; if it suspends, a task goes on from where it stopped. Python 3.12 and later have
-this as :func:`asyncio.eager_task_factory`, used as it is. Python 3.11 has no public way to
-make a task current, so there the first step runs eagerly only when called outside any task
-(a transport's callback), and outside any task: code that needs the current task
-(``asyncio.timeout``, and libraries built on it) must not run before the coroutine's first
-wait. Such code starts with ``await in_task()`` (:func:`in_task`), which waits one turn of
-the loop only when there is no task yet.
+(as a task's would); if it finishes there, its result (or its exception) is handed back at
+once; if it suspends, a task goes on from where it stopped. Python 3.12 and later have this
+as :func:`asyncio.eager_task_factory`, used as it is.
+
+Python 3.11 has no public way to make a task current while a step runs. There the first step
+runs eagerly only when :func:`start` is called outside any task (a transport's callback), and
+then it runs outside any task too: code that needs the current task (``asyncio.timeout``,
+``asyncio.TaskGroup``, and libraries built on them such as the Redis client) must not run
+before the coroutine's first wait, so it first awaits :func:`in_task`. Called from inside a
+task, :func:`start` simply creates one.
 """
 
 from __future__ import annotations
@@ -41,20 +43,22 @@ class Started:
 
 if sys.version_info >= (3, 12):
     def start(coro: Coroutine[Any, Any, Any]) -> Started:
+        """Run ``coro`` until its first wait; the rest, if any, in a task."""
         loop = asyncio.get_running_loop()
         task = asyncio.eager_task_factory(loop, coro, context=contextvars.copy_context())
         if not task.done():
             return Started(task)
-        if task.cancelled():
-            return Started(None, error=asyncio.CancelledError())
-        error = task.exception()
-        return Started(None, None if error is not None else task.result(), error)
+        try:  # (retrieving the outcome also marks an exception as seen)
+            return Started(None, task.result())
+        except BaseException as error:
+            return Started(None, error=error)
 else:
     def start(coro: Coroutine[Any, Any, Any]) -> Started:
+        """Run ``coro`` until its first wait; the rest, if any, in a task."""
         context = contextvars.copy_context()
         if asyncio.current_task() is not None:
-            # Called from a task: a first step run here would run inside that task (whose
-            # timeouts it would take for its own), so it runs in a task of its own.
+            # A first step run here would run as part of the calling task (and take that
+            # task's timeouts and cancellation for its own): it runs in a task of its own.
             return Started(asyncio.get_running_loop().create_task(coro, context=context))
         try:
             waits_on = context.run(coro.send, None)
@@ -67,10 +71,13 @@ else:
 
 
 class _Resumed(Coroutine):
-    """The coroutine a task runs to go on with one :func:`start` began: its first step hands
-    the task the wait the coroutine stopped at; from then on every value and exception the
-    task sends (a cancellation included, even one before that first step) goes to the
-    coroutine, as if the task had run it from the start."""
+    """What the task runs to go on with a coroutine :func:`start` began (Python 3.11).
+
+    Its first step hands the task the wait the coroutine stopped at; from then on every value
+    and exception the task sends goes to the coroutine, as if the task had run it from the
+    start. A cancellation before that first step does what a task's cancellation does to a
+    wait: it cancels the awaited future, and the coroutine learns of it from that future (a
+    semaphore, say, then knows its slot was not granted)."""
 
     __slots__ = ("coro", "waits_on", "fresh")
 
@@ -82,18 +89,19 @@ class _Resumed(Coroutine):
     def send(self, value: Any) -> Any:
         if self.fresh:
             self.fresh = False
-            return self.waits_on
+            waits_on, self.waits_on = self.waits_on, None
+            if waits_on is not None:
+                return waits_on
+            # A bare yield (``asyncio.sleep(0)``): the turn of the loop it asked for has
+            # passed while this task waited for its first step.
         return self.coro.send(value)
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
         if self.fresh:
             self.fresh = False
-            waits_on = self.waits_on
+            waits_on, self.waits_on = self.waits_on, None
             if (isinstance(typ, asyncio.CancelledError) and asyncio.isfuture(waits_on)
-                    and waits_on.cancel()):
-                # Cancelled before its first step: as a task cancels the future it waits
-                # on, and the coroutine learns of it from that future (a semaphore, say,
-                # then knows its slot was not granted).
+                    and waits_on.cancel(msg=typ.args[0] if typ.args else None)):
                 return waits_on
         if val is None and tb is None:
             return self.coro.throw(typ)
@@ -108,6 +116,13 @@ class _Resumed(Coroutine):
     def __next__(self) -> Any:
         return self.send(None)
 
+    def __getattr__(self, name: str) -> Any:
+        # The coroutine's name and frame, for the task's repr and stack in debugging.
+        if name in ("__name__", "__qualname__", "cr_frame", "cr_code", "cr_await",
+                    "cr_running"):
+            return getattr(self.coro, name)
+        raise AttributeError(name)
+
 
 async def in_task() -> None:
     """Go on inside a task: outside one (a coroutine :func:`start` runs on Python 3.11,
@@ -115,4 +130,3 @@ async def in_task() -> None:
     :func:`start` made; inside one, return at once."""
     if asyncio.current_task() is None:
         await asyncio.sleep(0)
-

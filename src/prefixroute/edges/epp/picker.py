@@ -426,46 +426,47 @@ class ExchangeRun:
             self._answer(answer)
             return
         # Started here, in the read that brought the message: a request that waits for
-        # nothing is answered in this read's write, with no task and no turn of the loop.
+        # nothing is answered in this read's write, with no turn of the loop in between.
         started = start(self.exchange.handle(message))
         if started.task is not None:
             self.task = started.task
             self.task.add_done_callback(self._handled)
-            return
-        try:
-            if started.error is not None:
-                if not isinstance(started.error, Exception):
-                    raise started.error
-                self._internal_error(started.error)
-                return
-            self._answer(started.result)
-        except Exception as exc:
-            self._internal_error(exc)
+        else:
+            self._settle(started.error, started.result)
 
     def _handled(self, task: asyncio.Task) -> None:
         self.task = None
-        error = None if task.cancelled() else task.exception()
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
         if self.closed:  # reset or closed while the task ran: the exchange ends now
-            if error is not None:
+            if error is not None and not task.cancelled():
                 log.error("unexpected error in an exchange that had ended", exc_info=error,
                           extra={"fields": {"event": "internal_error",
                                             "request_id": self.exchange.request_id}})
             self.exchange.close()
             return
-        if task.cancelled():  # from outside: the loop is ending
-            self._close(UNAVAILABLE, "the endpoint picker is stopping")
-            return
+        self._settle(error, None if error is not None else task.result())
         try:
-            if error is not None:
-                self._internal_error(error)
-                return
-            self._answer(task.result())
             while self.waiting and self.task is None and not self.closed:
                 self._handle(self.waiting.popleft())
             if self.ended and self.task is None and not self.waiting:
                 self._close(OK)
         except Exception as exc:
             self._internal_error(exc)
+
+    def _settle(self, error: BaseException | None, answer: Answer) -> None:
+        """A request message handled: send its answer, or end the exchange as its error
+        says (cancelled: the loop is ending; anything else is a bug of ours)."""
+        if isinstance(error, asyncio.CancelledError):
+            self._close(UNAVAILABLE, "the endpoint picker is stopping")
+        elif error is not None:
+            if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
+                raise error
+            self._internal_error(error)
+        else:
+            try:
+                self._answer(answer)
+            except Exception as exc:
+                self._internal_error(exc)
 
     def _answer(self, answer: Answer) -> None:
         # (a tuple: a held-back headers answer, then the body's)

@@ -104,7 +104,6 @@ class RenderClient:
         return rendered
 
     async def _render(self, endpoint: str, body: dict, backends: Sequence[Any]) -> Rendered:
-        await in_task()  # asyncio.timeout, below, needs a task
         backend = self.pick(backends)
         if backend is None:
             raise RenderError("no_replica", "no available replica serves the model")
@@ -112,6 +111,7 @@ class RenderClient:
             raise RenderError("no_replica", "the gateway has not started")
         headers = {"content-type": "application/json", **backend.headers}
         payload = encode_json(body)
+        await in_task()  # asyncio.timeout needs one
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
