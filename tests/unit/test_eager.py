@@ -14,7 +14,7 @@ SEEN = contextvars.ContextVar("seen", default="unset")
 
 
 def run(coro):
-    return asyncio.run(coro)
+    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 def start_from_callback(coro, then=None):
@@ -22,7 +22,7 @@ def start_from_callback(coro, then=None):
     return from_callback(start, coro, then=then)
 
 
-def test_a_coroutine_that_never_waits_finishes_inside_start_without_a_task():
+def test_a_coroutine_that_never_waits_finishes_inside_start_and_leaves_no_task():
     steps = []
 
     async def work():
@@ -94,7 +94,6 @@ def test_cancelling_the_task_cancels_the_coroutine_where_it_waits():
     async def scenario():
         future = asyncio.get_running_loop().create_future()
         started = await start_from_callback(work(future))
-        await asyncio.sleep(0)  # the task has taken its first step: it waits on the future
         started.task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await started.task
@@ -123,7 +122,7 @@ def test_cancelled_before_its_tasks_first_step_the_wait_is_cancelled_with_its_me
     run(scenario())
 
 
-def test_a_future_done_before_the_tasks_first_step_is_read_at_that_step():
+def test_a_future_done_before_the_tasks_first_step_is_read_by_the_task():
     async def work(future):
         return await future + 1
 
@@ -159,6 +158,22 @@ def test_several_waits_and_a_bare_yield_in_a_row():
         started = await start_from_callback(work())
         assert await started.task == "task"
         assert SEEN.get() == "unset"
+    run(scenario())
+
+
+def test_a_first_wait_for_one_turn_of_the_loop_costs_one_turn():
+    """(A bare yield, as ``in_task`` makes: the turn it asks for passes while the task waits
+    for its first step, which then goes straight on.)"""
+    steps = []
+
+    async def work():
+        await asyncio.sleep(0)
+        steps.append("on")
+
+    async def scenario():
+        started = await start_from_callback(work())
+        assert steps == ["on"]  # the task's first step ran ahead of this one's wake-up
+        await started.task
     run(scenario())
 
 

@@ -434,22 +434,25 @@ def test_a_request_that_waits_for_nothing_is_answered_in_the_call_that_brought_i
 
 
 @needs_redis
-def test_requests_under_a_fleet_rate_limit_in_redis_are_routed(monkeypatch, tmp_path):
-    """Started in the read's callback, outside any task, requests whose tenant's limit is
-    the fleet's (in Redis) are routed: what asks Redis runs in a task."""
-
+def test_a_fleet_rate_limit_asked_of_redis_on_the_requests_path(monkeypatch, tmp_path):
+    """Started in the read's callback, outside any task: a tenant's first request under a
+    fleet limit (in Redis, a burst of one) asks Redis on its path, in a task, and is routed;
+    the next (the harness's clock stands still, so nothing refills) gets the 429."""
     async def scenario(url):
         config = make_config(monkeypatch, shared_state={"redis": url, "namespace": "eager"},
                              tenants=[{"name": "alice", "api_key_sha256":
                                        hash_api_key("key-alice"),
-                                       "rate_limit": {"requests_per_second": 100}}])
+                                       "rate_limit": {"requests_per_second": 100,
+                                                      "burst": 1}}])
         async with Harness(config) as h:
             shared = h.gateway.shared
             for _ in range(200):
                 if shared.link.usable():
                     break
                 await asyncio.sleep(0.05)
-            for _ in range(5):
+            assert shared.link.usable()
+            answers = []
+            for _ in range(2):
                 sink = _Collected()
                 run_ = ExchangeRun(h.picker, sink)
                 await from_callback(run_.take, request_headers())
@@ -457,9 +460,12 @@ def test_requests_under_a_fleet_rate_limit_in_redis_are_routed(monkeypatch, tmp_
                 await from_callback(run_.take, request_body(CHAT))
                 await run_.settled()
                 assert sink.status is None, sink.status
-                assert set_headers(sink.answers[-1].request_body.response)[DESTINATION]
+                answers.append(sink.answers)
                 run_.reset()
-            assert sum(shared.limiter.counts.values()) >= 5
+            assert shared.limiter.counts["path"] == 1
+            routed, refused = answers
+            assert set_headers(routed[-1].request_body.response)[DESTINATION]
+            assert refused[0].immediate_response.status.code == 429
 
     with RedisServer(tmp_path) as redis:
         run(scenario(redis.url))
@@ -520,7 +526,7 @@ def test_a_stream_cut_while_its_request_waits_for_a_slot_leaks_neither_slot_nor_
 def test_a_stream_cut_in_the_read_that_brought_its_request_takes_no_slot(monkeypatch):
     """The request reaches the full admission queue inside the read, and Envoy's reset
     comes in that same read, before the request's task took a step: the wait is cancelled,
-    and the slot freed later goes to nobody (it is not counted as granted and handed back)."""
+    the slot freed later goes to nobody, and the queue counts stay right."""
     async def scenario():
         config = make_config(monkeypatch, limits={"max_concurrent": 1, "max_queued": 4})
         async with Harness(config) as h:
@@ -550,6 +556,8 @@ def test_a_stream_cut_in_the_read_that_brought_its_request_takes_no_slot(monkeyp
             first.reset()
             second.reset()
             await second.settled()
+            assert h.gateway.admission.active == 0 and h.gateway.admission.waiting == 0
+            assert h.gateway.open_requests == 0
     run(scenario())
 
 

@@ -432,7 +432,7 @@ class ExchangeRun:
             self.task = started.task
             self.task.add_done_callback(self._handled)
         else:
-            self._settle(started.error, started.result)
+            self._settle(started.error, started.result, in_read=True)
 
     def _handled(self, task: asyncio.Task) -> None:
         self.task = None
@@ -444,7 +444,7 @@ class ExchangeRun:
                                             "request_id": self.exchange.request_id}})
             self.exchange.close()
             return
-        self._settle(error, None if error is not None else task.result())
+        self._settle(error, None if error is not None else task.result(), in_read=False)
         try:
             while self.waiting and self.task is None and not self.closed:
                 self._handle(self.waiting.popleft())
@@ -453,13 +453,17 @@ class ExchangeRun:
         except Exception as exc:
             self._internal_error(exc)
 
-    def _settle(self, error: BaseException | None, answer: Answer) -> None:
+    def _settle(self, error: BaseException | None, answer: Answer, *, in_read: bool) -> None:
         """A request message handled: send its answer, or end the exchange as its error
-        says (cancelled: the loop is ending; anything else is a bug of ours)."""
+        says (cancelled: UNAVAILABLE, as when the EPP stops; anything else is a bug of
+        ours). Nothing but KeyboardInterrupt and SystemExit leaves the transport's read
+        callback (anything else would end Envoy's whole connection); from a task, those
+        have already reached the loop."""
         if isinstance(error, asyncio.CancelledError):
-            self._close(UNAVAILABLE, "the endpoint picker is stopping")
+            self._close(UNAVAILABLE, "the request's handling was cancelled (the endpoint "
+                        "picker may be stopping)")
         elif error is not None:
-            if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit
+            if in_read and isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise error
             self._internal_error(error)
         else:
