@@ -361,6 +361,31 @@ def test_a_request_asking_alone_gets_its_cost_or_an_exact_refusal(tmp_path, monk
 
 
 
+def test_a_request_asking_alone_from_a_transports_callback_gets_its_answer(tmp_path,
+                                                                             monkeypatch):
+    """A request's check started in a transport's read callback (the Endpoint Picker's,
+    outside any task until it first waits) may reach its own script call without waiting
+    first; the Redis client needs a task, so the call goes on in one."""
+    from prefixroute.edges.eager import start
+    from prefixroute.edges.shared_state import ratelimit
+    from tests.helpers.loop import from_callback
+
+    monkeypatch.setattr(ratelimit, "SHARED_TRIES", 0)
+
+    async def scenario():
+        with RedisServer(tmp_path) as redis:
+            shared, _ = instance(redis.url, "t-alone-callback")
+            bucket = [("requests", 0.1, 3.0, 1.0)]
+            started = await from_callback(start, shared.take("a", bucket))
+            wait = started.result if started.task is None else await started.task
+            alone = shared.limiter.counts["alone"]
+            await shared.stop()
+            return started.error, wait, alone
+
+    error, wait, alone = asyncio.run(scenario())
+    assert error is None and wait == 0.0 and alone == 1
+
+
 def test_a_zero_cost_waiting_beside_a_costed_request_passes(tmp_path):
     # A request costing nothing (no prompt tokens to count) at the same moment as one costing
     # a token, on a key with no slice yet: both pass; nothing stays counted as waiting.

@@ -116,13 +116,6 @@ class _Resumed(Coroutine):
     def __next__(self) -> Any:
         return self.send(None)
 
-    def __getattr__(self, name: str) -> Any:
-        # The coroutine's name and frame, for the task's repr and stack in debugging.
-        if name in ("__name__", "__qualname__", "cr_frame", "cr_code", "cr_await",
-                    "cr_running"):
-            return getattr(self.coro, name)
-        raise AttributeError(name)
-
 
 async def in_task() -> None:
     """Go on inside a task: outside one (a coroutine :func:`start` runs on Python 3.11,

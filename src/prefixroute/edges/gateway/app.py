@@ -44,7 +44,6 @@ from starlette.routing import Route
 from prefixroute.core.clock import Clock, MonotonicClock
 from prefixroute.core.errors import ConfigError, PrefixRouteError
 from prefixroute.core.routing.registry import create_policy
-from prefixroute.edges.eager import in_task
 from prefixroute.edges.gateway.admin import AdminAPI
 from prefixroute.edges.gateway.admission import AdmissionQueue
 from prefixroute.edges.gateway.backends import Backend, BackendPool
@@ -442,7 +441,6 @@ class Gateway:
     async def _take_fleet(self, tenant: Tenant,
                           buckets: list[tuple[str, float, float, float]]) -> None:
         """:meth:`_take` when Redis must be asked."""
-        await in_task()  # the Redis client needs one
         limit, _, _, cost = buckets[0]
         try:
             wait = await self.shared.take(tenant.name, buckets)

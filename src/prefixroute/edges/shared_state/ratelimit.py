@@ -24,6 +24,7 @@ import asyncio
 import time
 from typing import Callable, Sequence
 
+from prefixroute.edges.eager import in_task
 from prefixroute.edges.shared_state.lease import LEASE_TTL_S, Lease
 from prefixroute.edges.shared_state.link import REDIS_ERRORS, RedisLink
 
@@ -228,6 +229,7 @@ class SharedRateLimiter:
         and its wait comes from the level Redis answered with. ``None``: Redis did not
         answer."""
         self.counts["alone"] += 1
+        await in_task()  # (called inline from a request's path; the Redis client needs one)
         try:
             granted, level = await self._script(
                 keys=[key], args=[lease.rate, lease.burst, 0, cost, cost, EXPIRY_MARGIN_MS])
