@@ -18,6 +18,12 @@ Fronts, each in front of the same replicas:
     that bootstrap as written (ext_proc filter, fast routes, override_host, answers by
     access log) and one ``prefixroute epp`` process, over TCP and over a Unix socket
     (``--unix-socket``), both on the router core;
+``envoy+floor``
+    the same bootstrap in front of ``epp_floor.py`` (beside this file) on the router core:
+    an ext_proc server on the EPP's own transport that answers each request as the EPP
+    does on the fast route but does none of its work (no tenant, no salt, no hashing, no
+    policy: the next replica round robin). What it adds over Envoy alone is the hop
+    itself; the rest of what ``envoy+epp`` adds is the EPP's own work;
 ``envoy+epp split``
     the same over TCP with Envoy on the load core: the EPP has the router core to itself,
     as ``serve`` has (in a cluster Envoy and the EPP run in their own pods). Its maximum is
@@ -74,6 +80,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -111,6 +118,7 @@ TARGET_ADDED_P50_MS, TARGET_ADDED_P99_MS = 2.0, 10.0
 # The EPP alone on the router core, its Envoy on the load core (with wrk and the replicas):
 # what one EPP process carries when, as in a cluster, Envoy runs elsewhere.
 SPLIT = "envoy+epp split"
+FLOOR = "envoy+floor"  # the hop's floor: Envoy and an ext_proc server doing no EPP work
 # The EPP alone: h2load clients (one per prompt) and streams each, about what Envoy holds
 # open to the EPP under wrk's 32 connections.
 H2LOAD_CLIENTS, H2LOAD_STREAMS = 4, 8
@@ -565,6 +573,43 @@ def merge_h2load_rounds(rows: list[dict]) -> dict:
     return merged
 
 
+class FloorProcess:
+    """``epp_floor.py`` on the router core, serving ext_proc on ``port``."""
+
+    def __init__(self, port: int, endpoints: list[str], log_path: Path):
+        self.port = port
+        cmd = [sys.executable, str(Path(__file__).with_name("epp_floor.py")),
+               "--port", str(port), "--endpoints", ",".join(endpoints)]
+        if shutil.which("taskset"):
+            cmd = ["taskset", "-c", str(ROUTER_CPU), *cmd]
+        with open(log_path, "ab") as log:
+            self.process: subprocess.Popen | None = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"epp_floor.py exited: {log_path.read_text()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"epp_floor.py not listening on {port} after 30 s")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=15)
+
+
 def start_epp_process(config_path: Path, workdir: Path, name: str, *,
                       unix_socket: Path | None = None) -> tuple[ServiceProcess, str]:
     """``prefixroute epp`` on the router core; its gRPC address for ``--epp``."""
@@ -631,6 +676,15 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
             processes.append(envoy)
             targets[name] = [envoy.url + "/v1/completions"]
             pids[name] = [epp.process.pid, envoy.pid]
+        floor = FloorProcess(free_port(), [f"127.0.0.1:{p}" for p in ports],
+                             workdir / "floor.log")
+        processes.append(floor)
+        envoy = Envoy(FLOOR.replace("+", "-"), bootstrap(
+            config, f"127.0.0.1:{free_port()}", f"127.0.0.1:{floor.port}"), workdir).start()
+        processes.append(envoy)
+        targets[FLOOR] = [envoy.url + "/v1/completions"]
+        assert floor.process is not None
+        pids[FLOOR] = [floor.process.pid, envoy.pid]
 
         def serve_command(port: int) -> list[str]:
             return [sys.executable, "-m", "prefixroute", "serve", "--config", str(config_path),
@@ -865,7 +919,9 @@ def markdown(result: dict) -> str:
                   "block's end), latency from the planned send time to the last byte; CPU "
                   "per request of the router's process(es) over the whole run (their idle "
                   "work included). At max, an EPP front's CPU is Envoy's and the EPP's "
-                  "together, the EPP's share in brackets.", "",
+                  "together, the EPP's share in brackets (for `envoy+floor`, the floor "
+                  "server's: `epp_floor.py`, an ext_proc server that does none of the "
+                  "EPP's work).", "",
                   f"| front | max req/s | p50 ms at max | router CPU ms/req at max | "
                   f"p50 ms at {part1['rate']:g}/s | p99 ms | failed | drain s | "
                   "router CPU ms/req | + Envoy CPU ms/req |",
@@ -874,7 +930,8 @@ def markdown(result: dict) -> str:
             top = part1["max_rps"].get(name, {})
             cpu = f"{top.get('router_cpu_ms_per_request', '-')}"
             if "epp_cpu_ms_per_request" in top:
-                cpu += f" (EPP {top['epp_cpu_ms_per_request']})"
+                cpu += (f" ({'floor' if name == FLOOR else 'EPP'} "
+                        f"{top['epp_cpu_ms_per_request']})")
             lines.append(
                 f"| {name} | {top.get('requests_per_second', '-')} | "
                 f"{top.get('latency_p50_ms', '-')} | "
@@ -892,9 +949,18 @@ def markdown(result: dict) -> str:
                           f"{share:.1%} of {role.get(cpu, cpu)}" for cpu, share in
                           part1["steal_share"].items()) + ".", ""]
         for name, added in result.get("added", {}).items():
+            if name == FLOOR:
+                continue
             lines.append(f"Added by {name} over Envoy alone at {part1['rate']:g} req/s: p50 "
                          f"{added['p50_ms']} ms (target <= {TARGET_ADDED_P50_MS:g}), p99 "
                          f"{added['p99_ms']} ms (target <= {TARGET_ADDED_P99_MS:g}).")
+        floor_added = result.get("added", {}).get(FLOOR)
+        if floor_added:
+            lines.append(f"Added by the hop alone ({FLOOR}: Envoy's ext_proc filter and "
+                         "access log to a server that does none of the EPP's work) at "
+                         f"{part1['rate']:g} req/s: p50 {floor_added['p50_ms']} ms, p99 "
+                         f"{floor_added['p99_ms']} ms; the rest of what envoy+epp adds is "
+                         "the EPP's own work, and the waits it causes on the shared core.")
         lines.append("")
     for line in targets(result):
         lines.append(f"* {line}")
@@ -1003,7 +1069,8 @@ def main(argv: list[str] | None = None) -> int:
 
             result["added"] = {name: {"p50_ms": diff(name, "latency_p50_s"),
                                       "p99_ms": diff(name, "latency_p99_s")}
-                               for name in fixed if name.startswith("envoy+epp")}
+                               for name in fixed
+                               if name.startswith("envoy+epp") or name == FLOOR}
         if not args.skip_scenario:
             result["part2"] = run_part2(workdir, args.requests, args.time_scale, log)
     result["load_after"] = round(os.getloadavg()[0], 2)
