@@ -311,14 +311,19 @@ class Envoy:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen | None) -> None:
+    """Terminate one process this benchmark started (kill it if it lingers)."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=15)
 
 
 def envoy_alone(config: dict) -> dict:
@@ -601,13 +606,7 @@ class FloorProcess:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=15)
+        stop_process(process)
 
 
 def start_epp_process(config_path: Path, workdir: Path, name: str, *,
