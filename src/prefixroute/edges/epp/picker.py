@@ -126,6 +126,29 @@ def immediate(error: GatewayError, request_id: str | None = None) -> ext.Process
         details=f"prefixroute_{error.code or error.status}"))
 
 
+def routing_metadata(destination: str, tag: str | None) -> struct_pb2.Struct:
+    """A routing answer's dynamic metadata: ``destination`` (the picked ``ip:port``, then
+    the fallbacks) in the ``envoy.lb`` namespace, where Envoy's override_host load balancer
+    reads it, and, when the answer comes back by access log, the exchange's ``tag`` in the
+    EPP's own namespace (Envoy logs the requests that carry one)."""
+    metadata = struct_pb2.Struct()
+    metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
+    if tag is not None:
+        metadata.fields[METADATA_NAMESPACE].struct_value.fields[EXCHANGE_KEY] \
+            .string_value = tag
+    return metadata
+
+
+def fast_route_answer(body: bytes, metadata: struct_pb2.Struct) -> ext.ProcessingResponse:
+    """The answer to a request body that came with no headers message before it: the body
+    to send on, and the metadata naming the replica (Envoy applies no header change to
+    such a request, so none is sent)."""
+    return ext.ProcessingResponse(
+        request_body=ext.BodyResponse(response=ext.CommonResponse(
+            body_mutation=ext.BodyMutation(body=body))),
+        dynamic_metadata=metadata)
+
+
 _CONTINUE_REQUEST_HEADERS = ext.ProcessingResponse(
     request_headers=ext.HeadersResponse(response=ext.CommonResponse()))
 _CONTINUE_RESPONSE_BODY = ext.ProcessingResponse(
@@ -813,21 +836,15 @@ class Exchange:
                         key=lambda b: (b.in_flight, b.index))
         self.tried = [attempt.backend] + others[:self.picker.settings.fallback_endpoints]
         destination = ",".join(address(b) for b in self.tried)  # type: ignore[misc]
-        metadata = struct_pb2.Struct()
-        metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = destination
         if self.by_access_log and not job.checked.stream:
             # (A streamed answer stays on this stream: the usage chunk the caller did not
             # ask for is cut from it, which only an answer to each message can do.)
             self.tag = self.picker.new_tag()
-            metadata.fields[METADATA_NAMESPACE].struct_value.fields[EXCHANGE_KEY] \
-                .string_value = self.tag
+        metadata = routing_metadata(destination, self.tag)
         if not self.via_headers:
             # The fast route: Envoy applies no header change from a body answer when no
             # headers message came first, so none is sent (the metadata names the replica).
-            return ext.ProcessingResponse(
-                request_body=ext.BodyResponse(response=ext.CommonResponse(
-                    body_mutation=ext.BodyMutation(body=payload))),
-                dynamic_metadata=metadata)
+            return fast_route_answer(payload, metadata)
         set_headers = [_header(DESTINATION, destination),
                        _header("x-request-id", self.request_id)]
         # Envoy drops content-length whenever the body changes without the headers waiting

@@ -83,7 +83,7 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
     gateway = Gateway(config, tokenizer=tokenizer)
     admin_sock = bind_socket(admin_host, admin_port)
     try:
-        grpc_sock, where = _grpc_socket(grpc_address)
+        grpc_sock, where = grpc_socket(grpc_address)
     except ConfigError:
         admin_sock.close()
         raise
@@ -136,7 +136,7 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
     return 0
 
 
-def _grpc_socket(address: str) -> tuple[socket.socket, str]:
+def grpc_socket(address: str) -> tuple[socket.socket, str]:
     """The gRPC listening socket, bound and listening before anything starts (a taken port
     or path is a start-up error, exit 2; connections wait in the backlog until the server
     takes them), and where it listens. ``unix:PATH``: a socket file nobody listens on (an
