@@ -53,14 +53,17 @@ the router under test (Envoy and its EPP together, except in ``envoy+epp split``
   round starting one front later; requests/s and latencies are each the median over the
   rounds (minute-scale slowdowns of a shared machine then land on every front); the
   router's CPU (``/proc``: EPP and its Envoy together) per request over all rounds. Every
-  process stays up throughout, idle when not measured;
+  process stays up throughout, but a front not being measured is stopped (``SIGSTOP``) so
+  that the router core carries no other router's idle work (their health checks and
+  metrics polls, every second or two each, would land at random in the measured front's
+  waits);
 * **latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s from a Python
   generator under uvloop, in blocks of 5 s taking turns between all fronts (three rounds;
   the first second of each block is not counted), so all see the same machine minute by
   minute; a block ends only once its front has answered all it was sent (a front that falls
   behind would otherwise work off its backlog on the shared router core during the next
   front's block); p50 and p99 from the planned send time to the last byte, and Envoy+EPP's
-  minus Envoy's; each router's CPU per request over the whole run (their idle work
+  minus Envoy's; each router's CPU per request over its own blocks (its idle work
   included); and the share of each core's time the host gave to other machines meanwhile
   (steal): on a shared host a wake-up waits while it is taken.
 
@@ -77,9 +80,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -94,7 +99,7 @@ import yaml
 from prefixroute.core.simulator.generators import design_scenario
 from prefixroute.edges import children
 from prefixroute.edges.epp.config import load_epp_config
-from prefixroute.edges.epp.envoy import bootstrap
+from prefixroute.edges.epp.envoy import ACCESS_LOG_FLUSH_S, bootstrap
 from prefixroute.edges.epp.protocol import ATTRIBUTES_KEY, PROCESS_METHOD
 from prefixroute.edges.listen import free_port
 from prefixroute.edges.loadtest.fleet import LocalFleet, ServiceProcess
@@ -184,6 +189,7 @@ async def _blocks(spec: dict, headers: dict) -> dict:
 
     client = Client(read_timeout=REQUEST_TIMEOUT_S, max_idle_per_origin=1024)
     turn = 0
+    groups: dict[str, list[int]] = spec.get("groups") or {}
 
     async def one(name: str, url: str, request, count_it: bool) -> None:
         outcome = await send(client, url, request, headers, stream=False,
@@ -199,6 +205,9 @@ async def _blocks(spec: dict, headers: dict) -> dict:
             first = chunk[0].arrival_s
             urls = targets[name]
             tasks: list[asyncio.Task] = []
+            if groups:
+                await asyncio.sleep(ACCESS_LOG_FLUSH_S * 10)  # the last block's log entries
+                only(groups, name)
             block_start = time.perf_counter()
             try:
                 async with asyncio.timeout(block + REQUEST_TIMEOUT_S + 10):
@@ -224,6 +233,7 @@ async def _blocks(spec: dict, headers: dict) -> dict:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        only(groups, None)
         await client.aclose()
     elapsed = time.perf_counter() - start
     out = {}
@@ -235,6 +245,18 @@ async def _blocks(spec: dict, headers: dict) -> dict:
         out[name] = summary
     out["elapsed_s"] = round(elapsed, 1)
     return out
+
+
+def only(groups: dict[str, list[int]], name: str | None) -> None:
+    """Let front ``name`` run and stop every other front's processes (``SIGSTOP`` to their
+    process groups; ``None``: let every front run). A front measured on the router core then
+    shares it with no other router's idle work (health checks and metrics polls, timers),
+    which would otherwise land at random in its requests' waits."""
+    for front, pgids in groups.items():
+        sig = signal.SIGCONT if name is None or front == name else signal.SIGSTOP
+        for pgid in pgids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
 
 
 def run_loadgen(spec: dict, timeout: float) -> dict:
@@ -634,6 +656,8 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
 
     results: dict[str, Any] = {"rate": rate}
     processes: list[Any] = []
+    # Each front's process groups: stopped while another front is measured (``only``).
+    groups: dict[str, list[int]] = {}
     try:
         ports = [free_port(), free_port()]
         replicas = Envoy("replicas", trivial_replicas_config(ports), workdir,
@@ -715,14 +739,18 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
                                         + "epp:\n  fallback_endpoints: 0\n")
             epp, address = start_epp_process(epp_alone_config, workdir, "epp-alone")
             processes.append(epp)
+            groups["epp alone"] = [os.getpgid(epp.process.pid)]
             epp_alone = (epp, address, exchange_bodies(H2LOAD_CLIENTS, key,
                                                        f"127.0.0.1:{ports[0]}"))
         else:
             log("no h2load: the EPP's own maximum is left out (apt-get install "
                 "nghttp2-client)")
 
+        groups.update({name: [os.getpgid(pid) for pid in ps] for name, ps in pids.items()})
+
         def measure(name: str) -> dict:
-            """One round of one front at its maximum."""
+            """One round of one front at its maximum (the others stopped meanwhile)."""
+            only(groups, name)
             if name == "epp alone":
                 assert epp_alone is not None
                 epp, address, bodies = epp_alone
@@ -746,8 +774,10 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
             # Each round starts one front later: no front always runs first.
             for name in order[i:] + order[:i]:
                 rounds[name].append(measure(name))
+        only(groups, None)
         if epp_alone is not None:
             results["epp_alone"] = merge_h2load_rounds(rounds.pop("epp alone"))
+            del groups["epp alone"]
             epp_alone[0].stop()
         for name, rows in rounds.items():
             results["max_rps"][name] = merge_wrk_rounds(rows, pids[name])
@@ -761,7 +791,7 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
         times = {cpu: cpu_times(cpu) for cpu in (LOAD_CPU, ROUTER_CPU)}
         blocks = run_loadgen({"mode": "blocks", "api_key": key, "rate": rate,
                               "targets": fronts, "block": BLOCK_S, "settle": SETTLE_S,
-                              "pairs": PAIRS},
+                              "pairs": PAIRS, "groups": groups},
                              # each block may wait for its front's last answers
                              timeout=(BLOCK_S + REQUEST_TIMEOUT_S + 10) * len(fronts) * PAIRS
                              + 240)
@@ -780,6 +810,7 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
         results["steal_share"] = {f"cpu{cpu}": steal_share(times[cpu], cpu_times(cpu))
                                   for cpu in times}
     finally:
+        only(groups, None)  # (a stopped process would take its stop signal only when let run)
         for process in reversed(processes):
             process.stop()
     return results
@@ -908,15 +939,16 @@ def markdown(result: dict) -> str:
                   f"{WRK_CONNECTIONS} connections"
                   + (" (h2load for the EPP alone)" if part1.get("epp_alone") else "")
                   + f", {MAX_ROUNDS} rounds of {ROUND_S:g} s taking turns between the "
-                  "fronts, each column the median over the rounds (CPU over all of them). "
+                  "fronts (the fronts not measured stopped meanwhile), each column the "
+                  "median over the rounds (CPU over all of them). "
                   f"**At {part1['rate']:g} req/s**: open loop "
                   f"(Poisson), blocks of {BLOCK_S:g} s taking turns between the fronts "
                   f"({PAIRS} rounds, the first {SETTLE_S:g} s of each block not counted; a "
                   "block ends when its front has "
                   "answered all it was sent, **drain s** is how long that took past the "
                   "block's end), latency from the planned send time to the last byte; CPU "
-                  "per request of the router's process(es) over the whole run (their idle "
-                  "work included). At max, an EPP front's CPU is Envoy's and the EPP's "
+                  "per request of the router's process(es) over their own blocks (their "
+                  "idle work included). At max, an EPP front's CPU is Envoy's and the EPP's "
                   "together, the EPP's share in brackets (for `envoy+floor`, the floor "
                   "server's: `epp_floor.py`, an ext_proc server that does none of the "
                   "EPP's work).", "",
