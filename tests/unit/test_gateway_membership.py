@@ -4,8 +4,6 @@ replicas and dnsmasq are in tests/integration/test_gateway_fleet_changes.py."""
 
 import asyncio
 
-import httpx
-import pytest
 
 from prefixroute.core.clock import MonotonicClock
 from prefixroute.core.routing.lifecycle import DRAINING, UP

@@ -376,7 +376,7 @@ class Http2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        transport, self.transport = self.transport, None
+        self.transport = None
         streams, self.streams = self.streams, {}
         self.blocked.clear()
         for stream in streams.values():
