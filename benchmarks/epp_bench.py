@@ -190,6 +190,7 @@ async def _blocks(spec: dict, headers: dict) -> dict:
     client = Client(read_timeout=REQUEST_TIMEOUT_S, max_idle_per_origin=1024)
     turn = 0
     groups: dict[str, list[int]] = spec.get("groups") or {}
+    resume_on_sigterm(groups)
 
     async def one(name: str, url: str, request, count_it: bool) -> None:
         outcome = await send(client, url, request, headers, stream=False,
@@ -257,6 +258,18 @@ def only(groups: dict[str, list[int]], name: str | None) -> None:
         for pgid in pgids:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
+
+
+def resume_on_sigterm(groups: dict[str, list[int]]) -> Any:
+    """On SIGTERM, let every stopped front run again, then exit (through the ``finally``
+    blocks). ``timeout`` signals the whole process group, this process and the load
+    generator alike: a front still stopped when both are gone would keep its death signal
+    pending, and its ports and memory, for good. Returns the handler it replaced."""
+    def handler(signum: int, frame: Any) -> None:
+        only(groups, None)
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def run_loadgen(spec: dict, timeout: float) -> dict:
@@ -658,6 +671,7 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
     processes: list[Any] = []
     # Each front's process groups: stopped while another front is measured (``only``).
     groups: dict[str, list[int]] = {}
+    replaced = resume_on_sigterm(groups)
     try:
         ports = [free_port(), free_port()]
         replicas = Envoy("replicas", trivial_replicas_config(ports), workdir,
@@ -813,6 +827,7 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
         only(groups, None)  # (a stopped process would take its stop signal only when let run)
         for process in reversed(processes):
             process.stop()
+        signal.signal(signal.SIGTERM, replaced)
     return results
 
 
