@@ -53,19 +53,19 @@ the router under test (Envoy and its EPP together, except in ``envoy+epp split``
   round starting one front later; requests/s and latencies are each the median over the
   rounds (minute-scale slowdowns of a shared machine then land on every front); the
   router's CPU (``/proc``: EPP and its Envoy together) per request over all rounds. Every
-  process stays up throughout, but a front not being measured is stopped (``SIGSTOP``) so
-  that the router core carries no other router's idle work (their health checks and
-  metrics polls, every second or two each, would land at random in the measured front's
-  waits);
+  process stays up throughout, but a front not being measured is paused (``SIGSTOP``) so
+  that the router core carries no other router's idle work (its timers, health checks and
+  metrics polls would land at random in the measured front's waits);
 * **latency at a fixed rate**: open loop (Poisson) at ``--rate`` requests/s from a Python
   generator under uvloop, in blocks of 5 s taking turns between all fronts (three rounds;
-  the first second of each block is not counted), so all see the same machine minute by
-  minute; a block ends only once its front has answered all it was sent (a front that falls
-  behind would otherwise work off its backlog on the shared router core during the next
-  front's block); p50 and p99 from the planned send time to the last byte, and Envoy+EPP's
-  minus Envoy's; each router's CPU per request over its own blocks (its idle work
-  included); and the share of each core's time the host gave to other machines meanwhile
-  (steal): on a shared host a wake-up waits while it is taken.
+  the first second of each block is not counted; the other fronts paused as above), so
+  all see the same machine minute by minute; a block ends only once its front has
+  answered all it was sent (a front that falls behind would otherwise work off its
+  backlog on the shared router core during the next front's block); p50 and p99 from the
+  planned send time to the last byte, and Envoy+EPP's minus Envoy's; each router's CPU per
+  request over its own blocks (its idle work included); and the share of each core's time
+  the host gave to other machines meanwhile (steal): on a shared host a wake-up waits
+  while it is taken.
 
 Part 2, the design scenario (the simulator's generator, timestamp fixed):
 four replicas with the time model on (``llama-3-8b-h100`` at ``--time-scale``), the first
@@ -190,7 +190,7 @@ async def _blocks(spec: dict, headers: dict) -> dict:
     client = Client(read_timeout=REQUEST_TIMEOUT_S, max_idle_per_origin=1024)
     turn = 0
     groups: dict[str, list[int]] = spec.get("groups") or {}
-    resume_on_sigterm(groups)
+    resume_on_exit_signal(groups)
 
     async def one(name: str, url: str, request, count_it: bool) -> None:
         outcome = await send(client, url, request, headers, stream=False,
@@ -207,7 +207,10 @@ async def _blocks(spec: dict, headers: dict) -> dict:
             urls = targets[name]
             tasks: list[asyncio.Task] = []
             if groups:
-                await asyncio.sleep(ACCESS_LOG_FLUSH_S * 10)  # the last block's log entries
+                # The last block's front has answered everything; before it is paused, its
+                # Envoy's last access log batch (sent every ACCESS_LOG_FLUSH_S) reaches its
+                # EPP, which then ends those requests: with a wide margin for a slow turn.
+                await asyncio.sleep(ACCESS_LOG_FLUSH_S * 10)
                 only(groups, name)
             block_start = time.perf_counter()
             try:
@@ -249,27 +252,43 @@ async def _blocks(spec: dict, headers: dict) -> dict:
 
 
 def only(groups: dict[str, list[int]], name: str | None) -> None:
-    """Let front ``name`` run and stop every other front's processes (``SIGSTOP`` to their
+    """Let front ``name`` run and pause every other front's processes (``SIGSTOP`` to their
     process groups; ``None``: let every front run). A front measured on the router core then
-    shares it with no other router's idle work (health checks and metrics polls, timers),
+    shares it with no other router's idle work (timers, health checks and metrics polls),
     which would otherwise land at random in its requests' waits."""
     for front, pgids in groups.items():
         sig = signal.SIGCONT if name is None or front == name else signal.SIGSTOP
         for pgid in pgids:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, sig)
 
 
-def resume_on_sigterm(groups: dict[str, list[int]]) -> Any:
-    """On SIGTERM, let every stopped front run again, then exit (through the ``finally``
-    blocks). ``timeout`` signals the whole process group, this process and the load
-    generator alike: a front still stopped when both are gone would keep its death signal
-    pending, and its ports and memory, for good. Returns the handler it replaced."""
+def group_of(pid: int) -> int:
+    """``pid``'s process group, which must be its own (``children.spawn`` starts each
+    process in a session of its own): pausing a group shared with this process would pause
+    the benchmark itself."""
+    if os.getpgid(pid) != pid:
+        raise RuntimeError(f"process {pid} does not lead its own process group")
+    return pid
+
+
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def resume_on_exit_signal(groups: dict[str, list[int]]) -> dict[int, Any]:
+    """On SIGTERM or SIGHUP, let every paused front run again, then exit through the
+    ``finally`` blocks (once: a second signal during that cleanup is ignored). coreutils
+    ``timeout`` signals the whole process group, this process and the load generator alike,
+    and so does a closed terminal: a front still paused when both are gone would keep its
+    death signal pending, and its ports and memory, for good. (Only SIGKILL of both leaves
+    them paused: ``kill -CONT`` lets them end.) Returns the handlers it replaced."""
     def handler(signum: int, frame: Any) -> None:
+        for each in EXIT_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
         only(groups, None)
         raise SystemExit(128 + signum)
 
-    return signal.signal(signal.SIGTERM, handler)
+    return {each: signal.signal(each, handler) for each in EXIT_SIGNALS}
 
 
 def run_loadgen(spec: dict, timeout: float) -> dict:
@@ -669,9 +688,9 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
 
     results: dict[str, Any] = {"rate": rate}
     processes: list[Any] = []
-    # Each front's process groups: stopped while another front is measured (``only``).
+    # Each front's process groups: paused while another front is measured (``only``).
     groups: dict[str, list[int]] = {}
-    replaced = resume_on_sigterm(groups)
+    replaced = resume_on_exit_signal(groups)
     try:
         ports = [free_port(), free_port()]
         replicas = Envoy("replicas", trivial_replicas_config(ports), workdir,
@@ -753,17 +772,19 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
                                         + "epp:\n  fallback_endpoints: 0\n")
             epp, address = start_epp_process(epp_alone_config, workdir, "epp-alone")
             processes.append(epp)
-            groups["epp alone"] = [os.getpgid(epp.process.pid)]
+            groups["epp alone"] = [group_of(epp.process.pid)]
             epp_alone = (epp, address, exchange_bodies(H2LOAD_CLIENTS, key,
                                                        f"127.0.0.1:{ports[0]}"))
         else:
             log("no h2load: the EPP's own maximum is left out (apt-get install "
                 "nghttp2-client)")
 
-        groups.update({name: [os.getpgid(pid) for pid in ps] for name, ps in pids.items()})
+        groups.update({name: [group_of(pid) for pid in ps] for name, ps in pids.items()})
 
         def measure(name: str) -> dict:
-            """One round of one front at its maximum (the others stopped meanwhile)."""
+            """One round of one front at its maximum (the others paused meanwhile; the last
+            access log entries of the front before reach its EPP when it next runs, in a
+            warm-up)."""
             only(groups, name)
             if name == "epp alone":
                 assert epp_alone is not None
@@ -824,10 +845,15 @@ def run_part1(workdir: Path, rate: float, log: Callable[[str], None],
         results["steal_share"] = {f"cpu{cpu}": steal_share(times[cpu], cpu_times(cpu))
                                   for cpu in times}
     finally:
-        only(groups, None)  # (a stopped process would take its stop signal only when let run)
-        for process in reversed(processes):
-            process.stop()
-        signal.signal(signal.SIGTERM, replaced)
+        try:
+            # (a paused process acts on stop()'s SIGTERM only once let run: until then stop()
+            # would wait for it, then kill it)
+            only(groups, None)
+            for process in reversed(processes):
+                process.stop()
+        finally:
+            for each, previous in replaced.items():
+                signal.signal(each, previous)
     return results
 
 
@@ -954,12 +980,12 @@ def markdown(result: dict) -> str:
                   f"{WRK_CONNECTIONS} connections"
                   + (" (h2load for the EPP alone)" if part1.get("epp_alone") else "")
                   + f", {MAX_ROUNDS} rounds of {ROUND_S:g} s taking turns between the "
-                  "fronts (the fronts not measured stopped meanwhile), each column the "
+                  "fronts (the fronts not measured paused meanwhile), each column the "
                   "median over the rounds (CPU over all of them). "
                   f"**At {part1['rate']:g} req/s**: open loop "
                   f"(Poisson), blocks of {BLOCK_S:g} s taking turns between the fronts "
-                  f"({PAIRS} rounds, the first {SETTLE_S:g} s of each block not counted; a "
-                  "block ends when its front has "
+                  f"(the others paused; {PAIRS} rounds, the first {SETTLE_S:g} s of each "
+                  "block not counted; a block ends when its front has "
                   "answered all it was sent, **drain s** is how long that took past the "
                   "block's end), latency from the planned send time to the last byte; CPU "
                   "per request of the router's process(es) over their own blocks (their "

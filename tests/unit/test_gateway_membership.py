@@ -4,7 +4,6 @@ replicas and dnsmasq are in tests/integration/test_gateway_fleet_changes.py."""
 
 import asyncio
 
-
 from prefixroute.core.clock import MonotonicClock
 from prefixroute.core.routing.lifecycle import DRAINING, UP
 from prefixroute.edges.discovery.events import (ADDED, REMOVED, RESET, Member,
