@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import itertools
 
 import uvloop
@@ -35,7 +34,7 @@ from prefixroute.edges.epp.picker import fast_route_answer, routing_metadata
 from prefixroute.edges.epp.protocol import (ACCESS_LOG_METHOD, EXCHANGE_KEY,
                                             METADATA_NAMESPACE, PROCESS_METHOD)
 from prefixroute.edges.epp.server import grpc_socket
-from prefixroute.edges.gateway.server import GC_THRESHOLDS
+from prefixroute.edges.gateway.server import tune_gc_once_started
 
 _LET_THROUGH = ext.ProcessingResponse(
     request_headers=ext.HeadersResponse(response=ext.CommonResponse())).SerializeToString()
@@ -114,9 +113,7 @@ async def serve(port: int, endpoints: list[str]) -> None:
     sock, _ = grpc_socket(f"127.0.0.1:{port}")
     server = GrpcServer(opener, max_message=MAX_GRPC_MESSAGE)
     await server.start(sock)
-    gc.collect()  # as the EPP does once started
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    tune_gc_once_started()  # as the EPP does
     await asyncio.Event().wait()  # until the benchmark stops it
 
 

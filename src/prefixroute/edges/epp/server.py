@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -46,7 +45,7 @@ from prefixroute.edges.epp.picker import EndpointPicker
 from prefixroute.edges.gateway.app import Gateway
 from prefixroute.edges.gateway.config import GatewayConfig
 from prefixroute.edges.gateway.logs import setup_json_logging
-from prefixroute.edges.gateway.server import GC_THRESHOLDS
+from prefixroute.edges.gateway.server import tune_gc_once_started
 from prefixroute.edges.listen import bind_socket, listen_url
 
 log = logging.getLogger("prefixroute.epp")
@@ -108,9 +107,7 @@ async def run_epp(config: GatewayConfig, settings: EppSettings, grpc_address: st
         await server.start(grpc_sock)
         started = True
         admin_task = asyncio.create_task(admin.serve(sockets=[admin_sock]))
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
+        tune_gc_once_started()
         log.info("listening", extra={"fields": {
             "event": "listening", "grpc": where, "admin": listen_url(admin_sock)}})
         await stopping.wait()

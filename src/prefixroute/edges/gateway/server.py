@@ -36,6 +36,16 @@ KEEP_ALIVE_S = 75  # longer than common client idle pools, so clients close firs
 # latency (benchmarks/gateway_bench.py, measured with gc.callbacks). Objects that live through
 # start-up are frozen out of every collection (gc.freeze, as the gc docs advise for servers).
 GC_THRESHOLDS = (20_000, 20, 50)
+
+
+def tune_gc_once_started() -> None:
+    """Once a server has started: what start-up left is collected and frozen out of every
+    later collection, and young collections wait for :data:`GC_THRESHOLDS`."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 # What the shutdown keeps, inside the grace, for the streams it cuts to send their error
 # event and close: their last writes are small and leave at once unless a caller stopped
 # reading.
@@ -99,9 +109,7 @@ def serve(config: GatewayConfig, host: str, port: int, *, log_level: str = "info
             proxy_headers=False,
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=CUT_FLUSH_S), gateway, config.shutdown_grace_s)
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
+        tune_gc_once_started()
         # uvicorn names no address when it is handed a socket: say where callers connect.
         log.info("listening", extra={"fields": {"event": "listening",
                                                 "url": listen_url(sock)}})
