@@ -1096,7 +1096,7 @@ def targets(result: dict) -> list[str]:
         out.append(rate("Max req/s with Envoy and the EPP sharing the router core", epp))
     # CPU per request falls as the rate rises (more requests per wake-up), so the target is
     # read at one rate for both, the fixed rate; at each front's own maximum the EPP behind
-    # an Envoy that takes its share of the core runs at a lower rate (about half, lately).
+    # an Envoy that takes its share of the core runs at a lower rate than `serve`.
     if "serve" in fixed and "envoy+epp" in fixed:
         epp_cpu = fixed["envoy+epp"].get("router_cpu_ms_per_request")
         serve_cpu = fixed["serve"].get("router_cpu_ms_per_request")
