@@ -99,6 +99,14 @@ def capacity_in_blocks(block_size: int, *, blocks: int | None = None, tokens: in
     return model.blocks_for_memory(memory_bytes, block_size)
 
 
+# The most blocks a router remembers of a replica whose KV size it does not know (none
+# configured, none reported), the least recently sent forgotten first. It bounds the router's
+# memory, since a gateway runs for weeks; it is no estimate of the replica. 65,536 blocks of 16
+# tokens are a million tokens, more than most single replicas hold (an 8-billion-parameter
+# model on an 80 GB GPU has room for about 430,000); state a larger replica's size.
+UNKNOWN_CAPACITY_BLOCKS = 1 << 16
+
+
 def fits_kv(prompt_tokens: int, output_tokens: int, capacity_blocks: int,
             block_size: int) -> bool:
     """Whether a request can ever run on a KV of ``capacity_blocks`` (0 or less: unknown, so

@@ -26,6 +26,7 @@ import weakref
 from collections import Counter
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
+from prefixroute.core.caches.base import UNKNOWN_CAPACITY_BLOCKS
 from prefixroute.core.caches.key_lru import KeyLRUCache
 from prefixroute.core.clock import Clock
 from prefixroute.core.identity.hashing import vllm_event_block_hash
@@ -43,7 +44,8 @@ _LOW64 = (1 << 64) - 1
 
 
 class ApproximateView:
-    """Blocks this router routed to the replica, LRU-bounded when ``capacity_blocks`` is set.
+    """Blocks this router routed to the replica, LRU-bounded by ``capacity_blocks`` (while
+    that is unknown, by :data:`~prefixroute.core.caches.base.UNKNOWN_CAPACITY_BLOCKS`).
 
     Recording is deferred: :meth:`record` (and :meth:`on_booked`) queue the keys, applied in
     order the first time the view is read, so answers are those of applying them at once,
@@ -67,7 +69,8 @@ class ApproximateView:
 
     def __init__(self, capacity_blocks: int | None = None):
         self.capacity_blocks = capacity_blocks
-        self._lru = KeyLRUCache(capacity_blocks if capacity_blocks is not None else 1 << 62)
+        self._lru = KeyLRUCache(capacity_blocks if capacity_blocks is not None
+                                else UNKNOWN_CAPACITY_BLOCKS)
         self._queued: list[tuple[Sequence[Hashable], Any]] = []
 
     def match(self, keys: Sequence[Hashable]) -> int:
@@ -105,12 +108,13 @@ class ApproximateView:
             self.correct(keys, booking.held_blocks)
 
     def _apply_queued(self) -> None:
-        lru, capacity = self._lru, self.capacity_blocks
+        lru = self._lru
+        capacity = lru.capacity
         for keys, entry in self._queued:
             booking = entry() if entry is not None else None
             if booking is not None:
                 booking.held_blocks = lru.match(keys)
-            if capacity is None or len(keys) <= capacity:
+            if len(keys) <= capacity:
                 lru.put_many(keys[::-1])  # tail first: see the class docstring
         self._queued.clear()
 

@@ -6,6 +6,11 @@ the blocks newly inserted on the replica so far; ``inserts_at[stamp]`` is that c
 after the touch, so a block's LRU age is ``inserts - inserts_at[stamp]``: only new blocks push
 old ones out, re-used blocks do not.
 
+Memory. A gateway routes for weeks, so nothing here grows with the requests routed: the LRU
+keeps at most the replica's KV (:data:`UNKNOWN_CAPACITY_BLOCKS` while that is unknown), and
+``inserts_at`` keeps the stamps some held block still carries (only those are aged),
+compacted once it has grown past twice what it kept last time.
+
 Survival. A block after which ``k`` new blocks were inserted survives the replica's LRU of
 ``C`` blocks with probability 1 up to ``k = C (1 - w)``, 0 from ``k = C`` (``C`` inserts surely
 flush a ``C``-block LRU), linear between (``w = survival_width``: blocks pinned by running
@@ -32,10 +37,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Hashable, NamedTuple, Sequence
 
-from prefixroute.core.caches.base import fits_kv
+from prefixroute.core.caches.base import UNKNOWN_CAPACITY_BLOCKS, fits_kv
 from prefixroute.core.routing.base import CacheView, RequestView
 
-_UNKNOWN_CAPACITY = 1 << 40
+# ``inserts_at`` is compacted when it passes twice the stamps it kept, plus this many.
+_COMPACT_SLACK = 1024
 
 # A stamp run ``(stamp, end)``: the blocks before ``end`` (and after the previous run) had
 # that stamp. Stamps only fall along a prefix, as every request touching block ``i`` touched
@@ -65,12 +71,16 @@ class HitEstimate(NamedTuple):
 class BlockMirror:
     """The router's record of one replica's cache: blocks, insert clock, eviction horizon."""
 
-    __slots__ = ("blocks", "inserts", "inserts_at", "horizon", "capacity", "in_flight")
+    __slots__ = ("blocks", "inserts", "inserts_at", "stamps", "compact_at", "horizon",
+                 "capacity", "in_flight")
 
     def __init__(self) -> None:
         self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
         self.inserts = 0          # blocks newly inserted so far (the LRU clock)
-        self.inserts_at: list[int] = []  # stamp -> inserts after that touch
+        # stamp -> inserts after that touch, for the stamps held blocks carry (and newer)
+        self.inserts_at: dict[int, int] = {}
+        self.stamps = 0           # touches so far: the next touch's stamp
+        self.compact_at = _COMPACT_SLACK  # inserts_at's size that triggers its compaction
         self.horizon = -1         # blocks stamped at or below this were evicted (feedback)
         self.capacity = 0         # the replica's KV in blocks (0: unknown)
         self.in_flight: dict[str, int] = {}  # request id -> its stamp, in routing order
@@ -166,8 +176,12 @@ class BlockMirror:
         surviving block was (:meth:`learn`)."""
         blocks = self.blocks
         self.inserts += max(0, len(keys) - predicted_hits)
-        stamp = len(self.inserts_at)
-        self.inserts_at.append(self.inserts)
+        stamp = self.stamps
+        self.stamps = stamp + 1
+        inserts_at = self.inserts_at
+        inserts_at[stamp] = self.inserts
+        if len(inserts_at) > self.compact_at:
+            self._compact()
         runs: list[StampRun] = []
         held = True
         for i, key in enumerate(keys):
@@ -182,10 +196,19 @@ class BlockMirror:
         # Tail first, as vLLM frees them: the head is the most recent, the last to go.
         for key in reversed(keys):
             blocks[key] = stamp
-        limit = self.capacity or _UNKNOWN_CAPACITY
+        limit = self.capacity or UNKNOWN_CAPACITY_BLOCKS
         while len(blocks) > limit:
             blocks.popitem(last=False)
         return stamp, runs
+
+    def _compact(self) -> None:
+        """Drop the clock readings of stamps no held block carries any more (evicted,
+        re-touched since, or taken back): only held blocks are aged. The newest stamp stays,
+        whose blocks the touch in progress is about to insert."""
+        held = set(self.blocks.values())
+        held.add(self.stamps - 1)
+        self.inserts_at = {stamp: at for stamp, at in self.inserts_at.items() if stamp in held}
+        self.compact_at = 2 * len(self.inserts_at) + _COMPACT_SLACK
 
     def untouch(self, keys: Sequence[Hashable], stamp: int, held: int, inserted: int) -> None:
         """A touch the engine never ran: its blocks past the ``held`` it already had leave

@@ -1,0 +1,51 @@
+"""A router's memory does not grow with the requests it routes: a gateway runs for weeks.
+
+What it remembers of each replica's cache is bounded by the replica's KV (by
+``UNKNOWN_CAPACITY_BLOCKS`` while that is unknown), and the prefixroute policy's insert clock
+keeps readings only for the stamps its held blocks carry."""
+
+from prefixroute.core.caches.base import UNKNOWN_CAPACITY_BLOCKS
+from prefixroute.core.routing.policies.prefixroute.mirror import BlockMirror
+from prefixroute.core.routing.views import ApproximateView
+
+WIDTH = 0.5  # survival width: with 8 blocks, a block survives surely up to age 4, never at 8
+
+
+def test_the_mirror_keeps_the_replicas_kv_and_a_bounded_clock():
+    mirror = BlockMirror()
+    mirror.capacity = 8
+    for i in range(20_000):  # two new blocks each
+        mirror.touch([("p", i, 0), ("p", i, 1)], 0)
+    assert len(mirror.blocks) == 8
+    # The 4 stamps the held blocks carry, and at most about a thousand since the last
+    # compaction: not one reading per request.
+    assert {stamp for stamp in mirror.blocks.values()} == {19_996, 19_997, 19_998, 19_999}
+    assert len(mirror.inserts_at) <= 2 * 5 + 1024
+
+
+def test_a_block_held_through_many_full_hits_keeps_its_age():
+    mirror = BlockMirror()
+    mirror.capacity = 8
+    mirror.touch([("old",)], 0)  # stamp 0: the clock reads 1 after it
+    for i in range(5):
+        mirror.touch([("new", i)], 0)  # 5 blocks inserted since: clock 6
+    # Age 5 of 8, between 4 (sure) and 8 (gone): (8 - 5) / (8 - 4).
+    assert mirror.survival(0, WIDTH) == 0.75
+    for _ in range(20_000):  # a prompt the replica holds whole: nothing inserted
+        mirror.touch([("new", 4)], 1)
+    assert mirror.survival(0, WIDTH) == 0.75
+    assert len(mirror.blocks) == 6
+    assert len(mirror.inserts_at) <= 2 * 7 + 1024
+
+
+def test_a_replica_of_unknown_size_is_remembered_up_to_the_bound():
+    mirror = BlockMirror()  # capacity 0: unknown
+    view = ApproximateView(None)
+    for i in range(UNKNOWN_CAPACITY_BLOCKS + 100):
+        mirror.touch([("p", i)], 0)
+        view.record([("p", i)])
+    assert len(mirror.blocks) == len(view) == UNKNOWN_CAPACITY_BLOCKS == 65_536
+    # The least recently sent went first.
+    assert ("p", 99) not in mirror.blocks and ("p", 100) in mirror.blocks
+    assert view.match([("p", 99)]) == 0 and view.match([("p", 100)]) == 1
+    assert mirror.survival(mirror.blocks[("p", 100)], WIDTH) == 1.0  # unknown: no decay
