@@ -2,7 +2,9 @@
 
 What it remembers of each replica's cache is bounded by the replica's KV (by
 ``UNKNOWN_CAPACITY_BLOCKS`` while that is unknown), and the prefixroute policy's insert clock
-keeps readings only for the stamps its held blocks carry."""
+keeps a reading for every stamp its held blocks carry and drops the others as it goes."""
+
+import random
 
 from prefixroute.core.caches.base import UNKNOWN_CAPACITY_BLOCKS
 from prefixroute.core.routing.policies.prefixroute.mirror import BlockMirror
@@ -49,3 +51,31 @@ def test_a_replica_of_unknown_size_is_remembered_up_to_the_bound():
     assert ("p", 99) not in mirror.blocks and ("p", 100) in mirror.blocks
     assert view.match([("p", 99)]) == 0 and view.match([("p", 100)]) == 1
     assert mirror.survival(mirror.blocks[("p", 100)], WIDTH) == 1.0  # unknown: no decay
+
+
+def test_every_held_block_keeps_its_clock_reading():
+    # Touches, some taken back (the engine never ran them), some hitting what is held: after
+    # each, every held block can still be aged.
+    rng = random.Random(7)
+    mirror = BlockMirror()
+    mirror.capacity = 8
+    for i in range(5_000):
+        keys = [("shared", rng.randrange(3)), ("own", i)]
+        stamp, _ = mirror.touch(keys, rng.randrange(2))
+        if rng.random() < 0.15:
+            mirror.untouch(keys, stamp, 1, 1)
+        assert all(s in mirror.inserts_at for s in mirror.blocks.values())
+        for s in set(mirror.blocks.values()):
+            assert 0.0 <= mirror.survival(s, WIDTH) <= 1.0
+
+
+def test_a_prompt_longer_than_the_bound_leaves_an_unknown_replica_as_it_was():
+    mirror = BlockMirror()
+    view = ApproximateView(None)
+    mirror.touch([("held",)], 0)
+    view.record([("held",)])
+    huge = [("huge", i) for i in range(UNKNOWN_CAPACITY_BLOCKS + 1)]
+    mirror.touch(huge, 0)
+    view.record(huge)
+    assert list(mirror.blocks) == [("held",)] and mirror.inserts == 1
+    assert len(view) == 1 and view.match([("held",)]) == 1

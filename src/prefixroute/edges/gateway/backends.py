@@ -7,8 +7,9 @@ The cache view is what the routing policy matches a request's block keys against
   there and, for a grace period, of requests that ended there (the simulator's ``--view
   events`` runs the same class);
 * otherwise an :class:`ApproximateView`: the blocks this gateway sent there, LRU-bounded by the
-  replica's KV size when known (``capacity_blocks`` in the config, else ``num_gpu_blocks`` from
-  the engine's ``vllm:cache_config_info``).
+  replica's KV size (``capacity_blocks`` in the config, else ``num_gpu_blocks`` from the
+  engine's ``vllm:cache_config_info``; while neither is known,
+  :data:`~prefixroute.core.caches.base.UNKNOWN_CAPACITY_BLOCKS`).
 
 The backend keeps one :class:`ReplicaView` (``state``) over that view; the lifecycle runner
 (:mod:`prefixroute.core.routing.lifecycle`, driven by

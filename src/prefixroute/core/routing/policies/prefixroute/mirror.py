@@ -8,8 +8,9 @@ old ones out, re-used blocks do not.
 
 Memory. A gateway routes for weeks, so nothing here grows with the requests routed: the LRU
 keeps at most the replica's KV (:data:`UNKNOWN_CAPACITY_BLOCKS` while that is unknown), and
-``inserts_at`` keeps the stamps some held block still carries (only those are aged),
-compacted once it has grown past twice what it kept last time.
+``inserts_at`` drops the readings of stamps no held block carries any more (only held blocks
+are aged) whenever it has grown by as many as the mirror holds blocks: amortised, a constant
+cost per touch.
 
 Survival. A block after which ``k`` new blocks were inserted survives the replica's LRU of
 ``C`` blocks with probability 1 up to ``k = C (1 - w)``, 0 from ``k = C`` (``C`` inserts surely
@@ -40,7 +41,8 @@ from typing import Hashable, NamedTuple, Sequence
 from prefixroute.core.caches.base import UNKNOWN_CAPACITY_BLOCKS, fits_kv
 from prefixroute.core.routing.base import CacheView, RequestView
 
-# ``inserts_at`` is compacted when it passes twice the stamps it kept, plus this many.
+# ``inserts_at`` is compacted once it passes twice the stamps it kept plus the larger of this
+# and the blocks held (the compaction reads every block).
 _COMPACT_SLACK = 1024
 
 # A stamp run ``(stamp, end)``: the blocks before ``end`` (and after the previous run) had
@@ -77,7 +79,7 @@ class BlockMirror:
     def __init__(self) -> None:
         self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
         self.inserts = 0          # blocks newly inserted so far (the LRU clock)
-        # stamp -> inserts after that touch, for the stamps held blocks carry (and newer)
+        # stamp -> inserts after that touch: at least every stamp a held block carries
         self.inserts_at: dict[int, int] = {}
         self.stamps = 0           # touches so far: the next touch's stamp
         self.compact_at = _COMPACT_SLACK  # inserts_at's size that triggers its compaction
@@ -175,12 +177,14 @@ class BlockMirror:
         the first one the mirror lacked, as runs: a hit deeper than predicted says how old a
         surviving block was (:meth:`learn`)."""
         blocks = self.blocks
+        limit = self.capacity or UNKNOWN_CAPACITY_BLOCKS
+        if len(keys) > limit:  # it would push every other block out: left as it was
+            keys = ()
         self.inserts += max(0, len(keys) - predicted_hits)
         stamp = self.stamps
         self.stamps = stamp + 1
-        inserts_at = self.inserts_at
-        inserts_at[stamp] = self.inserts
-        if len(inserts_at) > self.compact_at:
+        self.inserts_at[stamp] = self.inserts
+        if len(self.inserts_at) > self.compact_at:
             self._compact()
         runs: list[StampRun] = []
         held = True
@@ -196,7 +200,6 @@ class BlockMirror:
         # Tail first, as vLLM frees them: the head is the most recent, the last to go.
         for key in reversed(keys):
             blocks[key] = stamp
-        limit = self.capacity or UNKNOWN_CAPACITY_BLOCKS
         while len(blocks) > limit:
             blocks.popitem(last=False)
         return stamp, runs
@@ -208,7 +211,7 @@ class BlockMirror:
         held = set(self.blocks.values())
         held.add(self.stamps - 1)
         self.inserts_at = {stamp: at for stamp, at in self.inserts_at.items() if stamp in held}
-        self.compact_at = 2 * len(self.inserts_at) + _COMPACT_SLACK
+        self.compact_at = 2 * len(self.inserts_at) + max(_COMPACT_SLACK, len(self.blocks))
 
     def untouch(self, keys: Sequence[Hashable], stamp: int, held: int, inserted: int) -> None:
         """A touch the engine never ran: its blocks past the ``held`` it already had leave
