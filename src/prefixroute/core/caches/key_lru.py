@@ -11,15 +11,20 @@ Each key is cached or not on its own (no blocks, no pinning). Two uses:
   :meth:`access` does exactly that.
 
 Time comes from the ``now`` argument (seconds), never from a clock of its own.
+
+**Invisible to the cycle collector.** The order lives in a
+:class:`~prefixroute.core.caches.recency.RecencyOrder` (plain dicts of keys and numbers,
+which CPython does not track), not an ``OrderedDict``: a router's view of a replica holds
+tens of thousands of keys for as long as it runs, and the collector would walk them all in
+every full collection.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from itertools import islice
 from typing import Hashable, Sequence
 
 from prefixroute.core.caches.base import CacheEventListener, CacheStats, cacheable_blocks
+from prefixroute.core.caches.recency import RecencyOrder
 from prefixroute.core.errors import ConfigError
 
 
@@ -42,13 +47,15 @@ class KeyLRUCache:
         self.stats = CacheStats()
         self.evictions = 0  # entries pushed out by capacity (expiries are counted apart)
         self.expirations = 0
-        self._expiry: OrderedDict[Hashable, float] = OrderedDict()  # key -> expiry time, LRU order
+        self._order = RecencyOrder()  # least recently used first
+        # Expiry times (only with a TTL; without one nothing expires).
+        self._expiry: dict[Hashable, float] = {}
 
     def __len__(self) -> int:
-        return len(self._expiry)
+        return len(self._order)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._expiry
+        return key in self._order.rank
 
     @property
     def capacity_blocks(self) -> int:
@@ -56,33 +63,45 @@ class KeyLRUCache:
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._expiry)
+        return len(self._order)
 
     def keys(self) -> list[Hashable]:
         """Cached keys, least recently used first."""
-        return list(self._expiry)
+        return self._order.keys()
+
+    def _pop_oldest(self) -> Hashable:
+        key = self._order.pop_oldest()
+        if self._expiry:
+            self._expiry.pop(key, None)
+        return key
+
+    def _live(self, key: Hashable, now: float) -> bool:
+        if key not in self._order.rank:
+            return False
+        return self.ttl is None or self._expiry[key] > now
 
     # -- single keys --------------------------------------------------------------------------
     def lookup(self, key: Hashable, now: float = 0.0) -> bool:
         """Is ``key`` live at ``now``? A hit becomes most recent (and refreshes the TTL when
         ``refresh_on_hit``); an expired entry is dropped."""
-        expiry = self._expiry.get(key)
-        if expiry is None:
+        if key not in self._order.rank:
             return False
-        if expiry <= now:
-            self._drop(key, expired=True)
-            return False
-        self._expiry.move_to_end(key)
-        if self.refresh_on_hit and self.ttl is not None:
-            self._expiry[key] = now + self.ttl
+        if self.ttl is not None:
+            if self._expiry[key] <= now:
+                self._drop(key, expired=True)
+                return False
+            if self.refresh_on_hit:
+                self._expiry[key] = now + self.ttl
+        self._order.touch(key)
         return True
 
     def put(self, key: Hashable, now: float = 0.0) -> list[Hashable]:
         """Write ``key`` (most recent, fresh TTL); returns the keys evicted to make room."""
         if self.capacity == 0:
             return []
-        self._expiry[key] = now + self.ttl if self.ttl is not None else float("inf")
-        self._expiry.move_to_end(key)
+        if self.ttl is not None:
+            self._expiry[key] = now + self.ttl
+        self._order.touch(key)
         return self._evict_over_capacity()
 
     def put_many(self, keys: Sequence[Hashable], now: float = 0.0) -> list[Hashable]:
@@ -93,12 +112,9 @@ class KeyLRUCache:
         keys returned as evicted are only ones that are really gone."""
         if self.capacity == 0:
             return []
-        entries = self._expiry
-        move = entries.move_to_end
-        expiry = now + self.ttl if self.ttl is not None else float("inf")
-        for key in keys:
-            entries[key] = expiry
-            move(key)
+        if self.ttl is not None:
+            self._expiry.update(dict.fromkeys(keys, now + self.ttl))
+        self._order.update_order(keys)
         return self._evict_over_capacity()
 
     def resize(self, capacity: int) -> list[Hashable]:
@@ -110,20 +126,19 @@ class KeyLRUCache:
         return self._evict_over_capacity()
 
     def _evict_over_capacity(self) -> list[Hashable]:
-        evicted = []
-        while len(self._expiry) > self.capacity:
-            old, _ = self._expiry.popitem(last=False)
-            evicted.append(old)
-        if evicted:
-            self.evictions += len(evicted)
-            self.stats.evicted_blocks += len(evicted)
-            if self.listener is not None:
-                self.listener.on_removed(evicted)
+        over = len(self._order) - self.capacity
+        if over <= 0:
+            return []
+        pop = self._pop_oldest
+        evicted = [pop() for _ in range(over)]
+        self.evictions += over
+        self.stats.evicted_blocks += over
+        if self.listener is not None:
+            self.listener.on_removed(evicted)
         return evicted
 
     def peek(self, key: Hashable, now: float = 0.0) -> bool:
-        expiry = self._expiry.get(key)
-        return expiry is not None and expiry > now
+        return self._live(key, now)
 
     def expire(self, now: float) -> int:
         """Drop every entry whose TTL ran out by ``now``."""
@@ -156,69 +171,66 @@ class KeyLRUCache:
 
     def _access_no_ttl(self, keys: Sequence[Hashable]) -> int:
         """:meth:`access` without expiry or listener: the hot loop of the fleet exercises and
-        of routers' approximate views, so it works on the ordered dict directly.
+        of routers' approximate views.
 
-        The common shapes run as a few C-level passes (``map`` over the dict's own methods)
-        instead of one Python step per key: *leading hits, then keys that are all absent and
-        distinct*, which covers a cold prompt, a warm prefix with a new tail and a full hit.
-        Then the result is the same as one key at a time: the hits move to the recent end in
-        order, the new keys follow in order, and the entries evicted are the oldest ones, in
-        order, whenever each insertion overflows (the oldest entry is never a key of this
-        request before its turn, because every hit was touched before the first insertion).
-        Any other shape (a miss followed by a present key) takes the key-at-a-time loop,
-        where eviction interleaves with insertion: a later key of the same request may be
-        the oldest entry, and evicting it first turns its touch into a miss."""
-        entries = self._expiry
+        The common shapes run as a few C-level passes (``map`` over the dicts' own methods)
+        instead of one Python step per key: *distinct leading hits, then keys that are all
+        absent and distinct*, which covers a cold prompt, a warm prefix with a new tail and a
+        full hit. Then the result is the same as one key at a time: the hits move to the
+        recent end in order, the new keys follow in order, and the entries evicted are the
+        oldest ones, in order, whenever each insertion overflows (the oldest entry is never a
+        key of this request before its turn, because every hit was touched before the first
+        insertion). Any other shape (a miss followed by a present key, a key twice) takes the
+        key-at-a-time loop, where eviction interleaves with insertion: a later key of the
+        same request may be the oldest entry, and evicting it first turns its touch into a
+        miss."""
+        rank = self._order.rank
         n = len(keys)
-        present = list(map(entries.__contains__, keys))
+        present = list(map(rank.__contains__, keys))
         hits = present.index(False) if False in present else n
-        if hits == n or not any(present[hits:]):
-            tail = dict.fromkeys(keys[hits:] if hits else keys, float("inf"))
-            if len(tail) == n - hits:  # distinct new keys
-                return self._access_bulk(keys, hits, tail)
+        if (hits == n or not any(present[hits:])) and len(set(keys)) == n:
+            return self._access_bulk(keys, hits)
         return self._access_stepwise(keys)
 
-    def _access_bulk(self, keys: Sequence[Hashable], hits: int, tail: dict) -> int:
-        entries = self._expiry
+    def _access_bulk(self, keys: Sequence[Hashable], hits: int) -> int:
+        n = len(keys)
+        order = self._order
         if hits:
-            deque(map(entries.move_to_end, keys[:hits] if hits < len(keys) else keys), 0)
-        inserted = evicted = 0
-        if tail and self.capacity:
-            entries.update(tail)
-            inserted = len(tail)
-            evicted = len(entries) - self.capacity
-            if evicted > 0:
-                deque(map(entries.__delitem__, list(islice(entries, evicted))), 0)
-                self.evictions += evicted
-                self.stats.evicted_blocks += evicted
-            else:
-                evicted = 0
-        self.stats.queried_tokens += len(keys) * self.block_size
+            order.touch_held(keys[:hits] if hits < n else keys)
+        inserted = 0
+        if hits < n and self.capacity:
+            order.add_new(keys[hits:] if hits else keys)
+            inserted = n - hits
+            over = len(order) - self.capacity
+            if over > 0:
+                order.pop_oldest_many(over)
+                self.evictions += over
+                self.stats.evicted_blocks += over
+        self.stats.queried_tokens += n * self.block_size
         self.stats.hit_tokens += hits * self.block_size
         self.stats.stored_blocks += inserted
         return hits
 
     def _access_stepwise(self, keys: Sequence[Hashable]) -> int:
-        entries = self._expiry
-        move = entries.move_to_end
-        pop = entries.popitem
+        rank = self._order.rank
+        touch = self._order.touch
+        pop = self._order.pop_oldest
         capacity = self.capacity
-        inf = float("inf")
         hits = inserted = evicted = 0
         prefix = True
         for key in keys:
-            if key in entries:
-                move(key)
+            if key in rank:
+                touch(key)
                 if prefix:
                     hits += 1
             else:
                 prefix = False
                 if capacity == 0:
                     continue
-                entries[key] = inf
+                touch(key)
                 inserted += 1
-                if len(entries) > capacity:
-                    pop(last=False)
+                if len(rank) > capacity:
+                    pop()
                     evicted += 1
         if evicted:
             self.evictions += evicted
@@ -230,14 +242,15 @@ class KeyLRUCache:
 
     # -- the common PrefixCache interface -------------------------------------------------------
     def match(self, keys: Sequence[Hashable], now: float = 0.0) -> int:
-        entries = self._expiry
         n = 0
         if self.ttl is None:  # nothing expires: membership is the answer (routers' hot path)
+            rank = self._order.rank
             for key in keys:
-                if key not in entries:
+                if key not in rank:
                     break
                 n += 1
             return n
+        entries = self._expiry
         for key in keys:
             expiry = entries.get(key)
             if expiry is None or expiry <= now:
@@ -261,7 +274,7 @@ class KeyLRUCache:
     def commit(self, owner: Hashable, keys: Sequence[Hashable], computed_tokens: int,
                now: float = 0.0) -> None:
         n = min(len(keys), computed_tokens // self.block_size)
-        new = [k for k in keys[:n] if k not in self._expiry]
+        new = [k for k in keys[:n] if k not in self._order.rank]
         for key in keys[:n]:
             self.put(key, now)
         self.stats.stored_blocks += len(new)
@@ -272,8 +285,9 @@ class KeyLRUCache:
         pass  # nothing is pinned
 
     def evict(self, num_blocks: int) -> int:
-        n = min(num_blocks, len(self._expiry))
-        gone = [self._expiry.popitem(last=False)[0] for _ in range(n)]
+        n = min(num_blocks, len(self._order))
+        pop = self._pop_oldest
+        gone = [pop() for _ in range(n)]
         if gone:
             self.evictions += n
             self.stats.evicted_blocks += n
@@ -282,13 +296,16 @@ class KeyLRUCache:
         return n
 
     def reset(self) -> bool:
+        self._order.clear()
         self._expiry.clear()
         if self.listener is not None:
             self.listener.on_cleared()
         return True
 
     def _drop(self, key: Hashable, expired: bool) -> None:
-        del self._expiry[key]
+        self._order.discard(key)
+        if self._expiry:
+            self._expiry.pop(key, None)
         if expired:
             self.expirations += 1
         if self.listener is not None:

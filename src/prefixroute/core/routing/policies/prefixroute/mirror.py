@@ -12,6 +12,15 @@ keeps at most the replica's KV (:data:`UNKNOWN_CAPACITY_BLOCKS` while that is un
 are aged) whenever it has grown by as many as the mirror holds blocks: amortised, a constant
 cost per touch.
 
+Out of the cycle collector's way. The blocks are a plain dict of keys and stamps, which
+CPython does not track, so a full collection does not walk a mirror's tens of thousands of
+blocks (as an ``OrderedDict`` they took 10 to 40 ms a collection, which every request in
+flight waited out). The LRU order needs no structure of its own: a touch gives all its blocks
+one new stamp, so the least recently used block is the first block of the oldest touch that
+still carries that touch's stamp. ``touched`` keeps each touch's keys in that order (a tuple
+of atoms, which the collector stops tracking); eviction walks them from the oldest
+(``oldest``, ``oldest_at``), passing over keys touched again since, once each.
+
 Survival. A block after which ``k`` new blocks were inserted survives the replica's LRU of
 ``C`` blocks with probability 1 up to ``k = C (1 - w)``, 0 from ``k = C`` (``C`` inserts surely
 flush a ``C``-block LRU), linear between (``w = survival_width``: blocks pinned by running
@@ -35,7 +44,8 @@ stamped at or below it count as gone (:meth:`BlockMirror.learn`).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
+from itertools import compress, repeat
 from typing import Hashable, NamedTuple, Sequence
 
 from prefixroute.core.caches.base import UNKNOWN_CAPACITY_BLOCKS, fits_kv
@@ -73,11 +83,15 @@ class HitEstimate(NamedTuple):
 class BlockMirror:
     """The router's record of one replica's cache: blocks, insert clock, eviction horizon."""
 
-    __slots__ = ("blocks", "inserts", "inserts_at", "stamps", "compact_at", "horizon",
-                 "capacity", "in_flight")
+    __slots__ = ("blocks", "touched", "oldest", "oldest_at", "inserts", "inserts_at",
+                 "stamps", "compact_at", "horizon", "capacity", "in_flight")
 
     def __init__(self) -> None:
-        self.blocks: OrderedDict[Hashable, int] = OrderedDict()  # key -> stamp, oldest first
+        self.blocks: dict[Hashable, int] = {}  # key -> the stamp of its last touch
+        # stamp -> that touch's keys, least recently used first (some touched again since)
+        self.touched: dict[int, tuple[Hashable, ...]] = {}
+        self.oldest = 0     # no stamp below this holds a block
+        self.oldest_at = 0  # nor do the keys of touched[oldest] before this position
         self.inserts = 0          # blocks newly inserted so far (the LRU clock)
         # stamp -> inserts after that touch: at least every stamp a held block carries
         self.inserts_at: dict[int, int] = {}
@@ -200,17 +214,55 @@ class BlockMirror:
         # Tail first, as vLLM frees them: the head is the most recent, the last to go.
         for key in reversed(keys):
             blocks[key] = stamp
-        while len(blocks) > limit:
-            blocks.popitem(last=False)
+        if keys:
+            # (A key twice in ``keys`` takes the place of its first time in this order.)
+            self.touched[stamp] = tuple(dict.fromkeys(reversed(keys)))
+        if len(blocks) > limit:
+            self._evict(len(blocks) - limit)
         return stamp, runs
+
+    def _evict(self, count: int) -> None:
+        """Drop the ``count`` least recently used blocks (fewer than the mirror holds)."""
+        blocks, touched = self.blocks, self.touched
+        while count > 0 and self.oldest < self.stamps:  # (every held block is in a touch)
+            stamp = self.oldest
+            keys = touched.get(stamp)
+            if keys is None:  # no touch, or none of its blocks is held any more
+                self.oldest, self.oldest_at = stamp + 1, 0
+                continue
+            rest = keys[self.oldest_at:]
+            # The positions in ``rest`` of the keys that still carry this stamp.
+            live = list(compress(range(len(rest)),
+                                 map(stamp.__eq__, map(blocks.get, rest, repeat(-2)))))
+            if len(live) <= count:
+                deque(map(blocks.__delitem__, map(rest.__getitem__, live)), 0)
+                count -= len(live)
+                del touched[stamp]
+                self.oldest, self.oldest_at = stamp + 1, 0
+            else:
+                deque(map(blocks.__delitem__, map(rest.__getitem__, live[:count])), 0)
+                self.oldest_at += live[count - 1] + 1
+                count = 0
 
     def _compact(self) -> None:
         """Drop the clock readings of stamps no held block carries any more (evicted,
         re-touched since, or taken back): only held blocks are aged. The newest stamp stays,
         whose blocks the touch in progress is about to insert."""
-        held = set(self.blocks.values())
+        blocks = self.blocks
+        held = set(blocks.values())
         held.add(self.stamps - 1)
         self.inserts_at = {stamp: at for stamp, at in self.inserts_at.items() if stamp in held}
+        # Each touch keeps only its keys that still carry its stamp (order kept): what the
+        # walk would pass over, and all of a touch no block carries any more.
+        kept: dict[int, tuple[Hashable, ...]] = {}
+        for stamp, keys in self.touched.items():
+            if stamp in held:
+                live = tuple(compress(keys, map(stamp.__eq__, map(blocks.get, keys,
+                                                                  repeat(-2)))))
+                if live:
+                    kept[stamp] = live
+        self.touched = kept
+        self.oldest_at = 0
         self.compact_at = 2 * len(self.inserts_at) + max(_COMPACT_SLACK, len(self.blocks))
 
     def untouch(self, keys: Sequence[Hashable], stamp: int, held: int, inserted: int) -> None:
@@ -219,7 +271,7 @@ class BlockMirror:
         blocks = self.blocks
         for key in keys[held:]:
             if blocks.get(key) == stamp:
-                del blocks[key]
+                del blocks[key]  # (its place in touched[stamp] is passed over)
         self.inserts -= inserted
 
     def learn(self, reported: int, stamps: Sequence[int], chain: Sequence[StampRun],
@@ -248,4 +300,6 @@ class BlockMirror:
     def reset(self) -> None:
         """The replica's cache is empty (it restarted)."""
         self.blocks.clear()
+        self.touched.clear()
+        self.oldest, self.oldest_at = self.stamps, 0
         self.in_flight.clear()
