@@ -1,6 +1,7 @@
 """The mirror's LRU, kept as stamps and each touch's keys, evicts exactly what an ordered
 dict of its blocks would: the oldest touch's keys first, tail first within a touch, never a
-block touched again since; with compactions anywhere along the way."""
+block touched again since; with compactions and sweeps of dead keys anywhere along the way,
+and the dead keys it counts exactly those its touches hold."""
 
 from collections import OrderedDict
 
@@ -11,7 +12,9 @@ from prefixroute.core.routing.policies.prefixroute.mirror import BlockMirror
 
 steps = st.lists(st.one_of(
     st.tuples(st.just("touch"), st.lists(st.integers(0, 30), max_size=7), st.booleans()),
-    st.tuples(st.just("untouch"), st.integers(0, 3), st.booleans())), max_size=60)
+    st.tuples(st.just("untouch"), st.integers(0, 3), st.booleans()),
+    st.tuples(st.just("sweep"), st.integers(1, 12), st.booleans()),
+    st.tuples(st.just("reset"), st.just(0), st.booleans())), max_size=60)
 
 
 @given(capacity=st.integers(1, 12), steps=steps)
@@ -34,6 +37,11 @@ def test_the_mirror_evicts_what_an_ordered_dict_would(capacity, steps):
             while len(reference) > capacity:
                 reference.popitem(last=False)
             touches.append((keys, stamp))
+        elif kind == "sweep":
+            mirror._sweep(arg)
+        elif kind == "reset":
+            mirror.reset()
+            reference.clear()
         elif touches:
             keys, stamp = touches[-1 - arg % len(touches)]
             held = min(len(keys), arg)
@@ -42,10 +50,20 @@ def test_the_mirror_evicts_what_an_ordered_dict_would(capacity, steps):
                 if reference.get(key) == stamp:
                     del reference[key]
         assert mirror.blocks == dict(reference)
+        # Every held block is in its touch's tuple; ``dead`` counts the others exactly, except
+        # the keys the eviction walk has passed in the oldest touch.
+        for stamp, keys in mirror.touched.items():
+            live = sum(mirror.blocks.get(key) == stamp for key in keys)
+            passed = mirror.oldest_at if stamp == mirror.oldest else 0
+            assert len(keys) - live - mirror.dead.get(stamp, 0) in range(passed + 1)
+        assert sum(mirror.dead.values()) == mirror.dead_total
+        assert all(stamp in mirror.touched for stamp in mirror.dead)
+        assert all(mirror.blocks[key] in mirror.touched for key in mirror.blocks)
     # The order too: evicting everything gives the reference's order.
     order = []
     while mirror.blocks:
         before = dict(mirror.blocks)
         mirror._evict(1)
+        assert len(mirror.blocks) == len(before) - 1
         order += [k for k in before if k not in mirror.blocks]
     assert order == list(reference)

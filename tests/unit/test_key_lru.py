@@ -95,3 +95,19 @@ def test_access_in_bulk_evicts_the_oldest_entries_in_order():
     assert cache.access(["c", "x", "y"]) == 1   # c moves up; a and b go, oldest first
     assert cache.keys() == ["d", "c", "x", "y"]
     assert cache.evictions == 2
+
+
+def test_expired_entries_are_reported_least_recently_used_first():
+    removed: list = []
+
+    class Listener:
+        def on_stored(self, keys, parent, token_ids): pass
+        def on_removed(self, keys): removed.extend(keys)
+        def on_cleared(self): pass
+
+    cache = KeyLRUCache(capacity=4, ttl=10.0, refresh_on_hit=False, listener=Listener())
+    cache.put("a", now=0.0)
+    cache.put("b", now=1.0)
+    cache.lookup("a", now=2.0)   # a is used again (its TTL is not renewed): b is older now
+    assert cache.expire(now=11.0) == 2
+    assert removed == ["b", "a"]

@@ -2,8 +2,8 @@
 
 A full collection walks every container the collector tracks, one memory access per
 reference; the router's per-replica block records hold tens of thousands of keys each, so
-kept in an ``OrderedDict`` they made every full collection a pause of 10 to 40 ms that each
-request in flight waited out. Plain dicts holding only atoms (numbers, bytes, strings) are
+kept in an ``OrderedDict`` they made every full collection a pause that each request in
+flight waited out. Plain dicts holding only atoms (numbers, bytes, strings) are
 not tracked, and that is how they are kept now."""
 
 import gc
@@ -28,6 +28,7 @@ def test_the_mirrors_blocks_are_not_tracked_by_the_collector():
     assert len(mirror.blocks) == 96
     assert not gc.is_tracked(mirror.blocks)
     assert not gc.is_tracked(mirror.inserts_at)
+    assert not gc.is_tracked(mirror.dead)
 
 
 def test_a_views_lru_is_not_tracked_by_the_collector():

@@ -2,7 +2,8 @@
 
 What it remembers of each replica's cache is bounded by the replica's KV (by
 ``UNKNOWN_CAPACITY_BLOCKS`` while that is unknown), and the prefixroute policy's insert clock
-keeps a reading for every stamp its held blocks carry and drops the others as it goes."""
+keeps a reading for every stamp its held blocks carry and drops the others as it goes; the
+keys it keeps in LRU order stay within a small multiple of the blocks held."""
 
 import random
 
@@ -23,6 +24,25 @@ def test_the_mirror_keeps_the_replicas_kv_and_a_bounded_clock():
     # compaction: not one reading per request.
     assert {stamp for stamp in mirror.blocks.values()} == {19_996, 19_997, 19_998, 19_999}
     assert len(mirror.inserts_at) <= 2 * 5 + 1024
+
+
+def test_a_long_shared_prefix_is_not_kept_once_per_request():
+    # 200 blocks every request shares, then one of its own, on a replica of 1,000 blocks:
+    # each request re-touches the prefix, and its older touch's copy of those 200 keys is
+    # dead. 5,000 requests made a million dead keys; the sweep keeps them under the blocks
+    # held plus 1,024 (and a sweep's own pass), instead of about 800 touches' worth.
+    mirror = BlockMirror()
+    mirror.capacity = 1_000
+    prefix = [("shared", j) for j in range(200)]
+    for i in range(5_000):
+        mirror.touch(prefix + [("own", i)], 200 if i else 0)
+        kept = sum(map(len, mirror.touched.values()))
+        assert kept <= 3 * (1_000 + 1_024), i
+    assert len(mirror.blocks) == 1_000
+    assert kept - mirror.dead_total == 1_000  # every held block once, plus the dead ones
+    # Evicting still goes least recently used first: the oldest own blocks, never the prefix.
+    assert ("own", 4_199) not in mirror.blocks and ("own", 4_200) in mirror.blocks
+    assert all(key in mirror.blocks for key in prefix)
 
 
 def test_a_block_held_through_many_full_hits_keeps_its_age():

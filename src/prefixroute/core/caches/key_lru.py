@@ -141,8 +141,9 @@ class KeyLRUCache:
         return self._live(key, now)
 
     def expire(self, now: float) -> int:
-        """Drop every entry whose TTL ran out by ``now``."""
-        dead = [k for k, exp in self._expiry.items() if exp <= now]
+        """Drop every entry whose TTL ran out by ``now``, least recently used first."""
+        expiry = self._expiry
+        dead = [k for k in self._order.keys() if expiry[k] <= now]
         for key in dead:
             self._drop(key, expired=True)
         return len(dead)

@@ -2,11 +2,10 @@
 
 A router keeps an LRU of every replica's blocks for as long as it runs: tens of thousands of
 block hashes per replica. Kept in an ``OrderedDict``, each is a container CPython's cycle
-collector walks in every full collection, one memory access per key: two of 65,536 hashes
-made a full collection take 10 to 40 ms in the Endpoint Picker, a pause that every request
-in flight waits out (at 500 requests/s it set the p99 latency). CPython does not track a
-plain dict that holds only atoms (numbers, strings, bytes), so :class:`RecencyOrder` keeps
-the order in two of those:
+collector walks in every full collection, one memory access per key, so every full
+collection becomes a pause that grows with the records and that every request in flight
+waits out. CPython does not track a plain dict that holds only atoms (numbers, strings,
+bytes), so :class:`RecencyOrder` keeps the order in two of those:
 
 * ``rank``: key -> its recency number, from a counter that only goes up;
 * ``keyed``: number -> key, for the live keys only, inserted in increasing numbers (so a

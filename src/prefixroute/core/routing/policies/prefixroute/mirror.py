@@ -14,12 +14,21 @@ cost per touch.
 
 Out of the cycle collector's way. The blocks are a plain dict of keys and stamps, which
 CPython does not track, so a full collection does not walk a mirror's tens of thousands of
-blocks (as an ``OrderedDict`` they took 10 to 40 ms a collection, which every request in
+blocks (as an ``OrderedDict`` they made each full collection a pause that every request in
 flight waited out). The LRU order needs no structure of its own: a touch gives all its blocks
 one new stamp, so the least recently used block is the first block of the oldest touch that
-still carries that touch's stamp. ``touched`` keeps each touch's keys in that order (a tuple
-of atoms, which the collector stops tracking); eviction walks them from the oldest
-(``oldest``, ``oldest_at``), passing over keys touched again since, once each.
+still carries that touch's stamp. ``touched`` keeps each touch's keys in that order, a tuple
+per touch (the collector visits the tuples, one per touch, but not the keys in them);
+eviction walks them from the oldest (``oldest``, ``oldest_at``), passing over keys touched
+again since.
+
+A key touched again leaves a dead entry in its older touch's tuple. ``dead`` counts them per
+touch; once they outnumber the blocks held, each touch also sweeps dirty touches (a pass over
+a snapshot of them) until it has read twice its own keys, rewriting each tuple with only its
+live keys. A touch makes at most as many dead entries as it has keys, so the sweep keeps
+``touched`` within a small multiple of the blocks held, with no pause longer than a touch's
+own work: a long prompt prefix that every request shares would otherwise leave its whole
+length in every touch's tuple.
 
 Survival. A block after which ``k`` new blocks were inserted survives the replica's LRU of
 ``C`` blocks with probability 1 up to ``k = C (1 - w)``, 0 from ``k = C`` (``C`` inserts surely
@@ -44,16 +53,21 @@ stamped at or below it count as gone (:meth:`BlockMirror.learn`).
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
-from itertools import compress, repeat
+from itertools import compress, count, groupby, islice, repeat
 from typing import Hashable, NamedTuple, Sequence
 
 from prefixroute.core.caches.base import UNKNOWN_CAPACITY_BLOCKS, fits_kv
 from prefixroute.core.routing.base import CacheView, RequestView
 
 # ``inserts_at`` is compacted once it passes twice the stamps it kept plus the larger of this
-# and the blocks held (the compaction reads every block).
+# and the blocks held (the compaction reads every block's stamp); dead entries in ``touched``
+# are swept once they pass the blocks held plus this.
 _COMPACT_SLACK = 1024
+# Past this many stamps in a row with no touch left, the eviction walk jumps to the oldest
+# touch instead of stepping (touches are kept in stamp order).
+_STEPS_BEFORE_JUMP = 8
 
 # A stamp run ``(stamp, end)``: the blocks before ``end`` (and after the previous run) had
 # that stamp. Stamps only fall along a prefix, as every request touching block ``i`` touched
@@ -83,8 +97,9 @@ class HitEstimate(NamedTuple):
 class BlockMirror:
     """The router's record of one replica's cache: blocks, insert clock, eviction horizon."""
 
-    __slots__ = ("blocks", "touched", "oldest", "oldest_at", "inserts", "inserts_at",
-                 "stamps", "compact_at", "horizon", "capacity", "in_flight")
+    __slots__ = ("blocks", "touched", "oldest", "oldest_at", "dead", "dead_total", "sweep",
+                 "sweep_at", "inserts", "inserts_at", "stamps", "compact_at", "horizon",
+                 "capacity", "in_flight")
 
     def __init__(self) -> None:
         self.blocks: dict[Hashable, int] = {}  # key -> the stamp of its last touch
@@ -92,6 +107,13 @@ class BlockMirror:
         self.touched: dict[int, tuple[Hashable, ...]] = {}
         self.oldest = 0     # no stamp below this holds a block
         self.oldest_at = 0  # nor do the keys of touched[oldest] before this position
+        # stamp -> the keys in touched[stamp] that no longer carry it (touched again, taken
+        # back), and their sum: what a sweep would drop
+        self.dead: dict[int, int] = {}
+        self.dead_total = 0
+        # the dirty stamps of the sweep in progress (machine numbers: nothing to walk)
+        self.sweep = array("q")
+        self.sweep_at = 0         # and how far it got
         self.inserts = 0          # blocks newly inserted so far (the LRU clock)
         # stamp -> inserts after that touch: at least every stamp a held block carries
         self.inserts_at: dict[int, int] = {}
@@ -200,49 +222,86 @@ class BlockMirror:
         self.inserts_at[stamp] = self.inserts
         if len(self.inserts_at) > self.compact_at:
             self._compact()
+        # Each key's stamp before this touch (None: new), in C-level passes.
+        befores = list(map(blocks.pop, keys, repeat(None)))
         runs: list[StampRun] = []
-        held = True
-        for i, key in enumerate(keys):
-            before = blocks.pop(key, None)  # re-inserted below: the most recent
-            if held:
-                if before is None:
-                    held = False
-                elif runs and runs[-1][0] == before:
-                    runs[-1] = (before, i + 1)
-                else:
-                    runs.append((before, i + 1))
+        dead = self.dead
+        end = 0
+        prefix = True
+        for before, group in groupby(befores):
+            n = len(list(group))
+            end += n
+            if before is None:
+                prefix = False  # (a repeated key pops None too: the chain ends there)
+                continue
+            if prefix:
+                runs.append((before, end))
+            dead[before] = dead.get(before, 0) + n
+            self.dead_total += n
         # Tail first, as vLLM frees them: the head is the most recent, the last to go.
-        for key in reversed(keys):
-            blocks[key] = stamp
+        blocks.update(zip(reversed(keys), repeat(stamp)))
         if keys:
             # (A key twice in ``keys`` takes the place of its first time in this order.)
             self.touched[stamp] = tuple(dict.fromkeys(reversed(keys)))
         if len(blocks) > limit:
             self._evict(len(blocks) - limit)
+        if self.dead_total > len(blocks) + _COMPACT_SLACK:
+            self._sweep(2 * len(keys) + 16)
         return stamp, runs
 
-    def _evict(self, count: int) -> None:
-        """Drop the ``count`` least recently used blocks (fewer than the mirror holds)."""
+    def _evict(self, n: int) -> None:
+        """Drop the ``n`` least recently used blocks (fewer than the mirror holds)."""
         blocks, touched = self.blocks, self.touched
-        while count > 0 and self.oldest < self.stamps:  # (every held block is in a touch)
+        missed = 0
+        while n > 0 and self.oldest < self.stamps:  # (every held block is in a touch)
             stamp = self.oldest
             keys = touched.get(stamp)
             if keys is None:  # no touch, or none of its blocks is held any more
-                self.oldest, self.oldest_at = stamp + 1, 0
+                missed += 1
+                self.oldest = (stamp + 1 if missed < _STEPS_BEFORE_JUMP
+                               else next(iter(touched), self.stamps))
+                self.oldest_at = 0
                 continue
-            rest = keys[self.oldest_at:]
-            # The positions in ``rest`` of the keys that still carry this stamp.
-            live = list(compress(range(len(rest)),
-                                 map(stamp.__eq__, map(blocks.get, rest, repeat(-2)))))
-            if len(live) <= count:
-                deque(map(blocks.__delitem__, map(rest.__getitem__, live)), 0)
-                count -= len(live)
-                del touched[stamp]
+            start = self.oldest_at
+            # The positions of the first ``n`` keys from ``start`` that still carry the stamp.
+            carried = map(stamp.__eq__, map(blocks.get, islice(keys, start, None), repeat(-2)))
+            live = list(islice(compress(count(start), carried), n))
+            deque(map(blocks.__delitem__, map(keys.__getitem__, live)), 0)
+            n -= len(live)
+            if n > 0 or live[-1] + 1 == len(keys):  # the touch has no block left
+                self._drop_touch(stamp)
                 self.oldest, self.oldest_at = stamp + 1, 0
             else:
-                deque(map(blocks.__delitem__, map(rest.__getitem__, live[:count])), 0)
-                self.oldest_at += live[count - 1] + 1
-                count = 0
+                self.oldest_at = live[-1] + 1
+
+    def _drop_touch(self, stamp: int) -> None:
+        del self.touched[stamp]
+        self.dead_total -= self.dead.pop(stamp, 0)
+
+    def _sweep(self, budget: int) -> None:
+        """Rewrite dirty touches with only their live keys until ``budget`` entries are read,
+        going on from where the last sweep stopped (a new pass snapshots the dirty stamps)."""
+        blocks, touched, dead = self.blocks, self.touched, self.dead
+        sweep, at = self.sweep, self.sweep_at
+        while budget > 0 and dead:
+            if at >= len(sweep):
+                sweep, at = array("q", dead), 0
+            stamp = sweep[at]
+            at += 1
+            n = dead.pop(stamp, 0)
+            self.dead_total -= n
+            keys = touched.get(stamp)
+            if not n or keys is None:  # swept or dropped since the snapshot
+                continue
+            budget -= len(keys) + 1
+            if stamp == self.oldest:  # (the keys the walk passed are gone too)
+                self.oldest_at = 0
+            live = tuple(compress(keys, map(stamp.__eq__, map(blocks.get, keys, repeat(-2)))))
+            if live:
+                touched[stamp] = live
+            else:
+                del touched[stamp]
+        self.sweep, self.sweep_at = sweep, at
 
     def _compact(self) -> None:
         """Drop the clock readings of stamps no held block carries any more (evicted,
@@ -252,26 +311,20 @@ class BlockMirror:
         held = set(blocks.values())
         held.add(self.stamps - 1)
         self.inserts_at = {stamp: at for stamp, at in self.inserts_at.items() if stamp in held}
-        # Each touch keeps only its keys that still carry its stamp (order kept): what the
-        # walk would pass over, and all of a touch no block carries any more.
-        kept: dict[int, tuple[Hashable, ...]] = {}
-        for stamp, keys in self.touched.items():
-            if stamp in held:
-                live = tuple(compress(keys, map(stamp.__eq__, map(blocks.get, keys,
-                                                                  repeat(-2)))))
-                if live:
-                    kept[stamp] = live
-        self.touched = kept
-        self.oldest_at = 0
         self.compact_at = 2 * len(self.inserts_at) + max(_COMPACT_SLACK, len(self.blocks))
 
     def untouch(self, keys: Sequence[Hashable], stamp: int, held: int, inserted: int) -> None:
         """A touch the engine never ran: its blocks past the ``held`` it already had leave
         (unless a later request touched them since) and the clock takes back ``inserted``."""
         blocks = self.blocks
+        gone = 0
         for key in keys[held:]:
             if blocks.get(key) == stamp:
                 del blocks[key]  # (its place in touched[stamp] is passed over)
+                gone += 1
+        if gone:
+            self.dead[stamp] = self.dead.get(stamp, 0) + gone
+            self.dead_total += gone
         self.inserts -= inserted
 
     def learn(self, reported: int, stamps: Sequence[int], chain: Sequence[StampRun],
@@ -301,5 +354,7 @@ class BlockMirror:
         """The replica's cache is empty (it restarted)."""
         self.blocks.clear()
         self.touched.clear()
+        self.dead.clear()
+        self.dead_total = 0
         self.oldest, self.oldest_at = self.stamps, 0
         self.in_flight.clear()
