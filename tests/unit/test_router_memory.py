@@ -29,8 +29,8 @@ def test_the_mirror_keeps_the_replicas_kv_and_a_bounded_clock():
 def test_a_long_shared_prefix_is_not_kept_once_per_request():
     # 200 blocks every request shares, then one of its own, on a replica of 1,000 blocks:
     # each request re-touches the prefix, and its older touch's copy of those 200 keys is
-    # dead. 5,000 requests made a million dead keys; the sweep keeps them under the blocks
-    # held plus 1,024 (and a sweep's own pass), instead of about 800 touches' worth.
+    # dead. 5,000 requests made a million dead keys; the sweep keeps them under twice the
+    # blocks held plus 1,024 (and a sweep's own pass), instead of about 800 touches' worth.
     mirror = BlockMirror()
     mirror.capacity = 1_000
     prefix = [("shared", j) for j in range(200)]

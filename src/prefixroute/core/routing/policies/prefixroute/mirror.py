@@ -23,7 +23,7 @@ eviction walks them from the oldest (``oldest``, ``oldest_at``), passing over ke
 again since.
 
 A key touched again leaves a dead entry in its older touch's tuple. ``dead`` counts them per
-touch; once they outnumber the blocks held, each touch also sweeps dirty touches (a pass over
+touch; once they pass twice the blocks held, each touch also sweeps dirty touches (a pass over
 a snapshot of them) until it has read twice its own keys, rewriting each tuple with only its
 live keys. A touch makes at most as many dead entries as it has keys, so the sweep keeps
 ``touched`` within a small multiple of the blocks held, with no pause longer than a touch's
@@ -63,7 +63,7 @@ from prefixroute.core.routing.base import CacheView, RequestView
 
 # ``inserts_at`` is compacted once it passes twice the stamps it kept plus the larger of this
 # and the blocks held (the compaction reads every block's stamp); dead entries in ``touched``
-# are swept once they pass the blocks held plus this.
+# are swept once they pass twice the blocks held plus this.
 _COMPACT_SLACK = 1024
 # Past this many stamps in a row with no touch left, the eviction walk jumps to the oldest
 # touch instead of stepping (touches are kept in stamp order).
@@ -245,7 +245,7 @@ class BlockMirror:
             self.touched[stamp] = tuple(dict.fromkeys(reversed(keys)))
         if len(blocks) > limit:
             self._evict(len(blocks) - limit)
-        if self.dead_total > len(blocks) + _COMPACT_SLACK:
+        if self.dead_total > 2 * len(blocks) + _COMPACT_SLACK:
             self._sweep(2 * len(keys) + 16)
         return stamp, runs
 
