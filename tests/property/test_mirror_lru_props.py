@@ -54,11 +54,18 @@ def test_the_mirror_evicts_what_an_ordered_dict_would(capacity, steps):
         # the keys the eviction walk has passed in the oldest touch.
         for stamp, keys in mirror.touched.items():
             live = sum(mirror.blocks.get(key) == stamp for key in keys)
-            passed = mirror.oldest_at if stamp == mirror.oldest else 0
+            passed = mirror.oldest_at if stamp == mirror.head else 0
             assert len(keys) - live - mirror.dead.get(stamp, 0) in range(passed + 1)
         assert sum(mirror.dead.values()) == mirror.dead_total
         assert all(stamp in mirror.touched for stamp in mirror.dead)
         assert all(mirror.blocks[key] in mirror.touched for key in mirror.blocks)
+        # The touches are linked oldest to newest, both ways.
+        linked, stamp = [], mirror.head
+        while stamp != -1:
+            linked.append(stamp)
+            stamp = mirror.after.get(stamp, -1)
+        assert linked == sorted(mirror.touched) and mirror.tail == (linked or [-1])[-1]
+        assert mirror.before == dict(zip(linked[1:], linked))
     # The order too: evicting everything gives the reference's order.
     order = []
     while mirror.blocks:
@@ -67,3 +74,26 @@ def test_the_mirror_evicts_what_an_ordered_dict_would(capacity, steps):
         assert len(mirror.blocks) == len(before) - 1
         order += [k for k in before if k not in mirror.blocks]
     assert order == list(reference)
+
+
+def test_a_sweep_of_the_touch_the_walk_is_in_restarts_the_walk_at_its_first_key():
+    mirror = BlockMirror()
+    mirror.capacity = 4
+    mirror.touch([1, 2, 3, 4], 0)  # kept tail first: 4 3 2 1
+    mirror.touch([5], 0)           # 4 goes; the walk stands after it in that touch
+    mirror.touch([2], 0)           # 2 is dead in the first touch now
+    mirror._sweep(100)             # the first touch is rewritten as 3 1
+    mirror.touch([6], 0)           # the least recently used is 3
+    assert sorted(mirror.blocks) == [1, 2, 5, 6]
+
+
+def test_the_walk_passes_touches_that_left_nothing_without_visiting_them():
+    mirror = BlockMirror()
+    mirror.capacity = 3
+    mirror.touch([1], 0)
+    for _ in range(1_000):
+        mirror.touch([], 0)   # a prompt under one block: no touch record
+        mirror.touch([2], 0)  # each leaves the one before it with nothing
+    assert list(mirror.touched) == [0, 2000] and mirror.after == {0: 2000}
+    mirror.touch([3, 4], 0)   # 1 goes: the oldest, reached in one link
+    assert sorted(mirror.blocks) == [2, 3, 4]

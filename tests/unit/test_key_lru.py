@@ -111,3 +111,9 @@ def test_expired_entries_are_reported_least_recently_used_first():
     cache.lookup("a", now=2.0)   # a is used again (its TTL is not renewed): b is older now
     assert cache.expire(now=11.0) == 2
     assert removed == ["b", "a"]
+
+
+def test_without_a_ttl_nothing_expires():
+    cache = KeyLRUCache(capacity=4)
+    cache.put("a")
+    assert cache.expire(now=1e9) == 0 and cache.keys() == ["a"]

@@ -143,6 +143,8 @@ class KeyLRUCache:
     def expire(self, now: float) -> int:
         """Drop every entry whose TTL ran out by ``now``, least recently used first."""
         expiry = self._expiry
+        if not expiry:  # no TTL (or nothing held): nothing expires
+            return 0
         dead = [k for k in self._order.keys() if expiry[k] <= now]
         for key in dead:
             self._drop(key, expired=True)

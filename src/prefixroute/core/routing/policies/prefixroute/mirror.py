@@ -19,16 +19,20 @@ flight waited out). The LRU order needs no structure of its own: a touch gives a
 one new stamp, so the least recently used block is the first block of the oldest touch that
 still carries that touch's stamp. ``touched`` keeps each touch's keys in that order, a tuple
 per touch (the collector visits the tuples, one per touch, but not the keys in them);
-eviction walks them from the oldest (``oldest``, ``oldest_at``), passing over keys touched
-again since.
+eviction walks them from the oldest (``head``, ``oldest_at``), passing over keys touched
+again since. The touches that still have a tuple are linked oldest to newest (``after``,
+``before``: plain dicts of stamps), so the walk goes from one to the next however many
+touches between them left nothing (a prompt under one block, say).
 
 A key touched again leaves a dead entry in its older touch's tuple. ``dead`` counts them per
-touch; once they pass twice the blocks held, each touch also sweeps dirty touches (a pass over
-a snapshot of them) until it has read twice its own keys, rewriting each tuple with only its
-live keys. A touch makes at most as many dead entries as it has keys, so the sweep keeps
-``touched`` within a small multiple of the blocks held, with no pause longer than a touch's
-own work: a long prompt prefix that every request shares would otherwise leave its whole
-length in every touch's tuple.
+touch, and a touch whose keys are all dead goes at once. Once they pass twice the blocks
+held, each touch also sweeps dirty touches (a pass over a snapshot of them) until it has
+read twice its own keys, rewriting each tuple with only its live keys. A touch makes at most
+as many dead entries as it has keys, so the sweep keeps ``touched`` within a small multiple
+of the blocks held: a long prompt prefix that every request shares would otherwise leave its
+whole length in every touch's tuple. A sweep reads at most one touch past its budget, and a
+new pass copies the dirty stamps into an array once (C speed, like the clock's compaction
+below).
 
 Survival. A block after which ``k`` new blocks were inserted survives the replica's LRU of
 ``C`` blocks with probability 1 up to ``k = C (1 - w)``, 0 from ``k = C`` (``C`` inserts surely
@@ -65,9 +69,7 @@ from prefixroute.core.routing.base import CacheView, RequestView
 # and the blocks held (the compaction reads every block's stamp); dead entries in ``touched``
 # are swept once they pass twice the blocks held plus this.
 _COMPACT_SLACK = 1024
-# Past this many stamps in a row with no touch left, the eviction walk jumps to the oldest
-# touch instead of stepping (touches are kept in stamp order).
-_STEPS_BEFORE_JUMP = 8
+_NONE = -1  # no stamp (in ``head``, ``tail`` and the links)
 
 # A stamp run ``(stamp, end)``: the blocks before ``end`` (and after the previous run) had
 # that stamp. Stamps only fall along a prefix, as every request touching block ``i`` touched
@@ -97,16 +99,20 @@ class HitEstimate(NamedTuple):
 class BlockMirror:
     """The router's record of one replica's cache: blocks, insert clock, eviction horizon."""
 
-    __slots__ = ("blocks", "touched", "oldest", "oldest_at", "dead", "dead_total", "sweep",
-                 "sweep_at", "inserts", "inserts_at", "stamps", "compact_at", "horizon",
-                 "capacity", "in_flight")
+    __slots__ = ("blocks", "touched", "head", "tail", "after", "before", "oldest_at", "dead",
+                 "dead_total", "sweep", "sweep_at", "inserts", "inserts_at", "stamps",
+                 "compact_at", "horizon", "capacity", "in_flight")
 
     def __init__(self) -> None:
         self.blocks: dict[Hashable, int] = {}  # key -> the stamp of its last touch
         # stamp -> that touch's keys, least recently used first (some touched again since)
         self.touched: dict[int, tuple[Hashable, ...]] = {}
-        self.oldest = 0     # no stamp below this holds a block
-        self.oldest_at = 0  # nor do the keys of touched[oldest] before this position
+        # The touches in ``touched``, oldest to newest: the first and last, and each one's
+        # next and previous (every held block is in one of them).
+        self.head = self.tail = _NONE
+        self.after: dict[int, int] = {}
+        self.before: dict[int, int] = {}
+        self.oldest_at = 0  # no key of touched[head] before this position is held
         # stamp -> the keys in touched[stamp] that no longer carry it (touched again, taken
         # back), and their sum: what a sweep would drop
         self.dead: dict[int, int] = {}
@@ -236,13 +242,22 @@ class BlockMirror:
                 continue
             if prefix:
                 runs.append((before, end))
-            dead[before] = dead.get(before, 0) + n
+            gone = dead[before] = dead.get(before, 0) + n
             self.dead_total += n
+            if gone == len(self.touched[before]):  # nothing of that touch is held any more
+                self._drop_touch(before)
         # Tail first, as vLLM frees them: the head is the most recent, the last to go.
         blocks.update(zip(reversed(keys), repeat(stamp)))
         if keys:
             # (A key twice in ``keys`` takes the place of its first time in this order.)
             self.touched[stamp] = tuple(dict.fromkeys(reversed(keys)))
+            tail = self.tail
+            if tail == _NONE:
+                self.head = stamp
+            else:
+                self.after[tail] = stamp
+                self.before[stamp] = tail
+            self.tail = stamp
         if len(blocks) > limit:
             self._evict(len(blocks) - limit)
         if self.dead_total > 2 * len(blocks) + _COMPACT_SLACK:
@@ -252,16 +267,9 @@ class BlockMirror:
     def _evict(self, n: int) -> None:
         """Drop the ``n`` least recently used blocks (fewer than the mirror holds)."""
         blocks, touched = self.blocks, self.touched
-        missed = 0
-        while n > 0 and self.oldest < self.stamps:  # (every held block is in a touch)
-            stamp = self.oldest
-            keys = touched.get(stamp)
-            if keys is None:  # no touch, or none of its blocks is held any more
-                missed += 1
-                self.oldest = (stamp + 1 if missed < _STEPS_BEFORE_JUMP
-                               else next(iter(touched), self.stamps))
-                self.oldest_at = 0
-                continue
+        while n > 0 and self.head != _NONE:  # (every held block is in a touch)
+            stamp = self.head
+            keys = touched[stamp]
             start = self.oldest_at
             # The positions of the first ``n`` keys from ``start`` that still carry the stamp.
             carried = map(stamp.__eq__, map(blocks.get, islice(keys, start, None), repeat(-2)))
@@ -270,13 +278,27 @@ class BlockMirror:
             n -= len(live)
             if n > 0 or live[-1] + 1 == len(keys):  # the touch has no block left
                 self._drop_touch(stamp)
-                self.oldest, self.oldest_at = stamp + 1, 0
             else:
                 self.oldest_at = live[-1] + 1
 
     def _drop_touch(self, stamp: int) -> None:
+        """Forget a touch none of whose keys is held any more, and unlink it."""
         del self.touched[stamp]
         self.dead_total -= self.dead.pop(stamp, 0)
+        before = self.before.pop(stamp, _NONE)
+        after = self.after.pop(stamp, _NONE)
+        if before == _NONE:
+            self.head, self.oldest_at = after, 0
+        elif after == _NONE:
+            del self.after[before]
+        else:
+            self.after[before] = after
+        if after == _NONE:
+            self.tail = before
+        elif before == _NONE:
+            del self.before[after]
+        else:
+            self.before[after] = before
 
     def _sweep(self, budget: int) -> None:
         """Rewrite dirty touches with only their live keys until ``budget`` entries are read,
@@ -291,16 +313,17 @@ class BlockMirror:
             n = dead.pop(stamp, 0)
             self.dead_total -= n
             keys = touched.get(stamp)
+            budget -= 1
             if not n or keys is None:  # swept or dropped since the snapshot
                 continue
-            budget -= len(keys) + 1
-            if stamp == self.oldest:  # (the keys the walk passed are gone too)
-                self.oldest_at = 0
+            budget -= len(keys)
             live = tuple(compress(keys, map(stamp.__eq__, map(blocks.get, keys, repeat(-2)))))
-            if live:
-                touched[stamp] = live
-            else:
-                del touched[stamp]
+            if not live:
+                self._drop_touch(stamp)
+                continue
+            touched[stamp] = live
+            if stamp == self.head:  # (the keys the walk passed are gone too)
+                self.oldest_at = 0
         self.sweep, self.sweep_at = sweep, at
 
     def _compact(self) -> None:
@@ -323,8 +346,10 @@ class BlockMirror:
                 del blocks[key]  # (its place in touched[stamp] is passed over)
                 gone += 1
         if gone:
-            self.dead[stamp] = self.dead.get(stamp, 0) + gone
+            dead = self.dead[stamp] = self.dead.get(stamp, 0) + gone
             self.dead_total += gone
+            if dead == len(self.touched[stamp]):
+                self._drop_touch(stamp)
         self.inserts -= inserted
 
     def learn(self, reported: int, stamps: Sequence[int], chain: Sequence[StampRun],
@@ -356,5 +381,9 @@ class BlockMirror:
         self.touched.clear()
         self.dead.clear()
         self.dead_total = 0
-        self.oldest, self.oldest_at = self.stamps, 0
+        self.sweep, self.sweep_at = array("q"), 0
+        self.after.clear()
+        self.before.clear()
+        self.head = self.tail = _NONE
+        self.oldest_at = 0
         self.in_flight.clear()
