@@ -97,3 +97,22 @@ def test_the_walk_passes_touches_that_left_nothing_without_visiting_them():
     assert list(mirror.touched) == [0, 2000] and mirror.after == {0: 2000}
     mirror.touch([3, 4], 0)   # 1 goes: the oldest, reached in one link
     assert sorted(mirror.blocks) == [2, 3, 4]
+
+
+def test_a_sweep_drops_the_touch_the_walk_is_in_once_nothing_of_it_is_held():
+    mirror = BlockMirror()
+    mirror.capacity = 4
+    mirror.touch([1, 2, 3, 4], 0)  # kept tail first: 4 3 2 1
+    mirror.touch([5], 0)           # 4 goes: the walk stands in the first touch
+    mirror.touch([1, 2, 3], 0)     # the rest of it is touched again
+    mirror._sweep(100)             # nothing of the first touch is held: it goes
+    assert 0 not in mirror.touched and mirror.head == 1
+    mirror.touch([6], 0)           # the least recently used is 5
+    assert sorted(mirror.blocks) == [1, 2, 3, 6]
+
+
+def test_a_touch_taken_back_whole_leaves_no_record():
+    mirror = BlockMirror()
+    mirror.touch([1, 2], 0)
+    mirror.untouch([1, 2], 0, 0, 2)  # the engine never ran it
+    assert mirror.blocks == {} and mirror.touched == {} and mirror.head == -1

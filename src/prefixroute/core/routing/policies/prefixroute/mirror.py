@@ -25,14 +25,16 @@ again since. The touches that still have a tuple are linked oldest to newest (``
 touches between them left nothing (a prompt under one block, say).
 
 A key touched again leaves a dead entry in its older touch's tuple. ``dead`` counts them per
-touch, and a touch whose keys are all dead goes at once. Once they pass twice the blocks
-held, each touch also sweeps dirty touches (a pass over a snapshot of them) until it has
-read twice its own keys, rewriting each tuple with only its live keys. A touch makes at most
-as many dead entries as it has keys, so the sweep keeps ``touched`` within a small multiple
-of the blocks held: a long prompt prefix that every request shares would otherwise leave its
-whole length in every touch's tuple. A sweep reads at most one touch past its budget, and a
-new pass copies the dirty stamps into an array once (C speed, like the clock's compaction
-below).
+touch, and a touch whose keys are all dead goes at once (the one the walk is in waits for
+the walk or a sweep: the keys the walk evicted are not counted). Once they pass twice the
+blocks held, each touch also sweeps dirty touches (a pass over a snapshot of them) until it
+has read twice its own keys, rewriting each tuple with only its live keys. A touch makes at
+most as many dead entries as it has keys, so the sweep keeps ``touched`` within a small
+multiple of the blocks held: a long prompt prefix that every request shares would otherwise
+leave its whole length in every touch's tuple. A sweep reads at most one touch past its
+budget, and a new pass copies the dirty stamps into an array once (C speed, like the clock's
+compaction below). The walk reads the dead keys of the touches it passes, so one eviction
+may read up to all of them (at C speed; bounded by the sweep's threshold).
 
 Survival. A block after which ``k`` new blocks were inserted survives the replica's LRU of
 ``C`` blocks with probability 1 up to ``k = C (1 - w)``, 0 from ``k = C`` (``C`` inserts surely
