@@ -55,7 +55,7 @@ class KeyLRUCache:
         return len(self._order)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._order.rank
+        return key in self._order
 
     @property
     def capacity_blocks(self) -> int:
@@ -76,7 +76,7 @@ class KeyLRUCache:
         return key
 
     def _live(self, key: Hashable, now: float) -> bool:
-        if key not in self._order.rank:
+        if key not in self._order:
             return False
         return self.ttl is None or self._expiry[key] > now
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from itertools import compress, count, groupby, islice, repeat
-from typing import Hashable, NamedTuple, Sequence
+from typing import Hashable, Iterable, Iterator, NamedTuple, Sequence
 
 from prefixroute.core.caches.base import UNKNOWN_CAPACITY_BLOCKS, fits_kv
 from prefixroute.core.routing.base import CacheView, RequestView
@@ -88,6 +88,11 @@ def _held_stamps(blocks: dict[Hashable, int], keys: Sequence[Hashable], end: int
             break
         stamps.append(stamp)
     return stamps
+
+
+def _carry(blocks: dict[Hashable, int], keys: Iterable[Hashable], stamp: int) -> Iterator[bool]:
+    """For each of ``keys``, whether it is held under ``stamp`` still (C-level passes)."""
+    return map(stamp.__eq__, map(blocks.get, keys, repeat(-2)))
 
 
 class HitEstimate(NamedTuple):
@@ -233,7 +238,6 @@ class BlockMirror:
         # Each key's stamp before this touch (None: new), in C-level passes.
         befores = list(map(blocks.pop, keys, repeat(None)))
         runs: list[StampRun] = []
-        dead = self.dead
         end = 0
         prefix = True
         for before, group in groupby(befores):
@@ -244,10 +248,7 @@ class BlockMirror:
                 continue
             if prefix:
                 runs.append((before, end))
-            gone = dead[before] = dead.get(before, 0) + n
-            self.dead_total += n
-            if gone == len(self.touched[before]):  # nothing of that touch is held any more
-                self._drop_touch(before)
+            self._kill(before, n)
         # Tail first, as vLLM frees them: the head is the most recent, the last to go.
         blocks.update(zip(reversed(keys), repeat(stamp)))
         if keys:
@@ -274,7 +275,7 @@ class BlockMirror:
             keys = touched[stamp]
             start = self.oldest_at
             # The positions of the first ``n`` keys from ``start`` that still carry the stamp.
-            carried = map(stamp.__eq__, map(blocks.get, islice(keys, start, None), repeat(-2)))
+            carried = _carry(blocks, islice(keys, start, None), stamp)
             live = list(islice(compress(count(start), carried), n))
             deque(map(blocks.__delitem__, map(keys.__getitem__, live)), 0)
             n -= len(live)
@@ -282,6 +283,13 @@ class BlockMirror:
                 self._drop_touch(stamp)
             else:
                 self.oldest_at = live[-1] + 1
+
+    def _kill(self, stamp: int, n: int) -> None:
+        """``n`` more keys of touch ``stamp`` no longer carry it; with none left, it goes."""
+        dead = self.dead[stamp] = self.dead.get(stamp, 0) + n
+        self.dead_total += n
+        if dead == len(self.touched[stamp]):
+            self._drop_touch(stamp)
 
     def _drop_touch(self, stamp: int) -> None:
         """Forget a touch none of whose keys is held any more, and unlink it."""
@@ -319,7 +327,7 @@ class BlockMirror:
             if not n or keys is None:  # swept or dropped since the snapshot
                 continue
             budget -= len(keys)
-            live = tuple(compress(keys, map(stamp.__eq__, map(blocks.get, keys, repeat(-2)))))
+            live = tuple(compress(keys, _carry(blocks, keys, stamp)))
             if not live:
                 self._drop_touch(stamp)
                 continue
@@ -348,10 +356,7 @@ class BlockMirror:
                 del blocks[key]  # (its place in touched[stamp] is passed over)
                 gone += 1
         if gone:
-            dead = self.dead[stamp] = self.dead.get(stamp, 0) + gone
-            self.dead_total += gone
-            if dead == len(self.touched[stamp]):
-                self._drop_touch(stamp)
+            self._kill(stamp, gone)
         self.inserts -= inserted
 
     def learn(self, reported: int, stamps: Sequence[int], chain: Sequence[StampRun],
